@@ -1,0 +1,1 @@
+"""Benchmarks that print JSON. Speed targets are shown here, never asserted in timed tests."""

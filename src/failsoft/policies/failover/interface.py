@@ -1,0 +1,79 @@
+"""The failover-policy seam: what the controller, the simulator and the CLI call, and when.
+
+A policy is two pure functions of a cluster snapshot (:class:`~failsoft.domain.Scenario`):
+
+* :meth:`FailoverPolicy.plan_proactive` is called when apps are deployed or the cluster changes
+  (a server joins, comes back, or a failover completes): it decides the warm backups;
+* :meth:`FailoverPolicy.plan_failover` is called when servers are detected as failed: it decides,
+  for every app whose primary was on them, where and on which variant it is served next.
+
+Neither touches the network, a clock or a process: the runtime and the simulator apply the plan and
+report what happened. Policies are looked up by name with :func:`get_failover_policy`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Collection
+from typing import ClassVar
+
+from failsoft.domain import FailoverPlan, ProactivePlan, Scenario
+from failsoft.errors import ConfigError
+
+
+class FailoverPolicy(ABC):
+    """Base of the failover policies; subclasses register themselves by ``name``."""
+
+    name: ClassVar[str]
+    registry: ClassVar[dict[str, type[FailoverPolicy]]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "name", None):
+            FailoverPolicy.registry[cls.name] = cls
+
+    @abstractmethod
+    def plan_proactive(self, scenario: Scenario) -> ProactivePlan:
+        """Warm backups for the scenario (its ``warm`` field is ignored)."""
+
+    @abstractmethod
+    def plan_failover(self, scenario: Scenario, failed: Collection[str]) -> FailoverPlan:
+        """Recovery of the apps whose primary is on ``failed``, given the scenario's warm backups."""
+
+    def with_warm(self, scenario: Scenario) -> Scenario:
+        """The scenario with warm backups: its own when known, else this policy's proactive plan."""
+        if scenario.warm is not None:
+            return scenario
+        return scenario.replace(warm=self.plan_proactive(scenario).warm)
+
+
+def get_failover_policy(name: str) -> FailoverPolicy:
+    """The policy registered as ``name`` (``faillite``, ``full-warm``, ``full-cold``, ``full-warm-k``)."""
+    import failsoft.policies.failover.baselines
+    import failsoft.policies.failover.faillite  # noqa: F401
+
+    try:
+        return FailoverPolicy.registry[name]()
+    except KeyError:
+        known = ", ".join(sorted(FailoverPolicy.registry))
+        raise ConfigError(f"unknown failover policy {name!r} (known: {known})") from None
+
+
+def policy_names() -> list[str]:
+    import failsoft.policies.failover.baselines
+    import failsoft.policies.failover.faillite  # noqa: F401
+
+    return sorted(FailoverPolicy.registry)
+
+
+def check_failed(scenario: Scenario, failed: Collection[str]) -> tuple[str, ...]:
+    """Validate failed server names; an unknown one is an error that names it."""
+    unknown = [s for s in failed if not scenario.has_server(s)]
+    if unknown:
+        raise ConfigError(f"failed server {unknown[0]!r} is not in the scenario")
+    return tuple(dict.fromkeys(failed))
+
+
+def elapsed_ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

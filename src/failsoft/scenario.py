@@ -1,0 +1,264 @@
+"""The scenario JSON of DESIGN.md: validated once at the edge, then turned into the domain model.
+
+A scenario describes a cluster for the planners (``failsoft plan``) and the simulator::
+
+    {"servers":  [{"name": "s1", "site": "edge-a", "memory_mb": 16384, "compute": 1.0}],
+     "families": {"convnext": [{"variant": "convnext_tiny", "memory_mb": 330, "accuracy": 0.821,
+                                "load_ms": 441, "latency_ms": 4.2}, ...]},
+     "apps": [{"name": "cam-1", "family": "convnext",
+               "primary": {"server": "s1", "variant": "convnext_large"},
+               "critical": true, "rate_rps": 10, "slo_ms": 100}],
+     "policy": {"alpha": 0.1, "site_independent": true, "warm_replicas": 1},
+     "warm": [{"app": "cam-1", "variant": "convnext_tiny", "server": "s2"}]}   # optional
+
+Anything wrong (a missing field, a negative capacity, an unknown family or server, a duplicate name)
+is refused with one :class:`~failsoft.errors.ConfigError` whose message names the offending entry and
+the bad value. Nothing here raises anything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from failsoft.domain import App, Family, Placement, PolicyParams, Scenario, Server, Variant, WarmBackup
+from failsoft.errors import ConfigError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSpec(_Strict):
+    name: str = Field(min_length=1)
+    site: str = Field(min_length=1)
+    memory_mb: float = Field(ge=0)
+    compute: float = Field(default=1.0, ge=0)
+
+
+class VariantSpec(_Strict):
+    variant: str = Field(min_length=1)
+    memory_mb: float = Field(gt=0)
+    accuracy: float = Field(ge=0, le=1)
+    load_ms: float = Field(ge=0)
+    latency_ms: float = Field(gt=0)
+    accuracy_source: str = Field(default="declared", pattern="^(measured|declared)$")
+
+
+class PlacementSpec(_Strict):
+    server: str = Field(min_length=1)
+    variant: str = Field(min_length=1)
+
+
+class AppSpec(_Strict):
+    name: str = Field(min_length=1)
+    family: str = Field(min_length=1)
+    primary: PlacementSpec | None = None
+    critical: bool = False
+    rate_rps: float = Field(default=1.0, ge=0)
+    slo_ms: float | None = Field(default=None, gt=0)
+
+
+class PolicySpec(_Strict):
+    alpha: float = Field(default=0.1, ge=0, le=1)
+    site_independent: bool = False
+    warm_replicas: int = Field(default=1, ge=0, le=16)
+    ilp_time_limit_s: float = Field(default=10.0, gt=0)
+    ilp_mip_gap: float = Field(default=0.01, ge=0, lt=1)
+    seed: int = 0
+    reclaim_warm: bool = True
+
+
+class WarmSpec(_Strict):
+    app: str = Field(min_length=1)
+    variant: str = Field(min_length=1)
+    server: str = Field(min_length=1)
+
+
+class ScenarioSpec(_Strict):
+    servers: list[ServerSpec] = Field(min_length=1)
+    families: dict[str, list[VariantSpec]] = Field(min_length=1)
+    apps: list[AppSpec]
+    policy: PolicySpec = Field(default_factory=PolicySpec)
+    warm: list[WarmSpec] | None = None
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read scenario {str(path)!r}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"scenario {str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    return scenario_from_dict(data, source=str(path))
+
+
+def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
+    """Validate a parsed scenario and build the domain model."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a JSON object at the top level, got {type(data).__name__}")
+    try:
+        spec = ScenarioSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc, data)}") from exc
+    return _build(spec, source)
+
+
+def _build(spec: ScenarioSpec, source: str) -> Scenario:
+    _refuse_duplicates(source, "server", [s.name for s in spec.servers])
+    _refuse_duplicates(source, "app", [a.name for a in spec.apps])
+    families = []
+    for fam_name, variants in spec.families.items():
+        if not variants:
+            raise ConfigError(f"{source}: family {fam_name!r} has no variants")
+        _refuse_duplicates(source, f"variant of family {fam_name!r}", [v.variant for v in variants])
+        families.append(
+            Family(
+                fam_name,
+                tuple(
+                    Variant(v.variant, v.memory_mb, v.accuracy, v.load_ms, v.latency_ms, v.accuracy_source)
+                    for v in variants
+                ),
+            )
+        )
+    servers = tuple(Server(s.name, s.site, s.memory_mb, s.compute) for s in spec.servers)
+    server_names = {s.name for s in servers}
+    family_index = {f.name: f for f in families}
+    apps = []
+    for i, a in enumerate(spec.apps):
+        where = f"apps[{i}] {a.name!r}"
+        family = family_index.get(a.family)
+        if family is None:
+            raise ConfigError(
+                f"{source}: {where}: unknown family {a.family!r} (known: {_names(family_index)})"
+            )
+        primary = None
+        if a.primary is not None:
+            if a.primary.server not in server_names:
+                raise ConfigError(f"{source}: {where}: primary server {a.primary.server!r} does not exist")
+            if not family.has_variant(a.primary.variant):
+                raise ConfigError(
+                    f"{source}: {where}: family {a.family!r} has no variant {a.primary.variant!r} "
+                    f"(known: {', '.join(v.name for v in family.variants)})"
+                )
+            primary = Placement(a.primary.server, a.primary.variant)
+        apps.append(App(a.name, a.family, primary, a.critical, a.rate_rps, a.slo_ms))
+    app_index = {a.name: a for a in apps}
+    warm = None
+    if spec.warm is not None:
+        warm = tuple(
+            _warm_backup(source, i, w, app_index, family_index, server_names) for i, w in enumerate(spec.warm)
+        )
+    p = spec.policy
+    policy = PolicyParams(**p.model_dump())
+    return Scenario(servers, tuple(families), tuple(apps), policy, warm)
+
+
+def _warm_backup(
+    source: str, i: int, w: WarmSpec, apps: dict[str, App], families: dict[str, Family], servers: set[str]
+) -> WarmBackup:
+    where = f"warm[{i}]"
+    app = apps.get(w.app)
+    if app is None:
+        raise ConfigError(f"{source}: {where}: unknown app {w.app!r}")
+    if w.server not in servers:
+        raise ConfigError(f"{source}: {where}: server {w.server!r} does not exist")
+    if not families[app.family].has_variant(w.variant):
+        raise ConfigError(f"{source}: {where}: family {app.family!r} has no variant {w.variant!r}")
+    return WarmBackup(w.app, w.variant, w.server)
+
+
+def _refuse_duplicates(source: str, what: str, names: list[str]) -> None:
+    dupes = [name for name, count in Counter(names).items() if count > 1]
+    if dupes:
+        raise ConfigError(f"{source}: duplicate {what} name {dupes[0]!r}")
+
+
+def _names(index: dict[str, Any]) -> str:
+    return ", ".join(sorted(index)) or "none"
+
+
+def describe_validation_error(exc: ValidationError, data: Any) -> str:
+    """The first pydantic error as one line: where (with the entry's name), what, and the bad value."""
+    err = exc.errors()[0]
+    loc = err["loc"]
+    path = ""
+    node = data
+    entry_name = None
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        else:
+            path += f".{part}" if path else str(part)
+        node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
+        if isinstance(node, dict) and isinstance(node.get("name") or node.get("variant"), str):
+            entry_name = node.get("name") or node.get("variant")
+    message = err["msg"]
+    if err["type"] == "missing":
+        field_name = loc[-1]
+        message = f"missing required field {field_name!r}"
+    elif err["type"] == "extra_forbidden":
+        message = f"unknown field {loc[-1]!r}"
+    elif "input" in err:
+        message = f"{message} (got {err['input']!r})"
+    named = f" ({entry_name!r})" if entry_name else ""
+    more = len(exc.errors()) - 1
+    suffix = f"; and {more} more problem{'s' if more > 1 else ''}" if more else ""
+    return f"{path}{named}: {message}{suffix}"
+
+
+def _has(node: dict | list, part: Any) -> bool:
+    if isinstance(node, dict):
+        return part in node
+    return isinstance(part, int) and 0 <= part < len(node)
+
+
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
+    """The inverse of :func:`scenario_from_dict`, for writing generated scenarios."""
+    out: dict[str, Any] = {
+        "servers": [
+            {"name": s.name, "site": s.site, "memory_mb": s.memory_mb, "compute": s.compute}
+            for s in scenario.servers
+        ],
+        "families": {
+            f.name: [
+                {
+                    "variant": v.name,
+                    "memory_mb": v.memory_mb,
+                    "accuracy": v.accuracy,
+                    "load_ms": v.load_ms,
+                    "latency_ms": v.latency_ms,
+                    "accuracy_source": v.accuracy_source,
+                }
+                for v in f.variants
+            ]
+            for f in scenario.families
+        },
+        "apps": [],
+        "policy": dataclasses.asdict(scenario.policy),
+    }
+    for a in scenario.apps:
+        app: dict[str, Any] = {"name": a.name, "family": a.family}
+        if a.primary is not None:
+            app["primary"] = {"server": a.primary.server, "variant": a.primary.variant}
+        app.update({"critical": a.critical, "rate_rps": a.rate_rps})
+        if a.slo_ms is not None:
+            app["slo_ms"] = a.slo_ms
+        out["apps"].append(app)
+    if scenario.warm is not None:
+        out["warm"] = [{"app": w.app, "variant": w.variant, "server": w.server} for w in scenario.warm]
+    return out
