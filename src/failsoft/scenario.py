@@ -193,32 +193,28 @@ def _names(index: dict[str, Any]) -> str:
 
 
 def describe_validation_error(exc: ValidationError, data: Any) -> str:
-    """The first pydantic error as one line: where (with the entry's name), what, and the bad value."""
+    """The first pydantic error as one line: where (with the entry's name), what, and the bad value.
+
+    ``servers[1] ('s2'): missing required field 'memory_mb'``,
+    ``servers[0] ('s1').memory_mb: Input should be greater than or equal to 0 (got -5)``.
+    """
     err = exc.errors()[0]
-    loc = err["loc"]
-    path = ""
-    node = data
-    entry_name = None
+    loc = list(err["loc"])
+    if err["type"] in ("missing", "extra_forbidden"):
+        field_name, loc = loc[-1], loc[:-1]
+        message = f"{'missing required' if err['type'] == 'missing' else 'unknown'} field {field_name!r}"
+    else:
+        message = err["msg"] + (f" (got {err['input']!r})" if "input" in err else "")
+    path, node = "", data
     for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else str(part)
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
         node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
-        if isinstance(node, dict) and isinstance(node.get("name") or node.get("variant"), str):
-            entry_name = node.get("name") or node.get("variant")
-    message = err["msg"]
-    if err["type"] == "missing":
-        field_name = loc[-1]
-        message = f"missing required field {field_name!r}"
-    elif err["type"] == "extra_forbidden":
-        message = f"unknown field {loc[-1]!r}"
-    elif "input" in err:
-        message = f"{message} (got {err['input']!r})"
-    named = f" ({entry_name!r})" if entry_name else ""
+        name = (node.get("name") or node.get("variant")) if isinstance(node, dict) else None
+        if isinstance(part, int) and isinstance(name, str):
+            path += f" ({name!r})"
     more = len(exc.errors()) - 1
     suffix = f"; and {more} more problem{'s' if more > 1 else ''}" if more else ""
-    return f"{path}{named}: {message}{suffix}"
+    return f"{path or 'top level'}: {message}{suffix}"
 
 
 def _has(node: dict | list, part: Any) -> bool:

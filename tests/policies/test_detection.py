@@ -1,0 +1,53 @@
+"""Heartbeat failure detection (FailLite 4): two missed 20 ms heartbeats mark a server failed."""
+
+import pytest
+
+from failsoft.domain import ServerState
+from failsoft.policies.detection import HeartbeatDetector
+
+
+def test_two_missed_heartbeats_fail_a_server():
+    d = HeartbeatDetector(interval_s=0.020, missed_to_fail=2)
+    d.register("s1", now=0.0)
+    d.register("s2", now=0.0)
+    t = 0.0
+    while t < 0.1:  # s1 keeps beating, s2 stops at t = 0.02
+        t = round(t + 0.005, 3)
+        if t % 0.02 < 1e-9 or abs(t % 0.02 - 0.02) < 1e-9:
+            d.heartbeat("s1", t)
+            if t <= 0.02:
+                d.heartbeat("s2", t)
+        changes = d.check(t)
+        if any(c.new is ServerState.FAILED for c in changes):
+            break
+    assert d.state("s1") is ServerState.UP
+    assert d.state("s2") is ServerState.FAILED
+    assert t == pytest.approx(0.065)  # last beat 0.02 + 2 x 20 ms, seen by the next 5 ms check
+
+
+def test_suspect_then_recovered_by_a_late_heartbeat():
+    d = HeartbeatDetector(0.02, 2)
+    d.register("s", 0.0)
+    (change,) = d.check(0.025)
+    assert change.new is ServerState.SUSPECT
+    change = d.heartbeat("s", 0.03)
+    assert change.new is ServerState.UP
+
+
+def test_failed_server_that_speaks_again_is_recovering_until_marked_up():
+    d = HeartbeatDetector(0.02, 2)
+    d.register("s", 0.0)
+    d.check(0.05)
+    assert d.state("s") is ServerState.FAILED
+    assert d.heartbeat("s", 1.0).new is ServerState.RECOVERING
+    assert d.check(1.01) == []
+    assert d.mark_up("s", 1.02).new is ServerState.UP
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="interval"):
+        HeartbeatDetector(0)
+    with pytest.raises(ValueError, match="missed_to_fail"):
+        HeartbeatDetector(0.02, 0)
+    with pytest.raises(KeyError, match="unregistered"):
+        HeartbeatDetector().heartbeat("ghost", 0.0)
