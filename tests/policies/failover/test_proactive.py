@@ -152,3 +152,15 @@ def test_baseline_warm_backups_are_full_size_and_feasible(name, rng):
         "full-cold": set(),
     }[name]
     check_warm_plan(scenario, plan, budgeted=(name == "full-warm-k"), any_variant=False, wanted=wanted)
+
+
+@pytest.mark.parametrize("name", ["faillite", "full-warm", "full-warm-k"])
+def test_unavailable_servers_hold_no_backup_and_their_apps_are_skipped(name, rng):
+    scenario = random_scenario(rng, n_servers=6, n_apps=24, n_sites=3, memory_range=(1500, 3000))
+    down = {"s0", "s3"}
+    plan = get_failover_policy(name).plan_proactive(scenario, unavailable=down)
+    assert plan.warm
+    for w in plan.warm:
+        assert w.server not in down
+        assert scenario.app(w.app).primary.server not in down
+    assert not {a for a in plan.unplaced if scenario.app(a).primary.server in down}

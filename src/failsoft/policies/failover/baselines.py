@@ -39,13 +39,13 @@ class _FullSize(FailoverPolicy):
     warm_others = False
     budgeted = False
 
-    def plan_proactive(self, scenario: Scenario) -> ProactivePlan:
+    def plan_proactive(self, scenario: Scenario, unavailable: Collection[str] = ()) -> ProactivePlan:
         started = time.perf_counter()
-        placed = [a for a in scenario.apps if a.primary is not None]
+        placed = [a for a in scenario.apps if a.primary is not None and a.primary.server not in unavailable]
         wanted = [a for a in placed if a.critical] if self.warm_critical else []
         if self.warm_others:
             wanted += [a for a in placed if not a.critical]
-        ledger = Ledger(scenario.free(include_warm=False))
+        ledger = Ledger(scenario.free(unavailable, include_warm=False))
         budget = ledger.total().scaled(1 - scenario.policy.alpha) if self.budgeted else None
         warm, short = place_warm_greedy(
             scenario, wanted, lambda a: _full_size(scenario, a), ledger, budget, scenario.policy.warm_replicas

@@ -17,8 +17,8 @@ class FailLitePolicy(FailoverPolicy):
 
     name = "faillite"
 
-    def plan_proactive(self, scenario: Scenario) -> ProactivePlan:
-        return plan_warm_ilp(scenario, self.name)
+    def plan_proactive(self, scenario: Scenario, unavailable: Collection[str] = ()) -> ProactivePlan:
+        return plan_warm_ilp(scenario, self.name, unavailable)
 
     def plan_failover(self, scenario: Scenario, failed: Collection[str]) -> FailoverPlan:
         started = time.perf_counter()

@@ -34,8 +34,12 @@ class FailoverPolicy(ABC):
             FailoverPolicy.registry[cls.name] = cls
 
     @abstractmethod
-    def plan_proactive(self, scenario: Scenario) -> ProactivePlan:
-        """Warm backups for the scenario (its ``warm`` field is ignored)."""
+    def plan_proactive(self, scenario: Scenario, unavailable: Collection[str] = ()) -> ProactivePlan:
+        """Warm backups for the scenario (its ``warm`` field is ignored).
+
+        ``unavailable`` servers (failed, or being drained) hold no backup, and apps served there are
+        skipped: the runtime re-plans after a failover while the failed server is still down.
+        """
 
     @abstractmethod
     def plan_failover(self, scenario: Scenario, failed: Collection[str]) -> FailoverPlan:

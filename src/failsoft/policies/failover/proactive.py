@@ -33,7 +33,7 @@ The reported ``mip_gap`` is measured against the bound of step 1, so it is a tru
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,14 +162,20 @@ class _Model:
         ]
 
 
-def plan_warm_ilp(scenario: Scenario, policy_name: str = "faillite") -> ProactivePlan:
+def plan_warm_ilp(
+    scenario: Scenario, policy_name: str = "faillite", unavailable: Collection[str] = ()
+) -> ProactivePlan:
     """Warm backups for the scenario's critical apps, as FailLite's ILP chooses them."""
     started = time.perf_counter()
     params = scenario.policy
-    critical = [a for a in scenario.apps if a.critical and a.primary is not None]
+    critical = [
+        a
+        for a in scenario.apps
+        if a.critical and a.primary is not None and a.primary.server not in unavailable
+    ]
     if params.warm_replicas == 0 or not critical:
         return ProactivePlan(policy_name, (), (), 0.0, elapsed_ms(started), 0.0, True)
-    model = _build_model(scenario, critical)
+    model = _build_model(scenario, critical, unavailable)
     deadline = started + params.ilp_time_limit_s
     if model.n == 0:
         x, gap, optimal = np.zeros(0), 0.0, True
@@ -186,8 +192,8 @@ def plan_warm_ilp(scenario: Scenario, policy_name: str = "faillite") -> Proactiv
     )
 
 
-def _build_model(scenario: Scenario, critical: list[App]) -> _Model:
-    free = scenario.free(include_warm=False)
+def _build_model(scenario: Scenario, critical: list[App], unavailable: Collection[str]) -> _Model:
+    free = scenario.free(unavailable, include_warm=False)
     servers = list(free)
     free_memory = np.array([free[s].memory_mb for s in servers])
     free_compute = np.array([free[s].compute for s in servers])
