@@ -16,16 +16,9 @@ import random
 import time
 from collections.abc import Collection
 
-from failsoft.domain import (
-    ActionKind,
-    App,
-    FailoverAction,
-    FailoverPlan,
-    ProactivePlan,
-    Scenario,
-)
-from failsoft.policies.failover.common import affected_apps, initial_ledger, warm_switches
-from failsoft.policies.failover.interface import FailoverPolicy, check_failed, elapsed_ms
+from failsoft.domain import ActionKind, App, FailoverAction, ProactivePlan, Scenario
+from failsoft.policies.failover.common import Failure, Recovery
+from failsoft.policies.failover.interface import FailoverPolicy, elapsed_ms
 from failsoft.policies.failover.ledger import Ledger
 from failsoft.policies.failover.proactive import place_warm_greedy
 
@@ -53,31 +46,28 @@ class _FullSize(FailoverPolicy):
         value = sum(scenario.app(w.app).rate_rps for w in warm)  # full size: normalised accuracy is 1
         return ProactivePlan(self.name, tuple(warm), tuple(short), value, elapsed_ms(started), 0.0, True)
 
-    def plan_failover(self, scenario: Scenario, failed: Collection[str]) -> FailoverPlan:
-        started = time.perf_counter()
-        failed = check_failed(scenario, failed)
-        scenario = self.with_warm(scenario)
-        ledger = initial_ledger(scenario, failed)
-        actions, rest = warm_switches(scenario, affected_apps(scenario, failed), failed, ledger)
-        unrecovered: list[str] = []
+    def recover(self, failure: Failure) -> Recovery:
         if self.warm_others:  # full-warm has no cold backups
-            unrecovered = [a.name for a in rest]
-        else:
-            rng = random.Random(scenario.policy.seed)
-            critical = [a for a in rest if a.critical]
-            others = [a for a in rest if not a.critical]
-            rng.shuffle(critical)
-            rng.shuffle(others)
-            for app in critical + others:
-                variant = scenario.primary_variant(app)
-                demand = variant.demand(app.rate_rps)
-                server = ledger.worst_fit(demand)
-                if server is None:
-                    unrecovered.append(app.name)
-                    continue
-                ledger.take(server, demand)
-                actions.append(FailoverAction(app.name, ActionKind.COLD, server, variant.name, variant.name))
-        return FailoverPlan(self.name, failed, tuple(actions), tuple(unrecovered), elapsed_ms(started))
+            return Recovery(unrecovered=[a.name for a in failure.rest])
+        scenario, ledger = failure.scenario, failure.ledger
+        rng = random.Random(scenario.policy.seed)
+        critical = [a for a in failure.rest if a.critical]
+        others = [a for a in failure.rest if not a.critical]
+        rng.shuffle(critical)
+        rng.shuffle(others)
+        recovery = Recovery()
+        for app in critical + others:
+            variant = scenario.primary_variant(app)
+            demand = variant.demand(app.rate_rps)
+            server = ledger.worst_fit(demand)
+            if server is None:
+                recovery.unrecovered.append(app.name)
+                continue
+            ledger.take(server, demand)
+            recovery.actions.append(
+                FailoverAction(app.name, ActionKind.COLD, server, variant.name, variant.name)
+            )
+        return recovery
 
 
 class FullWarmPolicy(_FullSize):

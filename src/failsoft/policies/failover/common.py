@@ -13,9 +13,30 @@ Two rules hold for every policy:
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 
 from failsoft.domain import ActionKind, App, FailoverAction, Scenario, Variant, WarmBackup
 from failsoft.policies.failover.ledger import Ledger
+
+
+@dataclass
+class Failure:
+    """What every policy knows once warm switches are done: the input of ``FailoverPolicy.recover``."""
+
+    scenario: Scenario
+    failed: tuple[str, ...]
+    ledger: Ledger  # free capacity of the live servers, warm switches and warm backups taken
+    warm: list[FailoverAction]  # the warm switches already decided
+    rest: list[App]  # affected apps without a live warm backup
+
+
+@dataclass
+class Recovery:
+    """What a policy decided for the affected apps that had no live warm backup."""
+
+    actions: list[FailoverAction] = field(default_factory=list)
+    unrecovered: list[str] = field(default_factory=list)
+    released: list[WarmBackup] = field(default_factory=list)  # warm backups dropped to make room
 
 
 def candidate_variants(scenario: Scenario, app: App, strict_slo: bool = False) -> tuple[Variant, ...]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection
 
-from failsoft.domain import FailoverPlan, ProactivePlan, Scenario
-from failsoft.policies.failover.common import affected_apps, initial_ledger, warm_switches
-from failsoft.policies.failover.interface import FailoverPolicy, check_failed, elapsed_ms
+from failsoft.domain import ProactivePlan, Scenario
+from failsoft.policies.failover.common import Failure, Recovery
+from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.policies.failover.proactive import plan_warm_ilp
 from failsoft.policies.failover.progressive import place_progressive
 
@@ -20,24 +19,13 @@ class FailLitePolicy(FailoverPolicy):
     def plan_proactive(self, scenario: Scenario, unavailable: Collection[str] = ()) -> ProactivePlan:
         return plan_warm_ilp(scenario, self.name, unavailable)
 
-    def plan_failover(self, scenario: Scenario, failed: Collection[str]) -> FailoverPlan:
-        started = time.perf_counter()
-        failed = check_failed(scenario, failed)
-        scenario = self.with_warm(scenario)
-        ledger = initial_ledger(scenario, failed)
-        warm, rest = warm_switches(scenario, affected_apps(scenario, failed), failed, ledger)
+    def recover(self, failure: Failure) -> Recovery:
         reclaimable = []
-        if scenario.policy.reclaim_warm:
-            in_use = {(a.app, a.server) for a in warm}
+        if failure.scenario.policy.reclaim_warm:  # warm backups of healthy apps on live servers
+            in_use = {(a.app, a.server) for a in failure.warm}
             reclaimable = [
-                b for b in scenario.warm or () if b.server not in failed and (b.app, b.server) not in in_use
+                b
+                for b in failure.scenario.warm or ()
+                if b.server not in failure.failed and (b.app, b.server) not in in_use
             ]
-        result = place_progressive(scenario, rest, ledger, reclaimable)
-        return FailoverPlan(
-            self.name,
-            failed,
-            tuple(warm + result.actions),
-            tuple(result.unrecovered),
-            elapsed_ms(started),
-            tuple(result.released),
-        )
+        return place_progressive(failure.scenario, failure.rest, failure.ledger, reclaimable)

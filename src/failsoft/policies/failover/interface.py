@@ -20,6 +20,13 @@ from typing import ClassVar
 
 from failsoft.domain import FailoverPlan, ProactivePlan, Scenario
 from failsoft.errors import ConfigError
+from failsoft.policies.failover.common import (
+    Failure,
+    Recovery,
+    affected_apps,
+    initial_ledger,
+    warm_switches,
+)
 
 
 class FailoverPolicy(ABC):
@@ -41,9 +48,29 @@ class FailoverPolicy(ABC):
         skipped: the runtime re-plans after a failover while the failed server is still down.
         """
 
-    @abstractmethod
     def plan_failover(self, scenario: Scenario, failed: Collection[str]) -> FailoverPlan:
-        """Recovery of the apps whose primary is on ``failed``, given the scenario's warm backups."""
+        """Recovery of the apps whose primary is on ``failed``, given the scenario's warm backups.
+
+        Every policy first switches affected apps to live warm backups; :meth:`recover` decides the rest.
+        """
+        started = time.perf_counter()
+        failed = check_failed(scenario, failed)
+        scenario = self.with_warm(scenario)
+        ledger = initial_ledger(scenario, failed)
+        warm, rest = warm_switches(scenario, affected_apps(scenario, failed), failed, ledger)
+        recovery = self.recover(Failure(scenario, failed, ledger, warm, rest))
+        return FailoverPlan(
+            self.name,
+            failed,
+            tuple(warm + recovery.actions),
+            tuple(recovery.unrecovered),
+            elapsed_ms(started),
+            tuple(recovery.released),
+        )
+
+    @abstractmethod
+    def recover(self, failure: Failure) -> Recovery:
+        """Recovery of the affected apps without a live warm backup, on the ledger's servers."""
 
     def with_warm(self, scenario: Scenario) -> Scenario:
         """The scenario with warm backups: its own when known, else this policy's proactive plan."""

@@ -25,10 +25,9 @@ affected apps' smallest variants by one smallest variant per server, every app i
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from failsoft.domain import ActionKind, App, Demand, FailoverAction, Resource, Scenario, Variant, WarmBackup
-from failsoft.policies.failover.common import candidate_variants, recovery_order
+from failsoft.policies.failover.common import Recovery, candidate_variants, recovery_order
 from failsoft.policies.failover.ledger import Ledger
 
 
@@ -46,19 +45,12 @@ def match(variants: Sequence[Variant], delta: float) -> int:
     return min(range(len(variants)), key=lambda j: (abs(variants[j].memory_mb - target), j))
 
 
-@dataclass
-class ProgressiveResult:
-    actions: list[FailoverAction] = field(default_factory=list)
-    unrecovered: list[str] = field(default_factory=list)
-    released: list[WarmBackup] = field(default_factory=list)  # warm backups dropped to make room
-
-
 def place_progressive(
     scenario: Scenario,
     apps: Sequence[App],
     ledger: Ledger,
     reclaimable: Sequence[WarmBackup] = (),
-) -> ProgressiveResult:
+) -> Recovery:
     """Algorithm 1 over ``apps`` on the servers of ``ledger``, then make-room and upgrade passes.
 
     Takes what it places from the ledger. ``reclaimable`` are warm backups (already in the ledger)
@@ -73,7 +65,7 @@ def place_progressive(
 
     chosen: dict[str, int] = {}
     placed_on: dict[str, str] = {}
-    result = ProgressiveResult()
+    result = Recovery()
     for app in ordered:  # lines 5-12: match, then worst-fit from the matched variant down
         variants = candidates[app.name]
         for j in range(match(variants, delta), -1, -1):
