@@ -1,0 +1,163 @@
+"""The on-disk layout of a model repository, and the ``config.json`` every variant carries.
+
+Like a Triton model repository, a failsoft repository is a directory of directories::
+
+    <root>/<family>/<variant>/model.safetensors   weights (safetensors only: never pickle)
+    <root>/<family>/<variant>/config.json         architecture, input/output shape, accuracy, weight hash
+    <root>/<family>/<variant>/profile.json        what the profiler measured on this machine
+
+``config.json`` is written when the variant is built (trained or initialised) and is enough to rebuild
+the network exactly; ``profile.json`` is written by the profiler and feeds the planners (FailLite
+section 3.2 needs each variant's memory, load time, latency and accuracy).
+
+Names of families and variants are single path components of letters, digits, ``_``, ``-`` and
+``.`` that do not start with a dot, so a name can never reach outside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from failsoft.errors import CorruptModelError, ModelNotFoundError
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PROFILE_FILE = "profile.json"
+FORMAT_VERSION = 1
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+Arch = Literal["digits_mlp", "digits_cnn", "transformers"]
+
+
+def check_name(kind: str, name: object) -> str:
+    """``name`` if it is a safe single path component, else :class:`ModelNotFoundError`."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name) or ".." in name:
+        raise ModelNotFoundError(
+            f"invalid {kind} name {name!r}: names are letters, digits, '_', '-' and '.', "
+            "not starting with '.', and never a path"
+        )
+    return name
+
+
+class _AccuracySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    value: float = Field(ge=0, le=1)
+    source: Literal["measured", "declared"]
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class _WeightsSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: str = WEIGHTS_FILE
+    bytes: int = Field(ge=0)
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
+
+
+class _ConfigSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    format: int = Field(ge=1, le=FORMAT_VERSION)
+    family: str
+    variant: str
+    arch: Arch
+    architecture: dict[str, Any]
+    input_shape: tuple[int, ...] = Field(min_length=1)
+    num_classes: int = Field(gt=0)
+    parameters: int = Field(ge=0)
+    weights: _WeightsSpec
+    accuracy: _AccuracySpec
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Top-1 in [0, 1]: ``measured`` on a held-out split here, or ``declared`` (published)."""
+
+    value: float
+    source: Literal["measured", "declared"]
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VariantConfig:
+    """What ``config.json`` says about one variant: enough to rebuild and check it."""
+
+    family: str
+    variant: str
+    arch: Arch
+    architecture: dict[str, Any]
+    input_shape: tuple[int, ...]
+    num_classes: int
+    parameters: int
+    weights_bytes: int
+    weights_sha256: str
+    accuracy: Accuracy
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "family": self.family,
+            "variant": self.variant,
+            "arch": self.arch,
+            "architecture": self.architecture,
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "parameters": self.parameters,
+            "weights": {"file": WEIGHTS_FILE, "bytes": self.weights_bytes, "sha256": self.weights_sha256},
+            "accuracy": {
+                "value": self.accuracy.value,
+                "source": self.accuracy.source,
+                "detail": self.accuracy.detail,
+            },
+        }
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; a missing file is :class:`ModelNotFoundError`, a bad one corrupt."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError as exc:
+        raise ModelNotFoundError(f"missing file {str(path)!r}") from exc
+    except OSError as exc:
+        raise CorruptModelError(f"cannot read {str(path)!r}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CorruptModelError(f"{str(path)!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
+    if not isinstance(data, dict):
+        raise CorruptModelError(f"{str(path)!r} does not hold a JSON object")
+    return data
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` next to ``path`` and rename it into place, so readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    tmp.replace(path)
+
+
+def read_config(variant_dir: Path) -> VariantConfig:
+    path = variant_dir / CONFIG_FILE
+    data = read_json(path)
+    try:
+        spec = _ConfigSpec.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise CorruptModelError(f"{str(path)!r}: {where}: {err['msg']}") from exc
+    return VariantConfig(
+        family=spec.family,
+        variant=spec.variant,
+        arch=spec.arch,
+        architecture=dict(spec.architecture),
+        input_shape=tuple(spec.input_shape),
+        num_classes=spec.num_classes,
+        parameters=spec.parameters,
+        weights_bytes=spec.weights.bytes,
+        weights_sha256=spec.weights.sha256,
+        accuracy=Accuracy(spec.accuracy.value, spec.accuracy.source, dict(spec.accuracy.detail)),
+    )

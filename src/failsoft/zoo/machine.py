@@ -1,0 +1,53 @@
+"""The machine a profile was measured on: numbers mean little without it.
+
+FailLite profiles its variants on the serving hardware (section 5.1, Triton Model Analyzer on an A2);
+failsoft's profiler records where its own numbers come from: CPU model, cores, memory, torch version,
+threads and, when used, the CUDA device.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    """A JSON-able description of this machine and of the torch build that ran the profile."""
+    import psutil
+    import torch
+
+    info: dict[str, Any] = {
+        "hostname": platform.node(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_count_logical": os.cpu_count(),
+        "cpu_count_physical": psutil.cpu_count(logical=False),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "memory_total_mb": round(psutil.virtual_memory().total / 2**20),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "device": device,
+    }
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        info |= {
+            "cuda_device": props.name,
+            "cuda_memory_mb": round(props.total_memory / 2**20),
+            "cuda_version": torch.version.cuda,
+        }
+    return info

@@ -1,0 +1,140 @@
+"""The measuring half of the profiler, run in a fresh process per variant (``python -m``).
+
+A fresh process is what makes the memory number honest: resident-set growth is measured from a
+process that has imported torch and the model's code but holds no model, to the moment the loaded
+model has given its first answer. In the same process it then times several cold loads (page cache
+evicted, disk to first answer) and the latency of batches of 1 to 16.
+
+It prints one JSON object on stdout. On a failsoft error it prints ``{"error": ..., "type": ...}``
+and exits with status 2, so the parent can raise the same error.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import FailsoftError
+from failsoft.zoo.layout import WEIGHTS_FILE
+from failsoft.zoo.loaded import LoadedModel
+from failsoft.zoo.repository import ModelRepository
+
+MIB = 2**20
+
+
+def evict_from_page_cache(path: Path) -> bool:
+    """Ask the kernel to drop the file's cached pages, so the next read comes from disk."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _timed_load(
+    repo: ModelRepository, family: str, variant: str, device: str, evict: bool
+) -> tuple[LoadedModel, float, bool]:
+    weights = repo.variant_dir(family, variant) / WEIGHTS_FILE
+    evicted = evict and evict_from_page_cache(weights)
+    start = time.perf_counter()
+    model = repo.load(family, variant, device)
+    model.predict(np.zeros((1, *model.input_shape), dtype=np.float32))
+    return model, (time.perf_counter() - start) * 1000.0, evicted
+
+
+def measure(repo: ModelRepository, family: str, variant: str, device: str, settings: dict[str, Any]) -> dict:
+    """Memory of the first load, load times, and latency per batch size, for one variant."""
+    import torch
+
+    from failsoft.zoo.machine import machine_info
+    from failsoft.zoo.network import import_code
+
+    if settings["threads"]:
+        torch.set_num_threads(settings["threads"])
+    import_code(repo.config(family, variant))
+    torch.ones(8, 8) @ torch.ones(8, 8)  # thread pools up before the baseline
+    gc.collect()
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.init()
+        torch.cuda.reset_peak_memory_stats(device)
+    rss0, cuda0 = _rss(), torch.cuda.memory_allocated(device) if cuda else 0
+    model, first_ms, evicted = _timed_load(repo, family, variant, device, settings["evict_page_cache"])
+    memory: dict[str, Any] = {"rss_growth_mb": (_rss() - rss0) / MIB}
+    if cuda:
+        memory["cuda_allocated_mb"] = (torch.cuda.memory_allocated(device) - cuda0) / MIB
+        memory["cuda_peak_mb"] = (torch.cuda.max_memory_allocated(device) - cuda0) / MIB
+    model.close()
+    loads = [first_ms]
+    for _ in range(settings["loads"] - 1):
+        model, ms, evicted = _timed_load(repo, family, variant, device, settings["evict_page_cache"])
+        loads.append(ms)
+        model.close()
+    model = repo.load(family, variant, device)
+    latency = {str(bs): _latency(model, bs, settings) for bs in settings["batch_sizes"]}
+    model.close()
+    return {
+        "memory": memory,
+        "load_samples_ms": loads,
+        "page_cache_evicted": evicted,
+        "latency": latency,
+        "machine": machine_info(device),
+    }
+
+
+def _latency(model: LoadedModel, batch_size: int, settings: dict[str, Any]) -> dict[str, float]:
+    x = np.random.default_rng(0).random((batch_size, *model.input_shape), dtype=np.float32)
+    for _ in range(settings["warmup_iters"]):
+        model.predict(x)
+    samples: list[float] = []
+    began = time.perf_counter()
+    while len(samples) < settings["max_iters"]:
+        start = time.perf_counter()
+        model.predict(x)
+        samples.append((time.perf_counter() - start) * 1000.0)
+        if len(samples) >= settings["min_iters"] and time.perf_counter() - began >= settings["budget_s"]:
+            break
+    arr = np.asarray(samples)
+    mean = float(arr.mean())
+    return {
+        "p50_ms": float(np.percentile(arr, 50)),
+        "p99_ms": float(np.percentile(arr, 99)),
+        "mean_ms": mean,
+        "samples": len(samples),
+        "throughput_rps": batch_size * 1000.0 / mean,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root, family, variant, device, settings_json = args
+    try:
+        out = measure(ModelRepository(Path(root)), family, variant, device, json.loads(settings_json))
+    except FailsoftError as exc:
+        print(json.dumps({"error": str(exc), "type": type(exc).__name__}))
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

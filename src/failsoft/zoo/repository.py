@@ -1,0 +1,166 @@
+"""The model repository on disk: where agents find cold replicas and planners find profiles.
+
+FailLite's agents keep every variant an app may need in a local model repository and ask Triton to
+load or unload them (section 4); a *cold* backup is a variant that is only on disk. failsoft's
+:class:`ModelRepository` is that repository: ``<root>/<family>/<variant>/`` holding safetensors
+weights, ``config.json`` and ``profile.json`` (see :mod:`failsoft.zoo.layout`).
+
+Guarantees:
+
+* a family or variant name that would resolve outside the root (``../x``, an absolute path, a
+  symlink pointing out) is refused with :class:`~failsoft.errors.ModelNotFoundError`;
+* weights are read with safetensors only, never pickle;
+* anything missing is :class:`~failsoft.errors.ModelNotFoundError`, anything unreadable is
+  :class:`~failsoft.errors.CorruptModelError`, each naming the file; nothing else escapes.
+
+Reading the repository (``families()``, ``profile()``) needs no torch; ``load()`` imports it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from failsoft.domain import Family, Variant
+from failsoft.errors import ConfigError, CorruptModelError, ModelNotFoundError
+from failsoft.zoo.layout import (
+    CONFIG_FILE,
+    NAME_PATTERN,
+    PROFILE_FILE,
+    VariantConfig,
+    check_name,
+    read_config,
+    read_json,
+)
+from failsoft.zoo.loaded import LoadedModel
+
+
+def default_zoo_path() -> Path:
+    """``$FAILSOFT_ZOO``, else ``$XDG_CACHE_HOME/failsoft/zoo``, else ``~/.cache/failsoft/zoo``."""
+    if env := os.environ.get("FAILSOFT_ZOO"):
+        return Path(env).expanduser()
+    if cache := os.environ.get("XDG_CACHE_HOME"):
+        return Path(cache).expanduser() / "failsoft" / "zoo"
+    return Path.home() / ".cache" / "failsoft" / "zoo"
+
+
+class _ProfileSummary(BaseModel):
+    """The fields of ``profile.json`` the domain model needs; the rest is detail for humans."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    memory_mb: float = Field(gt=0)
+    load_ms: float = Field(ge=0)
+    latency_ms: float = Field(gt=0)
+    accuracy: float = Field(ge=0, le=1)
+    accuracy_source: str = Field(pattern="^(measured|declared)$")
+
+
+class ModelRepository:
+    """A Triton-like repository rooted at ``root`` (which need not exist yet)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser()
+
+    def __repr__(self) -> str:
+        return f"ModelRepository({str(self.root)!r})"
+
+    # names ---------------------------------------------------------------------------------
+    def family_names(self) -> list[str]:
+        """Families with at least one built variant, sorted."""
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if self._inside(p) and self.variant_names(p.name))
+
+    def variant_names(self, family: str) -> list[str]:
+        """Built variants of a family (those with a ``config.json``), sorted by name."""
+        fam_dir = self.safe_path(check_name("family", family))
+        if not fam_dir.is_dir():
+            return []
+        return sorted(p.name for p in fam_dir.iterdir() if self._inside(p) and (p / CONFIG_FILE).is_file())
+
+    def _inside(self, path: Path) -> bool:
+        """A listable child: a safe name, a directory, and (symlinks resolved) inside the root."""
+        if not path.is_dir() or path.name.startswith(".") or not NAME_PATTERN.match(path.name):
+            return False
+        return path.resolve().is_relative_to(self.root.resolve())
+
+    def variant_dir(self, family: str, variant: str) -> Path:
+        """The directory of an existing variant; unknown or escaping names are ModelNotFoundError."""
+        check_name("family", family)
+        check_name("variant", variant)
+        path = self.safe_path(family, variant)
+        if not path.is_dir():
+            known = ", ".join(self.family_names()) or "none"
+            raise ModelNotFoundError(
+                f"no variant {family}/{variant} in repository {str(self.root)!r} (families: {known})"
+            )
+        return path
+
+    def safe_path(self, *parts: str) -> Path:
+        """``root/parts...`` resolved (symlinks followed); ModelNotFoundError if it leaves the root."""
+        root = self.root.resolve()
+        path = root.joinpath(*parts).resolve()
+        if not path.is_relative_to(root) or path == root:
+            raise ModelNotFoundError(f"{'/'.join(parts)!r} resolves outside repository {str(root)!r}")
+        return path
+
+    # metadata ------------------------------------------------------------------------------
+    def config(self, family: str, variant: str) -> VariantConfig:
+        return read_config(self.variant_dir(family, variant))
+
+    def profile(self, family: str, variant: str) -> dict[str, Any]:
+        """The ``profile.json`` content; ModelNotFoundError when the variant was never profiled."""
+        return read_json(self.variant_dir(family, variant) / PROFILE_FILE)
+
+    def is_profiled(self, family: str, variant: str) -> bool:
+        return (self.variant_dir(family, variant) / PROFILE_FILE).is_file()
+
+    def variant(self, family: str, variant: str) -> Variant:
+        """The domain :class:`Variant` from a profile: measured memory, load time, latency, accuracy."""
+        path = self.variant_dir(family, variant) / PROFILE_FILE
+        data = read_json(path)
+        try:
+            p = _ProfileSummary.model_validate(data)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise CorruptModelError(f"{str(path)!r}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc
+        return Variant(variant, p.memory_mb, p.accuracy, p.load_ms, p.latency_ms, p.accuracy_source)
+
+    def families(self, names: list[str] | None = None) -> tuple[Family, ...]:
+        """Domain families from the profiles; variants not profiled yet are left out."""
+        out = []
+        for fam in names if names is not None else self.family_names():
+            variants = [self.variant(fam, v) for v in self.variant_names(fam) if self.is_profiled(fam, v)]
+            if variants:
+                out.append(Family(fam, tuple(variants)))
+            elif names is not None:
+                raise ModelNotFoundError(f"family {fam!r} has no profiled variant in {str(self.root)!r}")
+        return tuple(out)
+
+    # loading -------------------------------------------------------------------------------
+    def load(self, family: str, variant: str, device: str | None = None) -> LoadedModel:
+        """Load a variant from disk onto ``device`` (CUDA when available by default)."""
+        from failsoft.zoo.network import load_network
+
+        path = self.variant_dir(family, variant)
+        config = read_config(path)
+        dev = _pick_device(device)
+        module, forward = load_network(path, config, dev)
+        return LoadedModel(family, variant, dev, config.input_shape, config.num_classes, module, forward)
+
+
+def _pick_device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"invalid device {device!r}") from exc
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but CUDA is not available here")
+    return str(parsed)

@@ -1,0 +1,43 @@
+"""Profiles into the ``families`` section of a scenario JSON, so planners run on measured numbers.
+
+The scenario JSON of DESIGN.md describes each family as a list of variants with ``memory_mb``,
+``accuracy``, ``load_ms`` and ``latency_ms`` (FailLite section 3.2's per-variant resource demand,
+accuracy and latency). This module writes that section from either source of measurements:
+
+* a model repository built and profiled on this machine (:class:`ModelRepository`), or
+* a profile CSV such as the bundled A2 measurements (via :func:`failsoft.profiles.load_profile_families`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from failsoft.domain import Family
+from failsoft.profiles import load_profile_families
+
+
+def families_section(families: Iterable[Family]) -> dict[str, list[dict[str, Any]]]:
+    """``{"family": [{"variant", "memory_mb", "accuracy", "load_ms", "latency_ms", ...}]}``."""
+    return {
+        fam.name: [
+            {
+                "variant": v.name,
+                "memory_mb": round(v.memory_mb, 3),
+                "accuracy": round(v.accuracy, 6),
+                "load_ms": round(v.load_ms, 3),
+                "latency_ms": round(v.latency_ms, 4),
+                "accuracy_source": v.accuracy_source,
+            }
+            for v in fam.variants
+        ]
+        for fam in families
+    }
+
+
+def families_from_csv(
+    path: str | Path | None = None, families: Iterable[str] | None = None
+) -> tuple[Family, ...]:
+    """Families from a profile CSV (the bundled A2 measurements when ``path`` is None)."""
+    return load_profile_families(path, families)

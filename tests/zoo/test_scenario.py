@@ -1,0 +1,41 @@
+"""Profiles feed the planners: the families section a repository or a CSV turns into."""
+
+from __future__ import annotations
+
+from failsoft.policies.failover import get_failover_policy
+from failsoft.scenario import scenario_from_dict
+from failsoft.zoo import families_from_csv, families_section
+
+
+def test_repository_families_make_a_valid_scenario_the_planner_accepts(tiny_zoo):
+    section = families_section(tiny_zoo.families())
+    assert [v["variant"] for v in section["digits_mlp"]] == ["mlp_xs", "mlp_s", "mlp_m", "mlp_l"]
+    assert all(v["accuracy_source"] == "measured" for v in section["digits_mlp"])
+    scenario = scenario_from_dict(
+        {
+            "servers": [
+                {"name": "s1", "site": "a", "memory_mb": 1000},
+                {"name": "s2", "site": "b", "memory_mb": 1000},
+            ],
+            "families": section,
+            "apps": [
+                {
+                    "name": "digits-1",
+                    "family": "digits_mlp",
+                    "primary": {"server": "s1", "variant": "mlp_l"},
+                    "critical": True,
+                }
+            ],
+        }
+    )
+    plan = get_failover_policy("faillite").plan_failover(scenario, ["s1"])
+    assert plan.action_for("digits-1") is not None
+    assert plan.action_for("digits-1").server == "s2"
+
+
+def test_csv_families_keep_their_measurements():
+    (convnext,) = families_from_csv(families=["convnext"])
+    section = families_section([convnext])["convnext"]
+    assert section[0]["variant"] == "convnext_tiny"
+    assert section[0]["accuracy_source"] == "declared"
+    assert section[-1]["memory_mb"] > section[0]["memory_mb"]
