@@ -1,0 +1,118 @@
+"""The SimPy twin of the runtime's agent: one per server (FailLite 3.4 and 4; STYLE.md item 3).
+
+In the runtime an agent is a Ray actor on its server: it loads and unloads models through the
+serving engine and pushes a heartbeat to the controller every ``interval``. Here it is a plain
+object driven by SimPy processes, doing the same things with durations from the profiles:
+
+* **memory**: what the loaded models take; a load that would overflow the server's memory fails
+  (an out-of-memory load, counted; a correct plan never causes one);
+* **the load path**: a ``PriorityResource`` with ``load_slots`` slots (see
+  :mod:`failsoft.sim.config`). A load holds a slot for its profiled ``load_ms``; recovery loads
+  (priority 0) go before background upgrades (priority 1);
+* **upgrades, one at a time per server**: the lock the progressive plan assumes (a server needs
+  room for every final variant plus the one small variant being replaced);
+* **heartbeats**: pushed to the controller's detector at ``phase + k * interval`` until the agent
+  crashes or the controller no longer listens.
+
+A crash is abrupt: the agent stops heartbeating, its models are gone, and a load in progress on it
+fails.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Generator
+from typing import Any
+
+import simpy
+
+from failsoft.domain import Server, Variant
+from failsoft.errors import ConfigError
+from failsoft.sim.config import SimConfig
+from failsoft.sim.trace import EventLog
+
+_EPS = 1e-6
+RECOVERY, UPGRADE = 0, 1  # load priorities: recovery loads before background upgrades
+
+
+class SimAgent:
+    """Models, memory, load path and heartbeats of one simulated server."""
+
+    def __init__(self, env: simpy.Environment, server: Server, config: SimConfig, log: EventLog) -> None:
+        self.env, self.server, self.config, self.log = env, server, config, log
+        self.alive = True
+        self.models: Counter[tuple[str, str]] = Counter()  # (app, variant) -> copies loaded or loading
+        self.used_mb = 0.0
+        self.oom_loads = 0
+        self.load_path = simpy.PriorityResource(env, capacity=config.load_slots)
+        self.upgrades = simpy.Resource(env, capacity=1)
+
+    @property
+    def name(self) -> str:
+        return self.server.name
+
+    @property
+    def free_mb(self) -> float:
+        return self.server.memory_mb - self.used_mb
+
+    def preload(self, app: str, variant: Variant) -> None:
+        """A model already loaded when the simulation starts (steady state before the failure)."""
+        if not self._reserve(app, variant):
+            raise ConfigError(
+                f"server {self.name!r} cannot hold {variant.name} for {app!r} at start "
+                f"({self.free_mb:.1f} MB free of {self.server.memory_mb:.1f})"
+            )
+
+    def load(self, app: str, variant: Variant, priority: int) -> Generator[simpy.Event, Any, bool]:
+        """Process: load ``variant`` for ``app``; its value is True once the model is ready."""
+        with self.load_path.request(priority=priority) as slot:
+            yield slot
+            if not self.alive:
+                return False
+            if not self._reserve(app, variant):
+                self.oom_loads += 1
+                self.log.add(self.env.now, "oom", app, self.name, variant.name)
+                return False
+            self.log.add(self.env.now, "load-start", app, self.name, variant.name)
+            yield self.env.timeout(variant.load_ms / 1000.0)
+        if not self.alive:
+            return False
+        self.log.add(self.env.now, "loaded", app, self.name, variant.name)
+        return True
+
+    def unload(self, app: str, variant: Variant) -> None:
+        """Free a model's memory (the engine's unload returns at once; see ``SimConfig.unload_ms``)."""
+        key = (app, variant.name)
+        if not self.alive or self.models[key] == 0:
+            return
+        self.models[key] -= 1
+        self.used_mb -= variant.memory_mb
+        self.log.add(self.env.now, "unloaded", app, self.name, variant.name)
+
+    def crash(self) -> None:
+        self.alive = False
+        self.models.clear()
+        self.used_mb = 0.0
+        self.log.add(self.env.now, "crash", "", self.name, "")
+
+    def heartbeats(
+        self, push: Callable[[str, float], object], listening: Callable[[], bool], phase_s: float
+    ) -> Generator[simpy.Event, Any, None]:
+        """Process: push a heartbeat at ``phase + k * interval`` while alive and listened to."""
+        interval = self.config.heartbeat_interval_s
+        k = 0
+        while True:
+            due = phase_s + k * interval
+            if due > self.env.now:
+                yield self.env.timeout(due - self.env.now)
+            if not (self.alive and listening()):
+                return
+            push(self.name, self.env.now)
+            k += 1
+
+    def _reserve(self, app: str, variant: Variant) -> bool:
+        if variant.memory_mb > self.free_mb + _EPS:
+            return False
+        self.models[(app, variant.name)] += 1
+        self.used_mb += variant.memory_mb
+        return True

@@ -1,0 +1,89 @@
+"""What the simulator assumes about time: one frozen config, validated once (STYLE.md item 8).
+
+Every duration the simulator uses comes from one of three places:
+
+* **measured profiles**: a variant's ``load_ms`` (disk to accelerator, ready to serve) and
+  ``latency_ms`` (one batch-1 inference), from the bundled A2 CSV or the zoo's profiler;
+* **FailLite's configuration and measurements** (sections 4, 5.1 and 5.8): agents push a heartbeat
+  every 20 ms and a server is failed after two missed ones; the controller checks health every
+  100 ms; telling a client the new location of its app takes about 10 ms;
+* **modelling choices**, named here with their defaults and documented in ``docs/simulator.md``:
+  how many model loads one server runs at once (``load_slots``), how long an unload takes, whether
+  the planner's wall time is charged to simulated time, and how requests are simulated.
+
+Load-path contention. Loads on one server share its disk, PCIe link and the CPU that builds the
+inference session, and the profiled ``load_ms`` was measured with nothing else loading. The
+simulator models the load path as a SimPy ``PriorityResource`` with ``load_slots`` slots: a load
+holds a slot for its whole profiled duration, recovery loads (first or cold variants) queue ahead of
+background upgrades. One slot (the default) means concurrent loads on a server take turns, which
+finishes the batch no later than sharing the bandwidth would; ``load_slots=10`` mirrors the 10
+loader threads of FailLite's Triton with no interference between them (an optimistic bound).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from failsoft.errors import ConfigError
+
+
+class RequestMode(StrEnum):
+    """Which apps get a per-request simulation (arrivals, queueing, batching, service)."""
+
+    OFF = "off"  # failure and recovery path only (large sweeps)
+    AFFECTED = "affected"  # the apps whose primary is on a failed server
+    ALL = "all"  # every app (small clusters)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Timing and modelling parameters of one simulated failure event. Seconds unless named ``_ms``."""
+
+    heartbeat_interval_s: float = 0.020  # FailLite 4: agents push a heartbeat every 20 ms
+    missed_to_fail: int = 2  # FailLite 4: failed after two missed heartbeats
+    check_interval_s: float = 0.100  # FailLite 5.1: the controller checks for failures every 100 ms
+    settle_suspects: bool = True  # on a detection, wait for suspect servers before planning
+    notify_ms: float = 10.0  # FailLite 5.8: informing the client of the new location took ~10 ms
+    unload_ms: float = 0.0  # not measured; Triton's unload frees memory at once
+    load_slots: int = 1  # concurrent model loads per server (load-path contention)
+    failure_at_s: float = 0.3  # failures are injected here, after a warm-up in steady state
+    random_phases: bool = True  # heartbeat and health-check phases drawn per event (else 0)
+    heartbeats_after_detection: bool = False  # keep heartbeats running once failures are detected
+    charge_plan_time: bool = False  # add the planner's measured wall time to simulated time
+    requests: RequestMode = RequestMode.AFFECTED
+    request_warmup_s: float = 0.3  # arrivals start this long before the failure
+    request_window_s: float = 10.0  # ... and stop this long after it
+    max_batch: int = 1  # FailLite profiled batch size 1
+    batch_cost: float = 1.0  # a batch of b takes latency_ms * (1 + batch_cost * (b - 1))
+    trace: bool = False  # keep an event log (for tests and debugging)
+
+    def __post_init__(self) -> None:
+        positive = ("heartbeat_interval_s", "check_interval_s", "failure_at_s", "request_window_s")
+        for name in positive:
+            _require(name, getattr(self, name), lambda v: v > 0, "must be positive")
+        for name in ("notify_ms", "unload_ms", "request_warmup_s"):
+            _require(name, getattr(self, name), lambda v: v >= 0, "must be zero or positive")
+        _require("missed_to_fail", self.missed_to_fail, lambda v: v >= 1, "must be at least 1")
+        _require("load_slots", self.load_slots, lambda v: v >= 1, "must be at least 1")
+        _require("max_batch", self.max_batch, lambda v: v >= 1, "must be at least 1")
+        _require("batch_cost", self.batch_cost, lambda v: 0 < v <= 1, "must be in (0, 1]")
+        if self.request_warmup_s > self.failure_at_s:
+            raise ConfigError(
+                f"request_warmup_s ({self.request_warmup_s}) cannot exceed failure_at_s ({self.failure_at_s})"
+            )
+        try:
+            object.__setattr__(self, "requests", RequestMode(self.requests))
+        except ValueError:
+            known = ", ".join(m.value for m in RequestMode)
+            raise ConfigError(f"requests must be one of {known}; got {self.requests!r}") from None
+
+    def batch_service_s(self, latency_ms: float, batch: int) -> float:
+        """Service time of a batch of ``batch`` requests on a variant of batch-1 latency ``latency_ms``."""
+        return latency_ms * (1.0 + self.batch_cost * (batch - 1)) / 1000.0
+
+
+def _require(name: str, value: float, ok, what: str) -> None:
+    if (isinstance(value, float) and math.isnan(value)) or not ok(value):
+        raise ConfigError(f"simulator setting {name} {what}; got {value!r}")

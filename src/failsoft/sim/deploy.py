@@ -1,0 +1,75 @@
+"""Deployments: a scenario, a failover policy looked up by name, and that policy's warm backups.
+
+Before any failure the controller deploys the apps and asks the policy for warm backups
+(``plan_proactive``, FailLite 3.2); the simulator does the same, once per scenario and policy, and
+reuses the deployment for every failure event injected into it.
+
+Policy labels are the runtime's policy names (``failsoft.policies.failover.policy_names()``) plus one
+simulator-only label, ``faillite-paper``: the *same* ``faillite`` policy object run with
+``PolicyParams.reclaim_warm=False``, i.e. FailLite's Algorithm 1 without failsoft's make-room pass
+(see ``failsoft/policies/failover/progressive.py``). It exists to reproduce the paper's numbers
+next to failsoft's; no policy logic lives here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from failsoft.domain import ProactivePlan, Scenario
+from failsoft.errors import ConfigError
+from failsoft.policies.failover import FailoverPolicy, get_failover_policy, policy_names
+
+# label -> (registered policy name, PolicyParams overrides)
+_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "faillite-paper": ("faillite", {"reclaim_warm": False}),
+}
+DEFAULT_POLICIES = ("faillite", "faillite-paper", "full-warm", "full-cold", "full-warm-k")
+
+
+def policy_labels() -> list[str]:
+    return sorted({*policy_names(), *_VARIANTS})
+
+
+def resolve(label: str) -> tuple[str, dict[str, Any]]:
+    """The registered policy name and parameter overrides a label stands for."""
+    if label in _VARIANTS:
+        return _VARIANTS[label]
+    if label in policy_names():
+        return label, {}
+    raise ConfigError(f"unknown policy {label!r} (known: {', '.join(policy_labels())})")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What a failure event starts from: the scenario with its warm backups, and the policy."""
+
+    label: str
+    policy: FailoverPolicy
+    scenario: Scenario  # ``warm`` is set
+    proactive: ProactivePlan | None  # None when the scenario came with its warm backups
+
+
+class Deployer:
+    """Deploys scenarios under policy labels, solving each distinct proactive problem once.
+
+    ``faillite`` and ``faillite-paper`` differ only in ``reclaim_warm``, which ``plan_proactive``
+    does not read (it is a failover-time choice), so they share one warm-backup plan.
+    """
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple[Any, ...], ProactivePlan] = {}
+
+    def deploy(self, scenario: Scenario, label: str) -> Deployment:
+        name, overrides = resolve(label)
+        policy = get_failover_policy(name)
+        scenario = scenario.replace(policy=dataclasses.replace(scenario.policy, **overrides))
+        if scenario.warm is not None:
+            return Deployment(label, policy, scenario, None)
+        params = dataclasses.replace(scenario.policy, reclaim_warm=True)
+        key = (scenario.servers, scenario.families, scenario.apps, name, params)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = policy.plan_proactive(scenario)
+        return Deployment(label, policy, scenario.replace(warm=plan.warm), plan)

@@ -1,0 +1,213 @@
+"""The request-level core: arrivals, client queueing, batching and service times from profiles.
+
+Each simulated app has a client issuing requests as a Poisson process at the app's ``rate_rps``.
+The client sends each request to the server it believes serves the app; there, the app's loaded
+model instance queues it and a worker serves it in batches of up to ``max_batch`` requests, a batch
+taking the variant's profiled batch-1 ``latency_ms`` times ``1 + batch_cost * (b - 1)``
+(:meth:`~failsoft.sim.config.SimConfig.batch_service_s`). Instances on one server do not slow each
+other down: the policies keep each server's compute demand (``rate * latency``) within its
+capacity, and the profiles carry no interference measurements.
+
+Failures, as FailLite's clients see them (5.2): requests sent to, queued at or in service on a
+crashed server are lost and wait at the client, together with new ones, until the controller
+notifies it of the new location; then they are reissued (their latency counts from the first
+issue). During a progressive upgrade the server switches the app's instance in place (the client
+is not told): queued requests move to the new instance, a batch in service completes on the old.
+
+Per-request records give latency percentiles, SLO misses (late or never served) and the share served
+by a smaller variant than the primary: the measurements later mechanisms (tail latency, SLO misses)
+build on. Which apps get a request-level simulation is ``SimConfig.requests``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from failsoft.domain import Scenario, Variant
+from failsoft.sim.config import SimConfig
+
+
+@dataclass(slots=True)
+class Request:
+    app: str
+    issued_at: float
+    done_at: float | None = None
+    variant: str | None = None
+
+
+@dataclass
+class RequestStats:
+    """Per-request outcomes of one event: latencies (ms) of the served, counts of the rest."""
+
+    latencies_ms: list[float] = field(default_factory=list)
+    late: int = 0  # served after the app's SLO
+    unserved: int = 0  # never served before the simulation ended
+    degraded: int = 0  # served by a variant other than the primary's
+
+    @property
+    def total(self) -> int:
+        return len(self.latencies_ms) + self.unserved
+
+    @staticmethod
+    def pooled(stats: Sequence[RequestStats]) -> dict[str, float]:
+        if not stats:
+            return {}
+        latencies = np.array([x for s in stats for x in s.latencies_ms])
+        total = sum(s.total for s in stats)
+        served = len(latencies)
+
+        def pct(q: float) -> float:
+            return float(np.percentile(latencies, q)) if served else float("nan")
+
+        return {
+            "requests": float(total),
+            "req_p50_ms": pct(50),
+            "req_p99_ms": pct(99),
+            "req_unserved": float(sum(s.unserved for s in stats)),
+            "req_slo_miss_pct": 100.0 * sum(s.late + s.unserved for s in stats) / total if total else 0.0,
+            "req_degraded_pct": 100.0 * sum(s.degraded for s in stats) / served if served else 0.0,
+        }
+
+
+class _Instance:
+    """One model loaded for one app on one server: a FIFO queue and a batching worker."""
+
+    def __init__(self, core: RequestCore, app: str, server: str, variant: Variant) -> None:
+        self.core, self.app, self.server, self.variant = core, app, server, variant
+        self.store: simpy.Store = simpy.Store(core.env)
+        self.batch: list[Request] = []
+        self.retired = False
+        self.started = False
+        self.handoff: Callable[[list[Request]], None] = core.client_pending
+        self.process = core.env.process(self.run())
+
+    def put(self, request: Request) -> None:
+        self.store.put(request)
+
+    def run(self) -> Generator[simpy.Event, Any, None]:
+        env, config = self.core.env, self.core.config
+        self.started = True
+        while not self.retired:
+            with self.store.get() as get:
+                try:
+                    first = yield get
+                except simpy.Interrupt:
+                    if get.triggered:  # an item was handed over in the instant we were stopped
+                        self.handoff([get.value])
+                    return
+            more = min(config.max_batch - 1, len(self.store.items))
+            self.batch = [first] + [self.store.items.pop(0) for _ in range(more)]
+            try:
+                yield env.timeout(config.batch_service_s(self.variant.latency_ms, len(self.batch)))
+            except simpy.Interrupt:
+                return  # crashed: the batch was handed to the client by stop()
+            for request in self.batch:
+                request.done_at, request.variant = env.now, self.variant.name
+            self.batch = []
+
+    def stop(self, handoff: Callable[[list[Request]], None], crashed: bool) -> None:
+        """Stop serving: queued requests (and, on a crash, the batch in service) go to ``handoff``."""
+        self.retired, self.handoff = True, handoff
+        queued = list(self.store.items)
+        self.store.items.clear()
+        lost = (self.batch if crashed else []) + queued
+        if self.started and (crashed or not self.batch):
+            self.process.interrupt()  # an unstarted worker sees ``retired`` and exits at once
+        handoff(lost)
+
+
+class RequestCore:
+    """Clients and model instances of the apps that get a request-level simulation."""
+
+    def __init__(
+        self, env: simpy.Environment, scenario: Scenario, apps: Iterable[str], config: SimConfig, seed: str
+    ) -> None:
+        self.env, self.scenario, self.config, self.seed = env, scenario, config, seed
+        self.apps = set(apps)
+        self.route: dict[str, str] = {}  # app -> server its client sends to
+        self.pending: dict[str, list[Request]] = {a: [] for a in self.apps}
+        self.instances: dict[tuple[str, str], _Instance] = {}  # (server, app) -> serving instance
+        self.dead: set[str] = set()
+        self.issued: list[Request] = []
+        for name in sorted(self.apps):
+            app = scenario.app(name)
+            assert app.primary is not None
+            self.route[name] = app.primary.server
+            self.serve(name, app.primary.server, scenario.primary_variant(app))
+
+    def start(self, start_s: float, end_s: float) -> list[simpy.Process]:
+        return [self.env.process(self._arrivals(a, start_s, end_s)) for a in sorted(self.apps)]
+
+    def _arrivals(self, name: str, start_s: float, end_s: float) -> Generator[simpy.Event, Any, None]:
+        rate = self.scenario.app(name).rate_rps
+        rng = random.Random(f"{self.seed}/requests/{name}")
+        t = start_s + rng.expovariate(rate)
+        while t < end_s:
+            yield self.env.timeout(t - self.env.now)
+            request = Request(name, self.env.now)
+            self.issued.append(request)
+            self._send(request)
+            t += rng.expovariate(rate)
+
+    def _send(self, request: Request) -> None:
+        server = self.route[request.app]
+        instance = self.instances.get((server, request.app))
+        if instance is None or server in self.dead:
+            self.pending[request.app].append(request)
+        else:
+            instance.put(request)
+
+    def client_pending(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.pending[request.app].append(request)
+
+    # hooks called by the controller ----------------------------------------------------------
+    def serve(self, app: str, server: str, variant: Variant) -> None:
+        """``server`` now serves ``app`` with ``variant`` (a new load, a warm switch or an upgrade)."""
+        if app not in self.apps:
+            return
+        new = _Instance(self, app, server, variant)
+        old = self.instances.get((server, app))
+        self.instances[(server, app)] = new
+        if old is not None:
+            old.stop(lambda requests: [new.put(r) for r in requests], crashed=False)
+        if self.route[app] == server:
+            self._flush(app)
+
+    def notify(self, app: str, server: str) -> None:
+        """The client of ``app`` learns its new location and reissues what it holds."""
+        if app not in self.apps:
+            return
+        self.route[app] = server
+        self._flush(app)
+
+    def crash(self, server: str) -> None:
+        self.dead.add(server)
+        for (where, app), instance in list(self.instances.items()):
+            if where == server:
+                del self.instances[(where, app)]
+                instance.stop(self.client_pending, crashed=True)
+
+    def _flush(self, app: str) -> None:
+        held, self.pending[app] = self.pending[app], []
+        for request in held:
+            self._send(request)
+
+    def stats(self) -> RequestStats:
+        stats = RequestStats()
+        for request in self.issued:
+            app = self.scenario.app(request.app)
+            if request.done_at is None:
+                stats.unserved += 1
+                continue
+            latency = (request.done_at - request.issued_at) * 1000.0
+            stats.latencies_ms.append(latency)
+            stats.late += app.slo_ms is not None and latency > app.slo_ms
+            stats.degraded += app.primary is not None and request.variant != app.primary.variant
+        return stats

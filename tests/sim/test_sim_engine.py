@@ -1,0 +1,147 @@
+"""One failure event on the hand-checkable tiny cluster: times, metrics and the exact event log."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from sim_tiny import BIG, DETECTED_AT, FAILURE_AT, NOTIFY_S, SMALL, tiny_scenario
+
+from failsoft.domain import ActionKind
+from failsoft.errors import ConfigError
+from failsoft.sim import Deployer, RequestMode, SimConfig, simulate_failure, summarize
+
+
+def _run(scenario, policy, config, failed=("s0",)):
+    return simulate_failure(Deployer().deploy(scenario, policy), failed, config)
+
+
+def test_faillite_on_the_tiny_cluster_matches_the_hand_computation(tiny, fixed):
+    event = _run(tiny, "faillite", fixed)
+    # A switches to its warm backup; B loads small on s2 then upgrades to big (s2 has room for
+    # both); C loads big on s1 directly (no slack there for a small first variant).
+    mttr = {
+        "A": NOTIFY_S,
+        "B": SMALL.load_ms / 1000 + NOTIFY_S,
+        "C": BIG.load_ms / 1000 + NOTIFY_S,
+    }
+    assert event.detected_at == {"s0": pytest.approx(DETECTED_AT)}
+    for app, expected in mttr.items():
+        assert event.apps[app].mttr_ms == pytest.approx(expected * 1000)
+    assert event.apps["B"].final_at == pytest.approx(DETECTED_AT + (SMALL.load_ms + BIG.load_ms) / 1000)
+    metrics = summarize([event])
+    assert metrics["recovery_rate"] == 1.0
+    assert metrics["mttr_ms"] == pytest.approx(sum(mttr.values()) / 3 * 1000)
+    assert metrics["detection_ms"] == pytest.approx((DETECTED_AT - FAILURE_AT) * 1000)
+    # A serves small: family-normalised accuracy 0.70 / 0.80 against 1.0, B and C serve big.
+    assert metrics["accuracy_reduction_pct"] == pytest.approx((1 - 0.70 / 0.80) * 100 / 3)
+    assert metrics["oom_loads"] == 0
+
+
+def test_the_event_log_is_exact(tiny, fixed):
+    event = _run(tiny, "faillite", dataclasses.replace(fixed, requests=RequestMode.OFF))
+    t_b, t_c = DETECTED_AT + 0.2, DETECTED_AT + 1.0
+    expected = [
+        (FAILURE_AT, "crash", "", "s0", ""),
+        (DETECTED_AT, "detected", "", "s0", ""),
+        (DETECTED_AT, "plan", "", "s0", "faillite"),
+        (DETECTED_AT, "serving", "A", "s1", "small"),
+        (DETECTED_AT, "load-start", "B", "s2", "small"),
+        (DETECTED_AT, "load-start", "C", "s1", "big"),
+        (DETECTED_AT + NOTIFY_S, "notified", "A", "s1", ""),
+        (t_b, "loaded", "B", "s2", "small"),
+        (t_b, "serving", "B", "s2", "small"),
+        (t_b, "load-start", "B", "s2", "big"),
+        (t_b + NOTIFY_S, "notified", "B", "s2", ""),
+        (t_c, "loaded", "C", "s1", "big"),
+        (t_c, "serving", "C", "s1", "big"),
+        (t_c + NOTIFY_S, "notified", "C", "s1", ""),
+        (t_b + 1.0, "loaded", "B", "s2", "big"),
+        (t_b + 1.0, "serving", "B", "s2", "big"),
+        (t_b + 1.0, "unloaded", "B", "s2", "small"),
+    ]
+    got = [(pytest.approx(e.t), e.kind, e.app, e.server, e.variant) for e in event.log]
+    assert got == expected
+
+
+def test_unrecovered_apps_count_in_the_rate_but_not_in_mttr_or_accuracy(tiny, fixed):
+    event = _run(tiny, "full-warm", fixed)  # no cold backups: B and C stay down
+    assert {a: r.recovered for a, r in event.apps.items()} == {"A": True, "B": False, "C": False}
+    assert math.isinf(event.apps["B"].mttr_ms)
+    metrics = summarize([event])
+    assert metrics["recovery_rate"] == pytest.approx(1 / 3)
+    assert metrics["mttr_ms"] == pytest.approx(NOTIFY_S * 1000)  # A alone
+    assert metrics["accuracy_reduction_pct"] == pytest.approx((1 - 0.70 / 0.80) * 100)  # A alone
+    # Their clients' requests after the failure are never served; A's all are.
+    assert metrics["req_unserved"] > 0
+
+
+def test_unaffected_apps_are_not_counted(tiny, fixed):
+    event = _run(tiny, "faillite", fixed, failed=("s2",))  # s2 holds no primary
+    assert event.apps == {}
+    assert math.isnan(summarize([event])["recovery_rate"])
+
+
+@pytest.mark.parametrize(("slots", "c_mttr_s"), [(1, 2.0 + NOTIFY_S), (2, 1.0 + NOTIFY_S)])
+def test_loads_on_one_server_contend_for_its_load_slots(fixed, slots, c_mttr_s):
+    # s1 is full with A's warm backup, so full-cold loads B and C (big, 1 s each) both on s2.
+    scenario = tiny_scenario(s1_mb=100, s2_mb=700)
+    event = _run(scenario, "full-cold", dataclasses.replace(fixed, load_slots=slots))
+    assert {r.kind for r in event.apps.values()} == {ActionKind.WARM, ActionKind.COLD}
+    assert event.apps["B"].mttr_ms == pytest.approx((1.0 + NOTIFY_S) * 1000)
+    assert event.apps["C"].mttr_ms == pytest.approx(c_mttr_s * 1000)
+
+
+def test_charging_plan_time_delays_recovery_by_the_measured_plan_time(tiny, fixed):
+    event = _run(tiny, "faillite", dataclasses.replace(fixed, charge_plan_time=True))
+    assert event.apps["A"].mttr_ms == pytest.approx(NOTIFY_S * 1000 + event.plan_ms[0])
+
+
+def test_a_site_failure_is_planned_once_even_when_detection_straddles_a_check(tiny):
+    config = SimConfig(requests=RequestMode.OFF)
+    plans = {len(_run(tiny, "faillite", config, failed=("s1", "s2")).plan_ms) for _ in range(1)}
+    for seed in range(20):
+        event = simulate_failure(Deployer().deploy(tiny, "faillite"), ("s1", "s2"), config, seed=seed)
+        plans.add(len(event.plan_ms))
+        assert set(event.detected_at) == {"s1", "s2"}
+    assert plans == {1}
+
+
+def test_requests_wait_for_the_new_location_and_are_served_where_the_app_runs(fixed):
+    scenario = tiny_scenario(rate_rps=20.0)
+    event = _run(scenario, "faillite", dataclasses.replace(fixed, requests=RequestMode.ALL))
+    assert event.requests is not None and event.requests.unserved == 0  # held requests were reissued
+    held = [
+        r
+        for r in event.request_log
+        if r.app == "C" and FAILURE_AT <= r.issued_at < event.apps["C"].serving_at
+    ]
+    assert len(held) > 5
+    for request in held:  # C's outage: served by big on s1 once its client knows, not before
+        assert request.done_at >= event.apps["C"].serving_at
+        assert request.variant == "big"
+    b_variants = {r.variant for r in event.request_log if r.app == "B" and r.issued_at > FAILURE_AT}
+    assert b_variants == {"small", "big"}  # served by the first variant, then by the upgrade
+    latencies = [r.done_at - r.issued_at for r in event.request_log if r.issued_at < FAILURE_AT - 0.1]
+    assert min(latencies) == pytest.approx(BIG.latency_ms / 1000)  # before the failure: big, unqueued
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"heartbeat_interval_s": 0}, {"load_slots": 0}, {"requests": "sometimes"}, {"batch_cost": 2.0}],
+)
+def test_bad_settings_are_refused_with_their_name(changes):
+    with pytest.raises(ConfigError, match=next(iter(changes))):
+        SimConfig(**changes)
+
+
+def test_unknown_failed_server_is_refused(tiny):
+    with pytest.raises(ConfigError, match="s9"):
+        _run(tiny, "faillite", SimConfig(), failed=("s9",))
+
+
+def test_a_scenario_that_overflows_a_server_at_start_is_refused():
+    scenario = tiny_scenario(s1_mb=50)  # A's warm backup (100 MB) cannot be on s1
+    with pytest.raises(ConfigError, match="s1"):
+        _run(scenario, "faillite", SimConfig())

@@ -1,0 +1,92 @@
+"""The simulator runs the runtime's own policy objects and detector, and nothing heavier."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import failsoft.sim
+from failsoft.clock import Clock
+from failsoft.domain import ActionKind
+from failsoft.policies.failover import FailLitePolicy, FullColdPolicy, get_failover_policy
+from failsoft.profiles import TESTBED_FAMILIES, load_profile_families
+from failsoft.sim import Deployer, SimClock, SimConfig, simulate_failure
+from failsoft.synth import ClusterShape, synthesize
+
+SIM_DIR = Path(failsoft.sim.__file__).parent
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    families = load_profile_families(families=TESTBED_FAMILIES)
+    return synthesize(families, ClusterShape(12, 3, 60, headroom=0.15), seed=3)
+
+
+def test_deployments_hold_the_registered_policy_objects(cluster):
+    deployer = Deployer()
+    faillite = deployer.deploy(cluster, "faillite")
+    paper = deployer.deploy(cluster, "faillite-paper")
+    assert type(faillite.policy) is type(get_failover_policy("faillite")) is FailLitePolicy
+    assert type(paper.policy) is FailLitePolicy  # the same class, one parameter changed
+    assert (faillite.scenario.policy.reclaim_warm, paper.scenario.policy.reclaim_warm) == (True, False)
+    assert paper.proactive is faillite.proactive  # one ILP solve serves both labels
+    assert type(deployer.deploy(cluster, "full-cold").policy) is FullColdPolicy
+
+
+@pytest.mark.parametrize("label", ["faillite", "faillite-paper", "full-warm", "full-cold", "full-warm-k"])
+def test_the_simulator_applies_exactly_the_policys_plan(cluster, label):
+    deployment = Deployer().deploy(cluster, label)
+    for server in [s.name for s in cluster.servers][:4]:
+        plan = deployment.policy.plan_failover(deployment.scenario, [server])
+        event = simulate_failure(deployment, [server], SimConfig(requests="off"))
+        applied = {a: (r.kind, r.server, r.variant) for a, r in event.apps.items() if r.recovered}
+        planned = {a.app: (a.kind, a.server, a.final_variant) for a in plan.actions}
+        assert applied == planned
+        assert {a for a, r in event.apps.items() if not r.recovered} == set(plan.unrecovered)
+        assert event.released_warm == len(plan.released)
+        assert event.oom_loads == 0  # every plan fits the memory the agents account
+
+
+def test_progressive_actions_serve_the_first_variant_before_the_final(cluster):
+    deployment = Deployer().deploy(cluster, "faillite")
+    config = SimConfig(requests="off", trace=True)
+    for server in [s.name for s in cluster.servers]:
+        event = simulate_failure(deployment, [server], config)
+        for app, record in event.apps.items():
+            if record.kind is ActionKind.PROGRESSIVE:
+                served = [e.variant for e in event.log if e.kind == "serving" and e.app == app]
+                assert served[-1] == record.variant and len(served) in (1, 2)
+
+
+def test_sim_clock_is_a_clock():
+    import simpy
+
+    env = simpy.Environment()
+    clock = SimClock(env)
+    env.run(until=1.5)
+    assert isinstance(clock, Clock) and clock.now() == 1.5
+
+
+def test_the_simulator_never_imports_ray_fastapi_or_torch():
+    code = (
+        "import sys, failsoft.sim, failsoft.sim.figures, failsoft.sim.output;"
+        "print(sorted(m for m in ('ray', 'fastapi', 'torch', 'uvicorn') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_simulator_uses_only_the_public_policy_seams():
+    allowed = {"failsoft.policies.failover", "failsoft.policies.detection"}
+    for path in SIM_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in filter(None, names):
+                assert name.split(".")[0] not in {"ray", "fastapi", "torch"}, path
+                if name.startswith("failsoft.policies"):
+                    assert name in allowed, f"{path.name} reaches into {name}"

@@ -1,0 +1,86 @@
+"""Experiments: their definitions, determinism for a fixed seed, and the spread over seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from failsoft.errors import ConfigError
+from failsoft.profiles import load_profile_families
+from failsoft.sim import get_experiment, run_experiment
+from failsoft.sim.experiments import family_classes
+from failsoft.sim.runner import WALL_COLUMNS, aggregate, spread
+
+FAMILIES = load_profile_families()
+
+
+def _without_wall_clock(rows):
+    return [{k: v for k, v in row.items() if k not in WALL_COLUMNS} for row in rows]
+
+
+def test_a_fixed_seed_gives_identical_rows():
+    experiment = get_experiment("testbed", FAMILIES)
+    runs = [
+        run_experiment(experiment, FAMILIES, seeds=1, policies=["faillite", "full-warm-k"]) for _ in range(2)
+    ]
+    first, second = (_without_wall_clock(r.rows) for r in runs)
+    assert len(first) == 6 * 2
+    assert repr(first) == repr(second)  # repr: NaN == NaN as text
+    assert {row["recovery_rate"] for row in first if row["policy"] == "faillite"} == {1.0}
+
+
+def test_rows_carry_the_required_columns_and_the_testbed_is_failed_server_by_server():
+    experiment = get_experiment("testbed", FAMILIES)
+    result = run_experiment(experiment, FAMILIES, seeds=1, policies=["full-cold"])
+    required = {"experiment", "policy", "x", "seed", "recovery_rate", "mttr_ms", "accuracy_reduction_pct"}
+    assert all(required <= set(row) for row in result.rows)
+    assert [row["x"] for row in result.rows] == list(range(6))
+    assert all(row["events"] == 1 and row["servers"] == 6 and row["apps"] == 46 for row in result.rows)
+
+
+def test_spread_and_aggregate_over_seeds():
+    assert spread([1.0, 3.0, float("nan")]) == {
+        "mean": 2.0,
+        "std": pytest.approx(2**0.5),
+        "min": 1.0,
+        "max": 3.0,
+        "n": 2,
+    }
+    rows = [
+        {"experiment": "e", "policy": "p", "axis": "a", "x": 1, "label": "1", "seed": s, "mttr_ms": 10.0 * s}
+        for s in range(3)
+    ]
+    (entry,) = aggregate(rows, ("policy", "x"))
+    assert entry["mttr_ms"]["mean"] == 10.0 and entry["mttr_ms"]["max"] == 20.0
+
+
+def test_family_classes_split_the_bundled_families_by_memory_spread():
+    classes = {name: {f.name for f in fams} for name, fams in family_classes(FAMILIES).items()}
+    assert classes == {
+        "small": {"mnasnet", "mobilenet", "shufflenet", "densenet"},
+        "medium": {"resnext", "efficientnet", "regnet_x"},
+        "large": {"convnext", "resnet", "regnet"},
+    }
+    points = get_experiment("family", FAMILIES).points
+    assert [p.label for p in points] == ["small", "medium", "large"]
+    assert points[0].x > points[1].x > points[2].x  # smaller models: more apps for the same memory
+
+
+def test_site_failure_events_fail_whole_sites():
+    experiment = get_experiment("site-failure", FAMILIES)
+    point = experiment.points[2]  # 3 sites
+    from failsoft.synth import synthesize
+
+    scenario = synthesize(experiment.families(FAMILIES, point), experiment.shape(point), seed=0)
+    assert scenario.policy.site_independent
+    import random
+
+    for failed in experiment.failures(scenario, point, random.Random(0), 4):
+        sites = {scenario.server(s).site for s in failed}
+        assert len(sites) == 3 and set(failed) == set(scenario.servers_in_sites(sites))
+
+
+def test_unknown_names_are_refused_with_the_known_ones():
+    with pytest.raises(ConfigError, match="known: testbed, headroom"):
+        get_experiment("fig99", FAMILIES)
+    with pytest.raises(ConfigError, match="faillite-paper"):
+        run_experiment(get_experiment("testbed", FAMILIES), FAMILIES, policies=["best"])
