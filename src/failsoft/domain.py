@@ -314,11 +314,20 @@ class ProactivePlan:
 
 @dataclass(frozen=True, slots=True)
 class FailoverAction:
+    """Serve ``app`` on ``server`` with ``final_variant``; progressive actions first serve
+    ``first_variant`` on ``first_server`` (``None``: the same server) while the final one loads."""
+
     app: str
     kind: ActionKind
     server: str
     first_variant: str
     final_variant: str
+    first_server: str | None = None
+
+    @property
+    def stand_in_server(self) -> str:
+        """Where ``first_variant`` serves."""
+        return self.first_server or self.server
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +358,7 @@ class FailoverPlan:
                     "server": a.server,
                     "first_variant": a.first_variant,
                     "final_variant": a.final_variant,
+                    "first_server": a.stand_in_server,
                 }
                 for a in self.actions
             ],

@@ -179,18 +179,28 @@ class SimController:
         app = self.base.app(action.app)
         first = self.base.variant_of(app, action.first_variant)
         is_final = action.first_variant == action.final_variant
+        stand_in = action.stand_in_server  # where the first variant serves
         if action.kind is not ActionKind.WARM:
-            loaded = yield self.env.process(self.agents[action.server].load(app.name, first, RECOVERY))
+            loaded = yield self.env.process(self.agents[stand_in].load(app.name, first, RECOVERY))
             if not loaded:
                 return
-        self._serve(app.name, action.server, first, is_final)
-        self.work.append(self.env.process(self._notify(app.name, action.server)))
+        self._serve(app.name, stand_in, first, is_final)
+        self.work.append(self.env.process(self._notify(app.name, stand_in)))
         if not is_final:
             yield from self._upgrade(action, first)
 
     def _upgrade(self, action: FailoverAction, first) -> Process:
         agent = self.agents[action.server]
         final = self.base.variant_of(self.base.app(action.app), action.final_variant)
+        if action.stand_in_server != action.server:
+            # the small variant stands in elsewhere: load the final one, move the route, then free it
+            loaded = yield self.env.process(agent.load(action.app, final, UPGRADE))
+            if not loaded:
+                return
+            self._serve(action.app, action.server, final, True)
+            yield self.env.process(self._notify(action.app, action.server))
+            self.agents[action.stand_in_server].unload(action.app, first)
+            return
         with agent.upgrades.request() as turn:
             yield turn
             loaded = yield self.env.process(agent.load(action.app, final, UPGRADE))

@@ -41,19 +41,42 @@ def test_small_variant_is_loaded_first_then_the_selected_one():
     assert action.first_variant == "f-0" and action.final_variant == "f-3"
 
 
-def test_no_progressive_step_without_room_for_both_variants():
+def test_final_variant_is_lowered_to_keep_room_for_the_small_one():
     servers = [Server("s1", "a", 1000), Server("s2", "a", 850)]
     apps = [App("x", "f", Placement("s1", "f-3"), rate_rps=1)]
     plan = get_failover_policy("faillite").plan_failover(one_site(servers, apps, warm=()), ["s1"])
     (action,) = plan.actions
-    assert action.first_variant == action.final_variant == "f-3"  # 800 + 100 would not fit in 850
+    # 800 + 100 would not fit in 850: serve f-0 at once, then f-2 (400 + 100 fits), not f-3 after 1.6 s
+    assert (action.first_variant, action.final_variant, action.stand_in_server) == ("f-0", "f-2", "s2")
+
+
+def test_final_variant_loads_directly_when_no_room_can_be_made():
+    servers = [Server("s1", "a", 1000), Server("s2", "a", 250)]
+    apps = [App("x", "f", Placement("s1", "f-3"), rate_rps=1)]
+    plan = get_failover_policy("faillite").plan_failover(one_site(servers, apps, warm=()), ["s1"])
+    (action,) = plan.actions
+    assert action.first_variant == action.final_variant == "f-1"  # 200 MB: f-1 + f-0 would need 300
+
+
+def test_small_variant_stands_in_on_another_server_when_the_final_fills_its_own():
+    servers = [Server("s0", "a", 1000), Server("s1", "a", 850), Server("s2", "a", 150)]
+    apps = [App("x", "f", Placement("s0", "f-3"), rate_rps=1)]
+    sc = one_site(servers, apps, warm=())
+    plan = get_failover_policy("faillite").plan_failover(sc, ["s0"])
+    (action,) = plan.actions
+    assert (action.server, action.final_variant) == ("s1", "f-3")
+    assert (action.stand_in_server, action.first_variant) == ("s2", "f-0")
+    assert plan.to_dict()["actions"][0]["first_server"] == "s2"
+    check_failover_plan(sc, ["s0"], plan)
 
 
 def test_degrades_to_a_smaller_variant_when_capacity_is_short():
     servers = [Server("s1", "a", 1000), Server("s2", "a", 450)]
     apps = [App("x", "f", Placement("s1", "f-3"), rate_rps=1)]
     plan = get_failover_policy("faillite").plan_failover(one_site(servers, apps, warm=()), ["s1"])
-    assert plan.actions[0].final_variant == "f-2"
+    (action,) = plan.actions
+    # delta = 450 / 800 matches f-2 (400 MB); keeping 100 MB for f-0 to serve first lowers it to f-1
+    assert (action.first_variant, action.final_variant) == ("f-0", "f-1")
 
 
 def test_warm_backup_is_used_when_alive_and_skipped_when_it_failed_too():

@@ -20,7 +20,7 @@ from failsoft.domain import ActionKind, App, FailoverAction, ProactivePlan, Scen
 from failsoft.policies.failover.common import Failure, Recovery
 from failsoft.policies.failover.interface import FailoverPolicy, elapsed_ms
 from failsoft.policies.failover.ledger import Ledger
-from failsoft.policies.failover.proactive import place_warm_greedy
+from failsoft.policies.failover.warm_greedy import place_warm_greedy
 
 
 def _full_size(scenario: Scenario, app: App) -> tuple:

@@ -7,10 +7,14 @@ starts from the variant closest to ``delta`` of its full size (``match``), is pl
 free memory, trying smaller variants until one fits, and is finally upgraded to the largest variant
 its chosen server can still hold (``upgrade_model``).
 
-Loading is progressive: the smallest variant that fits beside the final one is loaded first and
-served (low MTTR), the final variant is loaded in the background and traffic switches to it. Upgrades
-on one server run one at a time, so a server needs room for all final variants plus the small
-variant being replaced: the plan uses a small first variant only where that slack exists.
+Loading is progressive: the family's smallest variant is loaded first and served (low MTTR), the
+final variant is loaded in the background and traffic switches to it. The small variant needs room
+beside the final one while both are loaded. On the final's server, upgrades run one at a time, so
+its apps share one transient slot; where ``upgrade_model`` left no such slot (it fills servers for
+accuracy), failsoft lets the small variant *stand in on another server* with room
+(``first_server``) until the final one is ready; the paper loads both on one server, which forces a
+choice between accuracy (fill the server) and MTTR (keep room). Where no server has room, the final
+variant is lowered until the slot fits (MTTR first: an outage is worse than a little accuracy).
 
 failsoft adds a *make-room* pass the paper does not have (fail-soft: an outage now is worse than
 less insurance or less accuracy). An app that Algorithm 1 leaves without a server gets the server
@@ -93,14 +97,14 @@ def place_progressive(
                 app, candidates[app.name], chosen[app.name], placed_on[app.name], ledger
             )
 
+    stand_ins = _StandIns(ledger)
     for app in ordered:
         if app.name not in chosen:
             continue
         variants, server = candidates[app.name], placed_on[app.name]
-        final = variants[chosen[app.name]]
-        first = _first_variant(app, variants, final, ledger.free(server))
+        first, first_server, final = stand_ins.place(app, variants, chosen[app.name], server)
         result.actions.append(
-            FailoverAction(app.name, ActionKind.PROGRESSIVE, server, first.name, final.name)
+            FailoverAction(app.name, ActionKind.PROGRESSIVE, server, first.name, final.name, first_server)
         )
     return result
 
@@ -186,11 +190,49 @@ def _upgrade(app: App, variants: Sequence[Variant], j: int, server: str, ledger:
     return best
 
 
-def _first_variant(app: App, variants: Sequence[Variant], final: Variant, slack: Demand) -> Variant:
-    """The smallest variant that fits in the slack left once every final variant is loaded."""
-    for v in variants:
-        if v is final:
-            return final
-        if v.demand(app.rate_rps).fits_in(slack):
-            return v
-    return final
+class _StandIns:
+    """Where each app's small first variant serves while its final variant loads.
+
+    On the final's own server, upgrades run one at a time, so its apps share one transient slot as
+    large as their largest small variant. Where that slot does not fit, the small variant stands in
+    on another server with room (worst-fit); those stand-ins load at the same time, so they add up.
+    Where neither fits, the final variant is lowered (not below the second-smallest) until the slot
+    fits: a little accuracy for an MTTR of one small load instead of one large load. Only where that
+    fails too is the final variant loaded directly.
+    """
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger  # final variants (kept in step when one is lowered)
+        self.room = Ledger({s: ledger.free(s) for s in ledger.servers()})  # minus transient stand-ins
+        self.slot: dict[str, Demand] = {}
+
+    def place(
+        self, app: App, variants: Sequence[Variant], j: int, server: str
+    ) -> tuple[Variant, str, Variant]:
+        """(first variant, where it serves, final variant) for ``app`` placed with ``variants[j]``."""
+        if j == 0:
+            return variants[0], server, variants[0]
+        small = variants[0].demand(app.rate_rps)
+        if self._take_slot(server, small):
+            return variants[0], server, variants[j]
+        elsewhere = self.room.worst_fit(small, exclude={server})
+        if elsewhere is not None:
+            self.room.take(elsewhere, small)
+            return variants[0], elsewhere, variants[j]
+        for k in range(j - 1, 0, -1):  # lower the final variant to make the slot
+            freed = variants[j].demand(app.rate_rps) - variants[k].demand(app.rate_rps)
+            self.room.give(server, freed)
+            if self._take_slot(server, small):
+                self.ledger.give(server, freed)
+                return variants[0], server, variants[k]
+            self.room.take(server, freed)
+        return variants[j], server, variants[j]
+
+    def _take_slot(self, server: str, small: Demand) -> bool:
+        slot = self.slot.get(server, Demand())
+        grown = Demand(max(slot.memory_mb, small.memory_mb), max(slot.compute, small.compute))
+        if not self.room.fits(server, grown - slot):
+            return False
+        self.room.take(server, grown - slot)
+        self.slot[server] = grown
+        return True
