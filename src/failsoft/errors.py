@@ -14,7 +14,11 @@ and a non-zero exit code, never a traceback.
     └── ServingError             the runtime
         ├── ServerUnavailableError   the server holding a model is failed or unreachable
         ├── NoRouteError             no live route for an app before the request's deadline
-        └── StoreError               the state store (SQLite, Redis) failed
+        ├── StoreError               the state store (SQLite, Redis) failed
+        ├── CapacityError            a load would exceed a server's memory capacity
+        ├── ModelNotLoadedError      a server was asked to serve a variant it does not hold
+        ├── DeadlineExceededError    a routed request got no answer before its deadline
+        └── InvalidRequestError      a client request the gateway refuses (4xx): names what is wrong
 """
 
 from __future__ import annotations
@@ -61,3 +65,23 @@ class NoRouteError(ServingError):
 
 class StoreError(ServingError):
     """The state store (SQLite or Redis) failed."""
+
+
+class CapacityError(ServingError):
+    """A load would take a server past its configured memory capacity."""
+
+
+class ModelNotLoadedError(ServingError):
+    """A server was asked to serve (or unload) a variant it does not hold."""
+
+
+class DeadlineExceededError(ServingError):
+    """A request had a route but no answer came back before its deadline."""
+
+
+class InvalidRequestError(ServingError):
+    """A client request the gateway refuses with a 4xx; ``status`` is the HTTP status code."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status

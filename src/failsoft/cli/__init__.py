@@ -22,10 +22,20 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from failsoft.cli import bench, plan
+    from failsoft.cli import bench, plan, simulate
 
     app.add_typer(plan.app, name="plan")
     app.add_typer(bench.app, name="bench")
+    app.command("simulate")(simulate.simulate)
+    from failsoft.cli import zoo
+
+    app.add_typer(zoo.app, name="zoo")
+    from failsoft.cli import chaos, demo, serve, status
+
+    app.command("serve")(serve.serve)
+    app.command("status")(status.status)
+    app.add_typer(chaos.app, name="chaos")
+    app.command("demo")(demo.demo)
 
 
 _register()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,3 +20,31 @@ def plan(
     from failsoft.bench.plan import run
 
     typer.echo(json.dumps(run(repeats=repeats, seeds=seeds), indent=2))
+
+
+@app.command("failover")
+def failover(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML), e.g. examples/bench.yaml", show_default=False)
+    ],
+    policy: Annotated[
+        list[str] | None, typer.Option("--policy", "-p", help="Policy to run (repeatable; default: all four)")
+    ] = None,
+    kill: Annotated[
+        list[str] | None, typer.Option("--kill", help="Server to kill (repeatable; default: the busiest)")
+    ] = None,
+    site: Annotated[str | None, typer.Option(help="Kill every server of this site instead")] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Fresh deployments per policy")] = 3,
+    window_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds apps get to recover")] = 30.0,
+) -> None:
+    """Kill the same server(s) under each failover policy; detection, MTTR, outage, recovery, accuracy."""
+    from failsoft.bench.failover import POLICIES, BenchSettings, run
+
+    settings = BenchSettings(
+        policies=tuple(policy or POLICIES),
+        kill=tuple(kill or ()),
+        site=site,
+        repeats=repeats,
+        window_s=window_s,
+    )
+    typer.echo(json.dumps(run(config, settings), indent=2))

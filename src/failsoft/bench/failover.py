@@ -1,0 +1,409 @@
+"""``failsoft bench failover CONFIG``: the same real failure under each failover policy (FailLite 5.2).
+
+For every policy (``faillite``, ``full-warm-k``, ``full-warm``, ``full-cold``) and every repeat, a
+fresh cluster is served from the config (agents are *not* restarted by Ray, so the failed server stays
+down, as in FailLite's testbed). Client load runs against the digits apps throughout and against the
+ImageNet-style apps during the warm-up (their baseline); then the chosen server(s) are killed
+(SIGKILL) and a client asks every affected app once, right away. Measured, in milliseconds (FailLite
+5.1's metrics):
+
+* ``detection_ms``: kill to the controller's detection (two missed 20 ms heartbeats);
+* ``mttr_ms``: per affected app, FailLite's MTTR (5.1): detection to the clients being told the new
+  location (the route published to the gateway and the ``failover`` event), model loading included;
+* ``first_answer_ms``: per affected app, detection to the first answer on the new route as the
+  gateway saw it, which adds that answer's inference (on CPUs shared by every server of an embedded
+  cluster, ImageNet inference under contention can dominate it);
+* ``outage_ms``: per affected app, what a client saw: the first successful answer after the kill,
+  minus the kill time, minus the app's usual latency (``warm`` / ``progressive`` / ``cold``: the
+  same, by how the app was recovered);
+* ``recovery_rate``: affected apps answering again within the window, over affected apps;
+* ``accuracy_reduction_pct``: mean over recovered apps of ``(a_primary - a_served) / a_primary`` with
+  the variant each app settled on (after progressive upgrades), in percent.
+
+The JSON also says which apps were affected, how requests fared, whether heartbeats misfired
+(``spurious_failures``), and checks the targets: detection p50 <= 50 ms, warm outage p50 <= 100 ms,
+faillite's mean MTTR at least 3x lower than full-warm-k's with a 100 % recovery rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from failsoft.errors import ConfigError
+from failsoft.runtime.config import RuntimeConfig, load_config
+from failsoft.runtime.loadgen import LoadProcess, LoadSpec, LoadThread, Sample
+
+POLICIES = ("faillite", "full-warm-k", "full-warm", "full-cold")
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    policies: tuple[str, ...] = POLICIES
+    kill: tuple[str, ...] = ()  # servers to kill (empty: the one hosting most primaries)
+    site: str | None = None  # or a whole site
+    repeats: int = 3
+    warmup_s: float = 3.0
+    window_s: float = 30.0  # how long affected apps get to recover
+    settle_s: float = 2.0  # after the last recovery, to see upgrades land
+    period_s: float = 0.1  # per digits app between requests
+    heavy_period_s: float = 0.5  # per ImageNet app during the warm-up (its baseline latency)
+    timeout_s: float = 30.0  # per request: clients wait through a recovery
+
+
+def run(config_path: str | Path, settings: BenchSettings, progress: Progress | None = None) -> dict[str, Any]:
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    base = load_config(config_path)
+    ensure_families(base, say)
+    failed = _victims(base, settings)
+    out: dict[str, Any] = {"config": str(config_path), "failed": failed, "policies": {}}
+    for policy in settings.policies:
+        runs = []
+        for repeat in range(settings.repeats):
+            say(f"[{policy}] run {repeat + 1}/{settings.repeats}: deploying ...")
+            runs.append(run_once(_bench_config(base, policy), failed, settings, say))
+        out["policies"][policy] = summarize(runs)
+    out["targets"] = check_targets(out["policies"])
+    out["settings"] = dataclasses.asdict(settings) | {
+        "heartbeat_interval_ms": base.heartbeat.interval_s * 1000
+    }
+    return out
+
+
+def ensure_families(config: RuntimeConfig, say: Progress) -> None:
+    """Build (quick profiles) every variant of the config's families that the repository lacks.
+
+    The zoo's default build has ResNet-18/34/50 only; failover may use any variant of a family, so
+    the whole family must be there. Building is idempotent and resumes.
+    """
+    from failsoft.zoo import ModelRepository, build_zoo, default_zoo_path
+    from failsoft.zoo.catalog import family_spec
+    from failsoft.zoo.profiler import QUICK
+
+    root = config.repository or default_zoo_path()
+    repo = ModelRepository(root)
+    missing = []
+    for family in sorted({a.family for a in config.apps}):
+        built = set(repo.variant_names(family)) if repo.root.is_dir() else set()
+        if {v.name for v in family_spec(family).variants} - built:
+            missing.append(family)
+    if missing:
+        say(f"building {', '.join(missing)} into {root} (once; minutes for ImageNet families) ...")
+        build_zoo(root, families=missing, settings=QUICK)
+
+
+def _victims(config: RuntimeConfig, settings: BenchSettings) -> list[str]:
+    if settings.site is not None:
+        names = [s.name for s in config.servers if s.site == settings.site]
+        if not names:
+            raise ConfigError(f"unknown site {settings.site!r} (sites: {', '.join(config.sites)})")
+        return names
+    if settings.kill:
+        for name in settings.kill:
+            config.server(name)
+        return list(settings.kill)
+    from failsoft.runtime.session import prepare
+
+    deployment = prepare(config).deployment
+    counts = {s.name: 0 for s in config.servers}
+    for app in deployment.apps:
+        if app.primary is not None:
+            counts[app.primary.server] += 1
+    return [max(counts, key=lambda s: (counts[s], -list(counts).index(s)))]
+
+
+def _bench_config(base: RuntimeConfig, policy: str) -> RuntimeConfig:
+    state = Path(tempfile.mkdtemp(prefix=f"failsoft-bench-{policy}-"))
+    return (
+        base.replace(policy=policy, state_dir=state, store_url="sqlite", admin_token=None)
+        .with_gateway(port=0)
+        .with_agents(restart=False)
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# One run: deploy, load, kill, watch.
+# ----------------------------------------------------------------------------------------------
+
+
+def run_once(
+    cfg: RuntimeConfig, failed: Sequence[str], settings: BenchSettings, say: Progress
+) -> dict[str, Any]:
+    from failsoft.client import Client
+    from failsoft.runtime.session import Session
+
+    with Session(cfg) as session:
+        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        wait_stable(client, 120.0)
+        before = client.status()
+        affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
+        shapes = {name: meta.input_shape for name, meta in _shapes(session).items()}
+        kill_at, samples = _fail_under_load(session.url, client, shapes, affected, failed, settings)
+        say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
+        report = client.recoveries()
+        client.close()
+    return measure(before, affected, kill_at, samples, report)
+
+
+def _fail_under_load(
+    url: str,
+    client: Any,
+    shapes: dict[str, tuple[int, ...]],
+    affected: list[str],
+    failed: Sequence[str],
+    settings: BenchSettings,
+) -> tuple[dict[str, float], list[Sample]]:
+    """Warm up, kill, ask each affected app once right away, wait for the recoveries."""
+    light = {a: s for a, s in shapes.items() if len(s) == 1}
+    heavy = {a: s for a, s in shapes.items() if len(s) > 1}
+    span = settings.warmup_s + settings.window_s + settings.settle_s + 5.0
+    # steady load on the light apps throughout; the ImageNet apps (a CPU-second per answer here)
+    # only during the warm-up, for their baseline latency, so they do not starve the recovery
+    steady = LoadProcess(LoadSpec(url, light, settings.period_s, settings.timeout_s, span)).start()
+    warmup = LoadProcess(
+        LoadSpec(url, heavy, settings.heavy_period_s, settings.timeout_s, settings.warmup_s, max_in_flight=1)
+    ).start()
+    time.sleep(settings.warmup_s)
+    baseline = warmup.stop()
+    kill_at = _kill(client, failed, settings.site)
+    probes = LoadThread(  # a client asking during the outage; a thread starts in ms, a process in a second
+        LoadSpec(url, {a: shapes[a] for a in affected}, 3600.0, settings.window_s, 0.01, max_in_flight=1)
+    ).start()
+    _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
+    time.sleep(settings.settle_s)
+    return kill_at, baseline + steady.stop() + probes.stop()
+
+
+def _kill(client: Any, failed: Sequence[str], site: str | None) -> dict[str, float]:
+    """Kill the victims (a whole site at once); the wall time each one died at."""
+    killed = client.admin("kill", **({"site": site} if site else {"server": failed[0]}))["killed"]
+    if not site:
+        for name in failed[1:]:
+            killed += client.admin("kill", server=name)["killed"]
+    return {k["server"]: k["at"] for k in killed}
+
+
+def _shapes(session: Any) -> dict[str, Any]:
+    models = session.prepared.models
+    return {a.name: models[a.family] for a in session.prepared.deployment.apps}
+
+
+def wait_stable(client: Any, timeout_s: float) -> dict[str, Any]:
+    """Until every app is served at home and every warm backup is loaded (or the timeout)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = client.status()
+        home = all(a["route"] == a["primary"] for a in status["apps"])
+        warm = all(w["state"] == "warm" for a in status["apps"] for w in a["warm_backups"])
+        up = all(s["state"] == "up" for s in status["servers"])
+        if (home and warm and up) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.2)
+
+
+def _wait_recovered(client: Any, affected: list[str], since: float, window_s: float) -> None:
+    deadline = time.monotonic() + window_s
+    while time.monotonic() < deadline:
+        report = client.recoveries()
+        done = {r["app"] for r in report["recoveries"] if r["detected_at"] >= since - 1.0}
+        given_up = {
+            e["app"] for e in report["events"] if e["type"] == "unrecovered" and e["timestamp"] >= since
+        }
+        if set(affected) <= done | given_up:
+            return
+        time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------------------------
+# From raw observations to the JSON of DESIGN.md.
+# ----------------------------------------------------------------------------------------------
+
+
+def measure(
+    before: dict[str, Any],
+    affected: list[str],
+    kill_at: dict[str, float],
+    samples: list[Sample],
+    report: dict[str, Any],
+) -> dict[str, Any]:
+    first_kill = min(kill_at.values())
+    events = [e for e in report["events"] if e["timestamp"] >= first_kill - 0.5]
+    detected = {}
+    for e in events:
+        if e["type"] == "failure" and e.get("server") in kill_at and e["server"] not in detected:
+            detected[e["server"]] = e["detected_at"]
+    spurious = sorted(
+        {e["server"] for e in events if e["type"] == "failure" and e.get("server") not in kill_at}
+    )
+    answers = {r["app"]: r for r in report["recoveries"] if r["detected_at"] >= first_kill - 0.5}
+    primary_acc = {a["name"]: _accuracy(before, a["name"]) for a in before["apps"]}
+    apps = {
+        app: _app_result(app, events, answers.get(app), samples, kill_at, first_kill, primary_acc.get(app))
+        for app in affected
+    }
+    failed_requests = [s for s in samples if not s.ok]
+    return {
+        "detection_ms": {s: (detected[s] - kill_at[s]) * 1000.0 for s in detected},
+        "apps": apps,
+        "affected": affected,
+        "spurious_failures": spurious,
+        "requests": {
+            "total": len(samples),
+            "failed": len(failed_requests),
+            "failed_affected": sum(1 for s in failed_requests if s.app in affected),
+            "errors": sorted({(s.error or "")[:120] for s in failed_requests})[:5],
+        },
+    }
+
+
+def _app_result(
+    app: str,
+    events: list[dict[str, Any]],
+    answer: dict[str, Any] | None,
+    samples: list[Sample],
+    kill_at: dict[str, float],
+    first_kill: float,
+    accuracy_primary: float | None,
+) -> dict[str, Any]:
+    failover = next((e for e in events if e["type"] == "failover" and e["app"] == app), None)
+    return {
+        "recovered": failover is not None,
+        "kind": None if failover is None else failover["kind"],
+        "first_variant": None if failover is None else failover["variant"],
+        "settled_variant": _settled(events, app, "variant"),
+        "mttr_ms": None if failover is None else failover["route_ms"],
+        "first_answer_ms": None if answer is None else answer["mttr_ms"],
+        "outage_ms": _outage_ms(samples, app, kill_at, first_kill),
+        "accuracy_primary": accuracy_primary,
+        "accuracy_served": _settled(events, app, "accuracy"),
+    }
+
+
+def _accuracy(status: dict[str, Any], app: str) -> float | None:
+    for a in status["apps"]:
+        if a["name"] == app:
+            return a.get("primary_accuracy")
+    return None
+
+
+def _settled(events: list[dict[str, Any]], app: str, key: str) -> Any:
+    """``key`` of the last failover or upgrade of ``app``: what it settled on."""
+    value = None
+    for e in events:
+        if e.get("app") == app and e["type"] in ("failover", "upgrade"):
+            value = e.get(key)
+    return value
+
+
+def _outage_ms(samples: list[Sample], app: str, kill_at: dict[str, float], first_kill: float) -> float | None:
+    answers = [
+        s.done for s in samples if s.app == app and s.ok and s.server not in kill_at and s.done > first_kill
+    ]
+    return (min(answers) - first_kill) * 1000.0 if answers else None
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    flat = [a for r in runs for a in r["apps"].values()]
+    recovered = [a for a in flat if a["recovered"]]
+    per_app: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        for app, a in r["apps"].items():
+            per_app.setdefault(app, []).append(a)
+    reductions = [
+        (a["accuracy_primary"] - a["accuracy_served"]) / a["accuracy_primary"] * 100.0
+        for a in recovered
+        if a["accuracy_primary"] and a["accuracy_served"] is not None
+    ]
+    by_kind = {k: [a for a in recovered if a["kind"] == k] for k in _KINDS}
+    return {
+        "detection_ms": _stats([v for r in runs for v in r["detection_ms"].values()], ("p50", "max")),
+        "mttr_ms": _stats([a["mttr_ms"] for a in recovered], ("mean", "p50", "max"))
+        | {"per_app": _per_app(per_app, "mttr_ms")},
+        "first_answer_ms": _stats(_values(recovered, "first_answer_ms"), ("mean", "p50", "max"))
+        | {"per_app": _per_app(per_app, "first_answer_ms")},
+        "outage_ms": _stats(_values(flat, "outage_ms"), ("p50", "max"))
+        | {k: _stats(_values(v, "outage_ms"), ("p50", "max")) for k, v in by_kind.items() if v}
+        | {"per_app": _per_app(per_app, "outage_ms")},
+        "mttr_by_kind_ms": {
+            k: _stats(_values(v, "mttr_ms"), ("mean", "p50", "max")) for k, v in by_kind.items() if v
+        },
+        "recovery_rate": round(len(recovered) / len(flat), 4) if flat else None,
+        "accuracy_reduction_pct": round(statistics.fmean(reductions), 3) if reductions else None,
+        "recovered_as": {
+            app: [
+                f"{a['kind']}:{a['first_variant']}->{a['settled_variant']}" if a["recovered"] else None
+                for a in v
+            ]
+            for app, v in per_app.items()
+        },
+        "spurious_failures": sorted({s for r in runs for s in r["spurious_failures"]}),
+        "requests": {k: sum(r["requests"][k] for r in runs) for k in ("total", "failed", "failed_affected")},
+        "request_errors": sorted({e for r in runs for e in r["requests"]["errors"]})[:5],
+        "runs": len(runs),
+    }
+
+
+def _warm_light(summary: dict[str, Any]) -> set[str]:
+    """Apps recovered by a warm switch whose model answers in milliseconds (the digits families)."""
+    return {
+        app
+        for app, runs in summary["recovered_as"].items()
+        if any(r and r.startswith("warm:") and r.split(":")[1].startswith(("mlp_", "cnn_")) for r in runs)
+    }
+
+
+def _values(apps: list[dict[str, Any]], key: str) -> list[float]:
+    return [a[key] for a in apps if a[key] is not None]
+
+
+def _per_app(per_app: dict[str, list[dict[str, Any]]], key: str) -> dict[str, float | None]:
+    return {app: _mean(_values(v, key)) for app, v in per_app.items()}
+
+
+_KINDS = ("warm", "progressive", "cold")
+
+
+def _stats(values: list[float], which: tuple[str, ...]) -> dict[str, float | None]:
+    if not values:
+        return {k: None for k in which}
+    funcs = {"p50": statistics.median, "mean": statistics.fmean, "max": max}
+    return {k: round(funcs[k](values), 1) for k in which}
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 1) if values else None
+
+
+def check_targets(policies: dict[str, Any]) -> dict[str, Any]:
+    """The issue's targets, checked on what was measured (faillite's numbers against full-warm-k's)."""
+    out: dict[str, Any] = {}
+    fl = policies.get("faillite")
+    if fl is None:
+        return out
+    detection = [p["detection_ms"]["p50"] for p in policies.values() if p["detection_ms"]["p50"] is not None]
+    out["detection_p50_ms"] = round(statistics.median(detection), 1) if detection else None
+    out["detection_p50_ms<=50"] = bool(detection) and statistics.median(detection) <= 50
+    warm = fl["outage_ms"].get("warm", {}).get("p50")
+    out["warm_outage_p50_ms"] = warm
+    out["warm_outage_p50_ms<=100"] = warm is not None and warm <= 100
+    light = [v for app, v in fl["outage_ms"]["per_app"].items() if v is not None and app in _warm_light(fl)]
+    out["warm_outage_p50_ms_small_models"] = round(statistics.median(light), 1) if light else None
+    fk = policies.get("full-warm-k")
+    if fk is None:
+        return out
+    for key in ("mttr_ms", "first_answer_ms"):
+        if fl[key]["mean"] and fk[key]["mean"]:
+            out[f"{key}_ratio_full_warm_k_over_faillite"] = round(fk[key]["mean"] / fl[key]["mean"], 2)
+    ratio = out.get("mttr_ms_ratio_full_warm_k_over_faillite")
+    out["faillite_mttr_3x_lower_at_full_recovery"] = bool(
+        ratio and ratio >= 3.0 and fl["recovery_rate"] == 1.0
+    )
+    return out

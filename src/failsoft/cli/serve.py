@@ -1,0 +1,56 @@
+"""``failsoft serve CONFIG.yaml``: start (or join) Ray, the controller, the agents and the gateway."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from failsoft.runtime.config import load_config
+
+
+def serve(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML; see examples/edge.yaml)", show_default=False)
+    ],
+    address: Annotated[
+        str | None, typer.Option(help="Join this Ray cluster (agents pinned to resource server:<name>)")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Gateway port (0: any free port)")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Gateway address (default 127.0.0.1)")] = None,
+    store: Annotated[
+        str | None, typer.Option(help="State store: sqlite, sqlite:///PATH or redis://HOST:PORT/DB")
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log the runtime's INFO messages")] = False,
+) -> None:
+    """Serve the config's apps with FailLite failover until Ctrl-C, then shut everything down."""
+    from failsoft.runtime.session import Session
+
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    cfg = load_config(config)
+    if port is not None or host is not None:
+        cfg = cfg.with_gateway(**{k: v for k, v in (("port", port), ("host", host)) if v is not None})
+    if store is not None:
+        from failsoft.runtime.config import config_store_url
+
+        cfg = cfg.replace(store_url=config_store_url(store))
+    session = Session(cfg, address=address)
+    prepared = session.prepare()  # a bad config or repository stops here, before any process starts
+    typer.echo(
+        f"failsoft: starting {len(cfg.servers)} servers in {len(cfg.sites)} sites, "
+        f"{len(prepared.deployment.apps)} apps, policy {cfg.policy} ...",
+        err=True,
+    )
+    session.start(background=False)
+    session.serve_forever(
+        on_started=lambda url: typer.echo(
+            f"failsoft: serving at {url} (state in {cfg.state_dir}; Ctrl-C stops everything)", err=True
+        )
+    )
+    typer.echo("failsoft: stopped", err=True)

@@ -1,0 +1,269 @@
+"""The Python SDK of a failsoft gateway: inference over KServe v2, and failover notifications.
+
+::
+
+    from failsoft.client import Client
+
+    with Client("http://127.0.0.1:8000") as client:
+        result = client.infer("cam-1", batch, timeout=2.0)   # batch: (N, 64) float32, or one (64,) row
+        print(result.predictions, result.server, result.variant, result.degraded)
+        for event in client.events(app="cam-1"):              # failure / failover / upgrade / restore
+            print(event["type"], event["server"], event["variant"])
+
+:class:`AsyncClient` has the same methods as coroutines (``async for event in client.events()``).
+
+An answer says how it was served: ``variant`` and ``server``, ``degraded`` (a smaller variant than
+the primary stands in, FailLite's accuracy-for-availability trade), ``reconstructed`` (decoded by
+ParM), and ``attempts`` (more than one when a failover happened under the request). Errors are
+failsoft errors: a refused request is :class:`~failsoft.errors.InvalidRequestError` (with the
+gateway's message and ``status``), no route before the deadline :class:`~failsoft.errors.NoRouteError`,
+a timeout :class:`~failsoft.errors.DeadlineExceededError`, an unreachable gateway
+:class:`~failsoft.errors.ServerUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+
+from failsoft.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    NoRouteError,
+    ServerUnavailableError,
+    ServingError,
+)
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+SLACK_S = 5.0
+BINARY_ABOVE = 4096  # tensors with this many values or more travel as raw bytes (Triton's extension)
+
+
+@dataclass(frozen=True)
+class InferResult:
+    app: str
+    outputs: np.ndarray
+    variant: str
+    server: str
+    degraded: bool
+    reconstructed: bool
+    accuracy: float | None
+    kind: str | None
+    attempts: int
+    latency_ms: float
+    raw: dict[str, Any] = field(repr=False)
+
+    @property
+    def predictions(self) -> np.ndarray:
+        """The predicted class of each row."""
+        return self.outputs.argmax(axis=1)
+
+
+def _request(array: Any, timeout: float | None, request_id: str | None) -> dict[str, Any]:
+    """httpx keyword arguments for an infer request: JSON, or Triton's binary form for big tensors."""
+    arr = np.asarray(array, dtype=np.float32)
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    tensor: dict[str, Any] = {"name": "input", "shape": list(arr.shape), "datatype": "FP32"}
+    header: dict[str, Any] = {"inputs": [tensor]}
+    if timeout is not None:
+        header["parameters"] = {"timeout": timeout}
+    if request_id is not None:
+        header["id"] = request_id
+    if arr.size < BINARY_ABOVE:
+        tensor["data"] = arr.ravel().tolist()
+        return {"json": header}
+    raw = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+    tensor["parameters"] = {"binary_data_size": len(raw)}
+    head = json.dumps(header).encode()
+    headers = {"Inference-Header-Content-Length": str(len(head)), "Content-Type": "application/octet-stream"}
+    return {"content": head + raw, "headers": headers}
+
+
+def _result(app: str, response: httpx.Response, started: float) -> InferResult:
+    body = _checked(response)
+    out = body["outputs"][0]
+    params = body.get("parameters", {})
+    return InferResult(
+        app=app,
+        outputs=np.asarray(out["data"], dtype=np.float32).reshape(out["shape"]),
+        variant=params.get("variant", body.get("model_version")),
+        server=params.get("server"),
+        degraded=bool(params.get("degraded", False)),
+        reconstructed=bool(params.get("reconstructed", False)),
+        accuracy=params.get("accuracy"),
+        kind=params.get("kind"),
+        attempts=int(params.get("attempts", 1)),
+        latency_ms=(time.perf_counter() - started) * 1000.0,
+        raw=body,
+    )
+
+
+def _checked(response: httpx.Response) -> Any:
+    """The JSON body of a 2xx response; the failsoft error a non-2xx one stands for."""
+    try:
+        body = response.json()
+    except json.JSONDecodeError:
+        body = {"error": response.text[:200]}
+    if response.is_success:
+        return body
+    message = body.get("error", str(body)) if isinstance(body, dict) else str(body)
+    status = response.status_code
+    if status == 503:
+        raise NoRouteError(message)
+    if status == 504:
+        raise DeadlineExceededError(message)
+    if 400 <= status < 500:
+        raise InvalidRequestError(message, status)
+    raise ServingError(f"gateway error {status}: {message}")
+
+
+def _ws_url(url: str, app: str | None) -> str:
+    base = url.replace("https://", "wss://", 1).replace("http://", "ws://", 1).rstrip("/")
+    return f"{base}/v2/events" + (f"?app={app}" if app else "")
+
+
+class Client:
+    """A synchronous client (httpx) of one gateway."""
+
+    def __init__(self, url: str = DEFAULT_URL, timeout: float = 30.0, token: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout + SLACK_S, headers=headers)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise DeadlineExceededError(f"no answer from the gateway at {self.url}: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
+
+    def infer(
+        self, app: str, array: Any, timeout: float | None = None, request_id: str | None = None
+    ) -> InferResult:
+        started = time.perf_counter()
+        extra = {"timeout": timeout + SLACK_S} if timeout else {}
+        request = _request(array, timeout, request_id)
+        return _result(app, self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
+
+    def live(self) -> bool:
+        return self._send("GET", "/v2/health/live").is_success
+
+    def ready(self) -> bool:
+        return self._send("GET", "/v2/health/ready").is_success
+
+    def model(self, app: str) -> dict[str, Any]:
+        return _checked(self._send("GET", f"/v2/models/{app}"))
+
+    def repository_index(self) -> list[dict[str, Any]]:
+        return _checked(self._send("POST", "/v2/repository/index", json={}))
+
+    def status(self) -> dict[str, Any]:
+        """The cluster's state (admin: needs the token)."""
+        return _checked(self._send("GET", "/admin/status"))
+
+    def admin(self, action: str, **body: Any) -> dict[str, Any]:
+        """``/admin/chaos/<action>`` (kill, hang, resume, slow) with a JSON body (admin token needed)."""
+        return _checked(self._send("POST", f"/admin/chaos/{action}", json=body))
+
+    def recoveries(self) -> dict[str, Any]:
+        """Measured recoveries (detection to first answer) and recent events (admin token needed)."""
+        return _checked(self._send("GET", "/admin/recoveries"))
+
+    def events(self, app: str | None = None, open_timeout: float = 10.0) -> Iterator[dict[str, Any]]:
+        """Events as they happen (blocking iterator); ``app`` keeps that app's (and cluster) events."""
+        from websockets.exceptions import WebSocketException
+        from websockets.sync.client import connect
+
+        try:
+            with connect(_ws_url(self.url, app), open_timeout=open_timeout) as ws:
+                for message in ws:
+                    yield json.loads(message)
+        except (OSError, WebSocketException) as exc:
+            raise ServerUnavailableError(f"event stream of {self.url} closed: {exc}") from exc
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client` (httpx.AsyncClient), for many requests in flight."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        timeout: float = 30.0,
+        token: str | None = None,
+        max_connections: int = 64,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.AsyncClient(
+            base_url=self.url, timeout=timeout + SLACK_S, headers=headers, limits=limits
+        )
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return await self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise DeadlineExceededError(f"no answer from the gateway at {self.url}: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
+
+    async def infer(
+        self, app: str, array: Any, timeout: float | None = None, request_id: str | None = None
+    ) -> InferResult:
+        started = time.perf_counter()
+        extra = {"timeout": timeout + SLACK_S} if timeout else {}
+        request = _request(array, timeout, request_id)
+        return _result(app, await self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
+
+    async def ready(self) -> bool:
+        return (await self._send("GET", "/v2/health/ready")).is_success
+
+    async def status(self) -> dict[str, Any]:
+        return _checked(await self._send("GET", "/admin/status"))
+
+    async def admin(self, action: str, **body: Any) -> dict[str, Any]:
+        return _checked(await self._send("POST", f"/admin/chaos/{action}", json=body))
+
+    async def recoveries(self) -> dict[str, Any]:
+        return _checked(await self._send("GET", "/admin/recoveries"))
+
+    async def events(
+        self, app: str | None = None, open_timeout: float = 10.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        from websockets.asyncio.client import connect
+        from websockets.exceptions import WebSocketException
+
+        try:
+            async with connect(_ws_url(self.url, app), open_timeout=open_timeout) as ws:
+                async for message in ws:
+                    yield json.loads(message)
+        except (OSError, WebSocketException) as exc:
+            raise ServerUnavailableError(f"event stream of {self.url} closed: {exc}") from exc
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

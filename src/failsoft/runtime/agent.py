@@ -1,0 +1,295 @@
+"""The agent: one per server, in its own process, holding the server's models (FailLite 4).
+
+FailLite's agent sits on each edge server next to Triton: it loads and unloads model variants from
+the server's local model repository (the *cold* replicas are the files on disk), the server answers
+inference with whatever is loaded, and the agent pushes a keep-alive to the controller every 20 ms.
+failsoft's agent is a Ray actor doing the same with :class:`failsoft.zoo.ModelRepository`:
+
+* :meth:`Agent.load` loads ``family/variant`` for an app (up to a first answer, as the zoo's
+  profiler times a load), accounting the variant's profiled
+  ``memory_mb`` against the server's configured capacity; a load that would exceed it is refused
+  (:class:`~failsoft.errors.CapacityError`) before any byte is read. Loads run in parallel threads;
+  a load already done is a no-op, so the controller may safely repeat one.
+* :meth:`Agent.infer` answers with the real model; :meth:`Agent.set_slow` injects latency into
+  inference and, optionally, into model loads (``failsoft chaos slow``).
+* its sidecar (:mod:`failsoft.runtime.pulse`) pushes a heartbeat datagram to the controller every
+  ``interval_s`` while this process is alive, running, and refreshing its liveness stamp from a
+  background thread; the datagram carries the server's name and *incarnation*. The incarnation is
+  new in every process, so the controller can tell a restarted server (it holds nothing) from one that
+  hung and came back (it still holds its models). A hung process (SIGSTOP) stops heartbeating, which
+  is how it is detected; a killed one (SIGKILL) stops everything.
+
+The class is plain Python: :mod:`failsoft.runtime.cluster` turns it into an actor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failsoft.domain import Server
+from failsoft.errors import CapacityError, ModelNotLoadedError, ServingError
+from failsoft.runtime.heartbeat import HeartbeatEndpoint
+from failsoft.runtime.pulse import Pulse
+
+log = logging.getLogger(__name__)
+SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
+WEDGE_S = 0.5  # an interpreter silent this long stops the heartbeats (see failsoft.runtime.pulse)
+# CPU priorities on a shared machine: answering first, then loads that recover apps, then
+# background loads (upgrades, warm backups). Lowering needs no privilege.
+LOAD_NICE = 5
+BACKGROUND_NICE = 15
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSpec:
+    server: Server
+    repository: Path
+    heartbeat: HeartbeatEndpoint
+    heartbeat_interval_s: float = 0.020
+    device: str = "auto"
+    families: tuple[str, ...] = ()  # the families it may serve (warmed up at start); () = all
+
+
+@dataclass(slots=True)
+class _Held:
+    model: Any  # failsoft.zoo.LoadedModel
+    memory_mb: float
+    load_ms: float
+
+
+class Agent:
+    """A server's agent. Thread-safe: Ray runs its methods on a pool of threads."""
+
+    def __init__(self, spec: AgentSpec) -> None:
+        from failsoft.runtime.cluster import configure_actor_logging
+        from failsoft.zoo import ModelRepository
+
+        configure_actor_logging()
+        self.spec = spec
+        self.server = spec.server
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.started_at = time.time()
+        self._repo = ModelRepository(spec.repository)
+        self._memory = {(f.name, v.name): v.memory_mb for f in self._repo.families() for v in f.variants}
+        self._lock = threading.Lock()
+        self._held: dict[tuple[str, str], _Held] = {}
+        self._loading: dict[tuple[str, str], threading.Event] = {}
+        self._reserved_mb = 0.0
+        self._loads_total = 0
+        self._slow_s = 0.0
+        self._slow_load_s = 0.0
+        self.warmup_ms = self._warm_up()
+        gc.freeze()  # the imports' ~400k objects leave the collector: no 400 ms pauses on unload
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        hb = spec.heartbeat
+        self._pulse = Pulse(
+            hb.host, hb.port, hb.key, spec.server.name, self.incarnation, spec.heartbeat_interval_s, WEDGE_S
+        ).start()
+
+    def _warm_up(self) -> float:
+        """Import torch and the families' modeling code now, before heartbeats start.
+
+        A first load would otherwise pay seconds of imports (not FailLite's load time), while
+        holding the interpreter long enough to starve the heartbeat thread. The imported objects are
+        then frozen out of the garbage collector, whose full passes over them take hundreds of
+        milliseconds: long enough for two missed heartbeats.
+        """
+        started = time.perf_counter()
+        import torch  # noqa: F401
+
+        from failsoft.zoo import hf
+
+        for family in self.spec.families or self._repo.family_names():
+            variants = self._repo.variant_names(family)
+            if variants:
+                config = self._repo.config(family, variants[0])
+                if config.arch == "transformers":
+                    hf.import_model_class(config.architecture)
+        return (time.perf_counter() - started) * 1000.0
+
+    # models ----------------------------------------------------------------------------------
+    def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
+        """Load ``family/variant`` for ``app`` (idempotent); returns what the gateway needs to know.
+
+        Loads run in a thread of lower CPU priority than inference (answers of recovered apps come
+        first on a busy machine), and ``background`` loads (upgrades, warm backups) lower still, so
+        they also yield to the loads that recover apps.
+        """
+        key = (app, variant)
+        memory = self._memory_of(family, variant)
+        step, event = self._reserve(key, family, variant, memory)
+        if step != "load":  # already held, or the same load is running in another thread
+            event.wait()
+            return self._describe(key, cached=True)
+        started = time.perf_counter()
+        try:
+            nice = BACKGROUND_NICE if background else LOAD_NICE
+            model = _run_at_priority(nice, self._read, family, variant)
+        except BaseException:
+            with self._lock:
+                self._reserved_mb -= memory
+                self._loading.pop(key).set()
+            raise
+        load_ms = (time.perf_counter() - started) * 1000.0
+        with self._lock:
+            self._reserved_mb -= memory
+            self._held[key] = _Held(model, memory, load_ms)
+            self._loads_total += 1
+            self._loading.pop(key).set()
+        return self._describe(key, cached=False)
+
+    def _read(self, family: str, variant: str) -> Any:
+        """Disk to a first answer (the zoo profiler's definition of a load)."""
+        if self._slow_load_s > 0:  # injected: a slow disk or a remote repository
+            time.sleep(self._slow_load_s)
+        model = self._repo.load(family, variant, None if self.spec.device == "auto" else self.spec.device)
+        model.predict(np.zeros((1, *model.input_shape), dtype=np.float32))
+        return model
+
+    def _reserve(
+        self, key: tuple[str, str], family: str, variant: str, memory: float
+    ) -> tuple[str, threading.Event]:
+        """Claim memory for a load: ("load", event), or ("wait", event) / ("held", set event)."""
+        with self._lock:
+            if key in self._loading:
+                return "wait", self._loading[key]
+            if key in self._held:
+                done = threading.Event()
+                done.set()
+                return "held", done
+            free = self.server.memory_mb - self._used_mb() - self._reserved_mb
+            if memory > free + 1e-9:
+                raise CapacityError(
+                    f"server {self.server.name!r}: loading {family}/{variant} for {key[0]!r} needs "
+                    f"{memory:g} MB, only {max(free, 0):g} of {self.server.memory_mb:g} MB free"
+                )
+            self._reserved_mb += memory
+            event = self._loading[key] = threading.Event()
+            return "load", event
+
+    def _memory_of(self, family: str, variant: str) -> float:
+        memory = self._memory.get((family, variant))
+        return memory if memory is not None else self._refresh_profile(family, variant)
+
+    def _refresh_profile(self, family: str, variant: str) -> float:
+        variant_profile = self._repo.variant(family, variant)  # ModelNotFoundError names it
+        self._memory[(family, variant)] = variant_profile.memory_mb
+        return variant_profile.memory_mb
+
+    def _used_mb(self) -> float:
+        return sum(h.memory_mb for h in self._held.values())
+
+    def _describe(self, key: tuple[str, str], cached: bool) -> dict[str, Any]:
+        with self._lock:
+            held = self._held.get(key)
+        if held is None:
+            raise ServingError(f"server {self.server.name!r}: load of {key[1]!r} for {key[0]!r} failed")
+        m = held.model
+        return {
+            "app": key[0],
+            "variant": key[1],
+            "server": self.server.name,
+            "load_ms": 0.0 if cached else held.load_ms,
+            "cached": cached,
+            "memory_mb": held.memory_mb,
+            "input_shape": list(m.input_shape),
+            "num_classes": int(m.num_classes),
+            "device": str(m.device),
+        }
+
+    def unload(self, app: str, variant: str) -> bool:
+        """Drop a model; False when it was not held."""
+        with self._lock:
+            held = self._held.pop((app, variant), None)
+        if held is None:
+            return False
+        held.model.close()
+        return True
+
+    def infer(self, app: str, variant: str, batch: np.ndarray) -> np.ndarray:
+        if self._slow_s > 0:
+            time.sleep(self._slow_s)
+        with self._lock:
+            held = self._held.get((app, variant))
+        if held is None:
+            raise ModelNotLoadedError(f"server {self.server.name!r} does not hold {variant!r} for {app!r}")
+        return held.model.predict(batch)
+
+    # reports and chaos -----------------------------------------------------------------------
+    def holdings(self) -> dict[str, Any]:
+        with self._lock:
+            models = sorted(self._held)
+            used = self._used_mb()
+        return {
+            "server": self.server.name,
+            "incarnation": self.incarnation,
+            "models": [list(k) for k in models],
+            "used_mb": used,
+            "memory_mb": self.server.memory_mb,
+            "loads_total": self._loads_total,
+            "pid": os.getpid(),
+        }
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "server": self.server.name,
+            "site": self.server.site,
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "incarnation": self.incarnation,
+            "started_at": self.started_at,
+            "sidecar_pid": self._pulse.sidecar.pid if self._pulse.sidecar else None,
+            "slow_ms": self._slow_s * 1000.0,
+            "slow_load_ms": self._slow_load_s * 1000.0,
+        }
+
+    def set_slow(self, ms: float, load_ms: float | None = None) -> None:
+        """Add ``ms`` milliseconds to every inference and, if given, ``load_ms`` to every model load
+        (a slow disk); 0 restores normal speed."""
+        self._slow_s = max(float(ms), 0.0) / 1000.0
+        if load_ms is not None:
+            self._slow_load_s = max(float(load_ms), 0.0) / 1000.0
+
+    def crash(self) -> None:
+        """Die at once, like a server losing power (used where the caller cannot signal the process)."""
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _run_at_priority(nice: int, fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, in a fresh thread lowered by ``nice`` when ``nice > 0`` (else right here).
+
+    Lowering a thread's priority needs no privilege, raising it back would: hence a throwaway thread.
+    """
+    if nice <= 0:
+        return fn(*args)
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def work() -> None:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        try:
+            result.append(fn(*args))
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=work, name="background-load", daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]

@@ -1,0 +1,346 @@
+"""The one wrapper that owns every Ray call (STYLE 3; Ray Serve's ``ActorReplicaWrapper``).
+
+Ray Core is failsoft's cluster substrate: one controller actor, one agent actor per server, each in
+its own process. Nothing else in failsoft imports ``ray``: the controller, the agents and the gateway
+hold :class:`AgentRef` / :class:`ControllerRef` objects from here, whose methods are plain ``async``
+(or ``*_sync``) calls with a timeout, and whose failures are already failsoft errors:
+
+* the actor's process is dead or restarting -> :class:`~failsoft.errors.ServerUnavailableError`;
+* no answer before the timeout -> :class:`~failsoft.errors.DeadlineExceededError`;
+* the remote method raised a failsoft error -> that same error, re-raised here;
+* anything else the remote code raised -> :class:`~failsoft.errors.ServingError`.
+
+Two modes (DESIGN principle 3). *Embedded* (the default): a private Ray instance on 127.0.0.1 that
+offers one custom resource ``server:<name>`` per configured server, so agents are placed exactly as in
+*cluster* mode (``--address``), where each agent is pinned to the node offering ``server:<name>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import ray.exceptions as rex
+from ray._private import auto_init_hook
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from failsoft.domain import Server
+from failsoft.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    FailsoftError,
+    ServerUnavailableError,
+    ServingError,
+)
+
+# A Ray call made after shutdown (a straggling thread) must fail, not start a new Ray instance.
+auto_init_hook.enable_auto_connect = False
+
+NAMESPACE = "failsoft"
+CONTROLLER_NAME = "failsoft-controller"
+OBJECT_STORE_BYTES = 256 * 1024 * 1024
+log = logging.getLogger(__name__)
+
+
+def agent_name(server: str) -> str:
+    return f"failsoft-agent-{server}"
+
+
+def server_resource(server: str) -> str:
+    return f"server:{server}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Calls and their errors, mapped once.
+# ----------------------------------------------------------------------------------------------
+
+
+def _map_error(exc: BaseException, what: str, timeout_s: float | None) -> FailsoftError:
+    if isinstance(exc, rex.RayTaskError):
+        cause = exc.cause
+        if isinstance(cause, FailsoftError):
+            return cause
+        if isinstance(cause, rex.RayActorError):
+            return ServerUnavailableError(f"{what}: unavailable ({type(cause).__name__})")
+        return ServingError(f"{what} failed: {type(cause).__name__}: {cause}")
+    if isinstance(exc, (rex.GetTimeoutError, asyncio.TimeoutError, TimeoutError)):
+        return DeadlineExceededError(f"{what}: no answer within {(timeout_s or 0) * 1000:.0f} ms")
+    if isinstance(exc, (rex.RayActorError, rex.ObjectLostError, rex.WorkerCrashedError, rex.RaySystemError)):
+        return ServerUnavailableError(f"{what}: unavailable ({type(exc).__name__})")
+    if isinstance(exc, ValueError) and "Failed to look up actor" in str(exc):
+        return ServerUnavailableError(f"{what}: no such actor")
+    return ServingError(f"{what} failed: {type(exc).__name__}: {exc}")
+
+
+class _ActorRef:
+    """A handle with failsoft's call conventions; subclasses name the methods."""
+
+    def __init__(self, handle: Any, what: str) -> None:
+        self._handle = handle
+        self.what = what
+
+    async def _call(self, method: str, *args: Any, timeout_s: float | None = 10.0) -> Any:
+        try:
+            ref = getattr(self._handle, method).remote(*args)
+            return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise _map_error(exc, f"{self.what}.{method}", timeout_s) from exc
+
+    def _call_sync(self, method: str, *args: Any, timeout_s: float | None = 10.0) -> Any:
+        try:
+            return ray.get(getattr(self._handle, method).remote(*args), timeout=timeout_s)
+        except Exception as exc:
+            raise _map_error(exc, f"{self.what}.{method}", timeout_s) from exc
+
+    def _fire(self, method: str, *args: Any) -> None:
+        """Send and forget (heartbeats): the result is never read, errors are dropped."""
+        getattr(self._handle, method).remote(*args)
+
+    def kill(self, no_restart: bool = True) -> None:
+        """Stop the actor for good (shutdown), or let Ray restart it (``no_restart=False``)."""
+        try:
+            ray.kill(self._handle, no_restart=no_restart)
+        except Exception as exc:  # already gone: nothing to stop
+            log.debug("kill %s: %s", self.what, exc)
+
+
+class AgentRef(_ActorRef):
+    """The calls the controller, the gateway and chaos make to one server's agent."""
+
+    def __init__(self, handle: Any, server: str) -> None:
+        super().__init__(handle, f"server {server!r}")
+        self.server = server
+
+    async def load(
+        self, app: str, family: str, variant: str, background: bool = False, timeout_s: float = 600.0
+    ) -> dict[str, Any]:
+        return await self._call("load", app, family, variant, background, timeout_s=timeout_s)
+
+    async def unload(self, app: str, variant: str, timeout_s: float = 30.0) -> bool:
+        return await self._call("unload", app, variant, timeout_s=timeout_s)
+
+    async def infer(self, app: str, variant: str, batch: Any, timeout_s: float) -> Any:
+        return await self._call("infer", app, variant, batch, timeout_s=timeout_s)
+
+    async def holdings(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        return await self._call("holdings", timeout_s=timeout_s)
+
+    async def info(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        return await self._call("info", timeout_s=timeout_s)
+
+    async def set_slow(self, ms: float, load_ms: float | None = None, timeout_s: float = 5.0) -> None:
+        await self._call("set_slow", ms, load_ms, timeout_s=timeout_s)
+
+    def crash_nowait(self) -> None:
+        self._fire("crash")
+
+    def holdings_sync(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        return self._call_sync("holdings", timeout_s=timeout_s)
+
+    def info_sync(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        return self._call_sync("info", timeout_s=timeout_s)
+
+
+class ControllerRef(_ActorRef):
+    """The calls agents, the gateway, the CLI and tests make to the controller."""
+
+    def __init__(self, handle: Any) -> None:
+        super().__init__(handle, "controller")
+
+    async def wait_routes(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
+        return await self._call("wait_routes", epoch, version, timeout_s, timeout_s=timeout_s + 5.0)
+
+    async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
+        return await self._call("wait_events", epoch, seq, timeout_s, timeout_s=timeout_s + 5.0)
+
+    async def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        return await self._call("status", timeout_s=timeout_s)
+
+    async def stats(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        return await self._call("stats", timeout_s=timeout_s)
+
+    def wait_ready_sync(self, timeout_s: float) -> bool:
+        return self._call_sync("wait_ready", timeout_s, timeout_s=timeout_s + 10.0)
+
+    def info_sync(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        return self._call_sync("info", timeout_s=timeout_s)
+
+
+# ----------------------------------------------------------------------------------------------
+# Lookups from inside actors (no driver needed).
+# ----------------------------------------------------------------------------------------------
+
+
+def find_agent(server: str) -> AgentRef:
+    try:
+        return AgentRef(ray.get_actor(agent_name(server), namespace=NAMESPACE), server)
+    except Exception as exc:
+        raise _map_error(exc, f"server {server!r}", None) from exc
+
+
+def actor_was_restarted() -> bool:
+    """True inside an actor that Ray re-created after its process died."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
+def configure_actor_logging(level: int = logging.INFO) -> None:
+    """Inside an actor: failsoft's log records go to the worker's stderr file in Ray's log directory."""
+    logger = logging.getLogger("failsoft")
+    logger.setLevel(level)
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+# ----------------------------------------------------------------------------------------------
+# The cluster: start or join Ray, spawn the actors, stop what was started.
+# ----------------------------------------------------------------------------------------------
+
+
+def _quiet_injected_crashes() -> None:
+    """Drop the raylet's "A worker died or was killed" notice from the driver's console.
+
+    Killing an agent is how failsoft injects (and how it survives) a server crash; Ray reports every
+    such death to the driver with a long troubleshooting text. The controller reports the failure
+    properly (events, metrics), so this notice is dropped; every other Ray message is printed as before.
+    """
+    from ray._private import worker
+
+    original = worker.print_to_stdstream
+    if getattr(original, "_failsoft_quiet", False):
+        return
+
+    def printer(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        lines = [ln for ln in data.get("lines", []) if "A worker died or was killed" not in ln]
+        if lines:
+            original({**data, "lines": lines}, *args, **kwargs)
+
+    printer._failsoft_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = printer
+
+
+@dataclass(frozen=True, slots=True)
+class ActorOptions:
+    restart: bool
+    env: dict[str, str]
+
+
+class RayCluster:
+    """Starts an embedded Ray (or joins ``address``), spawns actors, and stops what it started."""
+
+    def __init__(self, servers: Sequence[Server], address: str | None = None, num_cpus: int | None = None):
+        self.servers = tuple(servers)
+        self.address = address
+        self.num_cpus = num_cpus
+        self._spawned: list[_ActorRef] = []
+        self._started = False
+
+    @property
+    def embedded(self) -> bool:
+        return self.address is None
+
+    def heartbeat_host(self) -> str:
+        """The address agents reach this node at: 127.0.0.1 when embedded, the node's IP otherwise."""
+        return "127.0.0.1" if self.embedded else ray.util.get_node_ip_address()
+
+    def start(self, log_to_driver: bool = False) -> None:
+        _quiet_injected_crashes()
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+        logging.getLogger("ray").setLevel(logging.ERROR)
+        kwargs: dict[str, Any] = dict(
+            namespace=NAMESPACE,
+            include_dashboard=False,
+            logging_level=logging.ERROR,
+            log_to_driver=log_to_driver,
+        )
+        if self.embedded:
+            kwargs.update(
+                _node_ip_address="127.0.0.1",
+                num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
+                resources={server_resource(s.name): 1.0 for s in self.servers},
+                object_store_memory=OBJECT_STORE_BYTES,
+            )
+        try:
+            ray.init(address=self.address, **kwargs)
+        except Exception as exc:
+            where = f"Ray cluster at {self.address!r}" if self.address else "an embedded Ray instance"
+            raise ServingError(f"cannot start {where}: {exc}") from exc
+        self._started = True
+        if not self.embedded:
+            self._check_resources()
+
+    def _check_resources(self) -> None:
+        offered = ray.cluster_resources()
+        missing = [s.name for s in self.servers if offered.get(server_resource(s.name), 0) < 1]
+        if missing:
+            raise ConfigError(
+                f"no node of the Ray cluster at {self.address!r} offers resource "
+                f"{server_resource(missing[0])!r} (start it with: ray start --address ... "
+                f"--resources '{{\"{server_resource(missing[0])}\": 1}}')"
+            )
+
+    def spawn_controller(self, cls: type, *args: Any, restart: bool = True) -> ControllerRef:
+        """The controller runs on this (the driver's) node, where agents send their heartbeats."""
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        handle = (
+            ray.remote(cls)
+            .options(
+                name=CONTROLLER_NAME,
+                namespace=NAMESPACE,
+                num_cpus=0,
+                max_restarts=-1 if restart else 0,
+                max_concurrency=1000,
+                scheduling_strategy=here,
+            )
+            .remote(*args)
+        )
+        ref = ControllerRef(handle)
+        self._spawned.append(ref)
+        return ref
+
+    def spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
+        """A new agent actor; ServingError while a dead agent of that server still holds the name."""
+        try:
+            return self._spawn_agent(cls, server, *args, options=options)
+        except ValueError as exc:  # ActorAlreadyExistsError
+            raise ServingError(f"server {server!r} already has an agent: {exc}") from exc
+
+    def _spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
+        handle = (
+            ray.remote(cls)
+            .options(
+                name=agent_name(server),
+                namespace=NAMESPACE,
+                num_cpus=0,
+                resources={server_resource(server): 1.0},
+                max_restarts=-1 if options.restart else 0,
+                max_task_retries=0,
+                max_concurrency=32,
+                runtime_env={"env_vars": options.env},
+            )
+            .remote(*args)
+        )
+        ref = AgentRef(handle, server)
+        self._spawned.append(ref)
+        return ref
+
+    def shutdown(self) -> None:
+        """Kill the actors this cluster spawned (by handle), then disconnect (and stop, if embedded)."""
+        for ref in reversed(self._spawned):
+            ref.kill()
+        self._spawned.clear()
+        if self._started:
+            ray.shutdown()
+            self._started = False

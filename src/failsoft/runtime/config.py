@@ -1,0 +1,301 @@
+"""The serving config (``failsoft serve CONFIG.yaml``): validated once, at the edge, then frozen.
+
+A config names the cluster (servers with their site, memory and compute), the apps (family,
+criticality, request rate, SLO, optionally where and on which variant the primary runs), the model
+repository, the failover policy and its parameters (FailLite 3.2-3.4), and the runtime settings:
+heartbeats (FailLite 4: every 20 ms, two missed mark a server failed), the gateway's address, the
+state directory and store, the admin token::
+
+    name: edge
+    servers:
+      - {name: s1, site: edge-a, memory_mb: 64, compute: 1.0}
+    apps:
+      - {name: cam-1, family: digits_cnn, critical: true, rate_rps: 20, slo_ms: 50,
+         primary: {server: s1, variant: cnn_large}}
+    failover: {policy: faillite, alpha: 0.1, site_independent: true}
+    heartbeat: {interval_ms: 20, missed: 2}
+    gateway: {host: 127.0.0.1, port: 8000}
+    store: sqlite            # or sqlite:///path/state.db, or redis://127.0.0.1:6379/0
+
+Anything wrong is refused with one :class:`~failsoft.errors.ConfigError` naming the bad entry and value
+(the same one-line format as the scenario JSON), before any process starts. Families are checked
+against the model repository later, by :func:`failsoft.runtime.deployment.resolve`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from failsoft.domain import PolicyParams, Server
+from failsoft.errors import ConfigError
+from failsoft.policies.failover import policy_names
+from failsoft.scenario import _refuse_duplicates, describe_validation_error  # the scenario's one-line errors
+
+DEFAULT_PORT = 8000
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerModel(_Strict):
+    name: str = Field(pattern=_NAME, max_length=64)
+    site: str = Field(pattern=_NAME, max_length=64)
+    memory_mb: float = Field(gt=0)
+    compute: float = Field(default=1.0, gt=0)
+
+
+class PrimaryModel(_Strict):
+    server: str | None = None
+    variant: str | None = None
+
+
+class AppModel(_Strict):
+    name: str = Field(pattern=_NAME, max_length=64)
+    family: str = Field(min_length=1)
+    critical: bool = False
+    rate_rps: float = Field(default=1.0, ge=0)
+    slo_ms: float | None = Field(default=None, gt=0)
+    primary: PrimaryModel | None = None
+
+
+class FailoverModel(_Strict):
+    policy: str = "faillite"
+    alpha: float = Field(default=0.1, ge=0, le=1)
+    site_independent: bool = False
+    warm_replicas: int = Field(default=1, ge=0, le=16)
+    ilp_time_limit_s: float = Field(default=10.0, gt=0)
+    ilp_mip_gap: float = Field(default=0.01, ge=0, lt=1)
+    seed: int = 0
+    reclaim_warm: bool = True
+    replan_delay_s: float = Field(default=3.0, ge=0, le=3600)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in policy_names():
+            raise ValueError(f"unknown failover policy (known: {', '.join(policy_names())})")
+        return value
+
+
+class HeartbeatModel(_Strict):
+    interval_ms: float = Field(default=20.0, ge=1, le=10_000)
+    missed: int = Field(default=2, ge=1, le=100)
+
+
+class GatewayModel(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    max_body_mb: float = Field(default=16.0, gt=0, le=1024)
+    max_batch: int = Field(default=64, ge=1, le=4096)
+    min_timeout_ms: float = Field(default=2000.0, ge=1)
+
+
+class AgentsModel(_Strict):
+    restart: bool = True
+    max_parallel_loads: int = Field(default=2, ge=1, le=64)
+    device: str = Field(default="auto", pattern="^(auto|cpu|cuda)$")
+    drain_ms: float = Field(default=200.0, ge=0)
+
+
+class ConfigModel(_Strict):
+    name: str = Field(default="failsoft", pattern=_NAME, max_length=64)
+    repository: str | None = None
+    servers: list[ServerModel] = Field(min_length=1)
+    apps: list[AppModel] = Field(min_length=1)
+    failover: FailoverModel = Field(default_factory=FailoverModel)
+    heartbeat: HeartbeatModel = Field(default_factory=HeartbeatModel)
+    gateway: GatewayModel = Field(default_factory=GatewayModel)
+    agents: AgentsModel = Field(default_factory=AgentsModel)
+    state_dir: str | None = None
+    store: str = "sqlite"
+    admin_token: str | None = Field(default=None, min_length=8)
+
+    @field_validator("store")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        if not _is_store_url(value):
+            raise ValueError("store must be 'sqlite', 'sqlite:///PATH' or 'redis://HOST:PORT/DB'")
+        return value
+
+
+def _is_store_url(value: str) -> bool:
+    return value == "sqlite" or value.startswith(("sqlite:///", "redis://", "rediss://", "unix://"))
+
+
+def config_store_url(value: str) -> str:
+    """A store URL given on the command line, checked like the config's ``store``."""
+    if not _is_store_url(value):
+        raise ConfigError(f"--store {value!r}: use 'sqlite', 'sqlite:///PATH' or 'redis://HOST:PORT/DB'")
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# The frozen result every runtime part reads.
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AppConfig:
+    """An app as the config states it; ``server``/``variant`` of ``None`` are chosen at deploy."""
+
+    name: str
+    family: str
+    critical: bool
+    rate_rps: float
+    slo_ms: float | None
+    server: str | None
+    variant: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatSettings:
+    interval_s: float = 0.020
+    missed_to_fail: int = 2
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_batch: int = 64
+    min_timeout_ms: float = 2000.0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    restart: bool = True
+    max_parallel_loads: int = 2
+    device: str = "auto"
+    drain_ms: float = 200.0
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeConfig:
+    """Everything ``failsoft serve`` needs, validated. Change it with :meth:`replace`, never in place."""
+
+    name: str
+    source: str
+    servers: tuple[Server, ...]
+    apps: tuple[AppConfig, ...]
+    repository: Path | None
+    policy: str
+    params: PolicyParams
+    replan_delay_s: float
+    heartbeat: HeartbeatSettings
+    gateway: GatewaySettings
+    agents: AgentSettings
+    state_dir: Path
+    store_url: str
+    admin_token: str | None
+
+    def replace(self, **changes: Any) -> RuntimeConfig:
+        return dataclasses.replace(self, **changes)
+
+    def with_gateway(self, **changes: Any) -> RuntimeConfig:
+        return self.replace(gateway=dataclasses.replace(self.gateway, **changes))
+
+    def with_agents(self, **changes: Any) -> RuntimeConfig:
+        return self.replace(agents=dataclasses.replace(self.agents, **changes))
+
+    def server(self, name: str) -> Server:
+        for s in self.servers:
+            if s.name == name:
+                return s
+        raise ConfigError(f"no server {name!r} in config {self.source!r}")
+
+    @property
+    def sites(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(s.site for s in self.servers))
+
+
+def default_state_dir() -> Path:
+    """``$FAILSOFT_STATE``, else ``~/.local/state/failsoft``."""
+    env = os.environ.get("FAILSOFT_STATE")
+    return Path(env).expanduser() if env else Path.home() / ".local" / "state" / "failsoft"
+
+
+def load_config(path: str | Path) -> RuntimeConfig:
+    """Read, validate and freeze a YAML config; any problem is one ConfigError naming the entry."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"config {str(path)!r} is not valid YAML: {problem}{where}") from exc
+    return config_from_dict(data, source=str(path), base_dir=path.parent)
+
+
+def config_from_dict(data: Any, source: str = "config", base_dir: Path | None = None) -> RuntimeConfig:
+    """Validate a parsed config (relative paths resolve against ``base_dir``)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        spec = ConfigModel.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc, data)}") from exc
+    return _freeze(spec, source, base_dir or Path.cwd())
+
+
+def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
+    _refuse_duplicates(source, "server", [s.name for s in spec.servers])
+    _refuse_duplicates(source, "app", [a.name for a in spec.apps])
+    servers = tuple(Server(s.name, s.site, s.memory_mb, s.compute) for s in spec.servers)
+    names = {s.name for s in servers}
+    apps = []
+    for i, a in enumerate(spec.apps):
+        primary = a.primary or PrimaryModel()
+        if primary.server is not None and primary.server not in names:
+            raise ConfigError(
+                f"{source}: apps[{i}] ({a.name!r}): primary server {primary.server!r} does not exist "
+                f"(servers: {', '.join(sorted(names))})"
+            )
+        apps.append(
+            AppConfig(a.name, a.family, a.critical, a.rate_rps, a.slo_ms, primary.server, primary.variant)
+        )
+    state_dir = _path(spec.state_dir, base_dir) if spec.state_dir else default_state_dir() / spec.name
+    f = spec.failover
+    params = PolicyParams(**f.model_dump(exclude={"policy", "replan_delay_s"}))
+    g, h, ag = spec.gateway, spec.heartbeat, spec.agents
+    return RuntimeConfig(
+        name=spec.name,
+        source=source,
+        servers=servers,
+        apps=tuple(apps),
+        repository=_path(spec.repository, base_dir) if spec.repository else None,
+        policy=f.policy,
+        params=params,
+        replan_delay_s=f.replan_delay_s,
+        heartbeat=HeartbeatSettings(h.interval_ms / 1000.0, h.missed),
+        gateway=GatewaySettings(
+            g.host, g.port, int(g.max_body_mb * 1024 * 1024), g.max_batch, g.min_timeout_ms
+        ),
+        agents=AgentSettings(ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms),
+        state_dir=state_dir,
+        store_url=spec.store,
+        admin_token=spec.admin_token,
+    )
+
+
+def _path(value: str, base_dir: Path) -> Path:
+    path = Path(os.path.expandvars(value)).expanduser()
+    return path if path.is_absolute() else (base_dir / path).resolve()

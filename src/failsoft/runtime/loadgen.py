@@ -1,0 +1,273 @@
+"""Bounded client load for the demo, the failover benchmark and the tests (127.0.0.1 only).
+
+Each app gets one request every ``period_s`` (open loop, FailLite 5.2's clients issue requests at a
+steady rate), with at most ``max_in_flight`` outstanding per app, each with a deadline of
+``timeout_s`` (``parameters.timeout``). The load stops at ``duration_s``, at ``max_requests``, or when
+:meth:`LoadThread.stop` is called, whichever comes first: it is always bounded.
+
+Inputs are real: the held-out digits images for digits apps (so answers can be scored), and a fixed
+random image for ImageNet-style apps. Every request becomes a :class:`Sample` with wall-clock send
+and completion times and how it was served, from which the demo plots latency and the benchmark
+measures what a client sees of a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import ConfigError, FailsoftError
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    url: str
+    inputs: Mapping[str, tuple[int, ...]]  # app -> input shape (without the batch dimension)
+    period_s: float = 0.1
+    timeout_s: float = 5.0
+    duration_s: float = 60.0
+    max_requests: int = 100_000
+    max_in_flight: int = 4
+    seed: int = 0
+    periods: Mapping[str, float] = field(default_factory=dict)  # per-app overrides of period_s
+
+    def period_of(self, app: str) -> float:
+        return self.periods.get(app, self.period_s)
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://127.0.0.1", "http://localhost")):
+            raise ConfigError(f"the load generator only targets this machine (127.0.0.1), not {self.url!r}")
+        if self.period_s <= 0 or self.duration_s <= 0 or self.max_requests < 1:
+            raise ConfigError("load period, duration and request count must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    app: str
+    sent: float
+    done: float
+    ok: bool
+    server: str | None = None
+    variant: str | None = None
+    degraded: bool = False
+    attempts: int = 0
+    correct: bool | None = None
+    error: str | None = None
+
+    @property
+    def latency_ms(self) -> float:
+        return (self.done - self.sent) * 1000.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Inputs:
+    """Request payloads per app: held-out digits (with labels) or one fixed random image."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.shapes = dict(shapes)
+        self._digits: tuple[np.ndarray, np.ndarray] | None = None
+        self._images: dict[tuple[int, ...], np.ndarray] = {}
+
+    def next(self, app: str) -> tuple[np.ndarray, int | None]:
+        shape = self.shapes[app]
+        if shape == (64,):
+            x, y = self._digit_split()
+            i = int(self.rng.integers(len(y)))
+            return x[i : i + 1], int(y[i])
+        if shape not in self._images:
+            self._images[shape] = self.rng.random((1, *shape), dtype=np.float32)
+        return self._images[shape], None
+
+    def _digit_split(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._digits is None:
+            from failsoft.zoo.digits import load_digits_split
+
+            split = load_digits_split()
+            self._digits = (split.x_test, split.y_test)
+        return self._digits
+
+
+async def drive(
+    spec: LoadSpec, stop: threading.Event | None = None, samples: list[Sample] | None = None
+) -> list[Sample]:
+    """Run the load until its bounds (or ``stop``); every request's outcome, in completion order.
+
+    ``samples`` (appended to as requests complete) lets another thread watch the load live.
+    """
+    from failsoft.client import AsyncClient
+
+    inputs = _Inputs(spec.inputs, spec.seed)
+    samples = [] if samples is None else samples
+    budget = [spec.max_requests]
+    async with AsyncClient(
+        spec.url, timeout=spec.timeout_s, max_connections=4 * len(spec.inputs) + 4
+    ) as client:
+        deadline = time.monotonic() + spec.duration_s  # from when the client is ready
+        await asyncio.gather(
+            *(_app_loop(client, app, inputs, spec, samples, budget, deadline, stop) for app in spec.inputs)
+        )
+    return samples
+
+
+async def _app_loop(
+    client: Any,
+    app: str,
+    inputs: _Inputs,
+    spec: LoadSpec,
+    samples: list[Sample],
+    budget: list[int],
+    deadline: float,
+    stop: threading.Event | None,
+) -> None:
+    in_flight: set[asyncio.Task[None]] = set()
+    next_at = time.monotonic()
+    first = True  # every app gets at least one request, however short the load
+    while (first or time.monotonic() < deadline) and budget[0] > 0 and not (stop and stop.is_set()):
+        first = False
+        if len(in_flight) < spec.max_in_flight:
+            budget[0] -= 1
+            x, label = inputs.next(app)
+            task = asyncio.create_task(_one(client, app, x, label, spec.timeout_s, samples))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
+        next_at += spec.period_of(app)
+        await asyncio.sleep(max(min(next_at, deadline) - time.monotonic(), 0.0))
+    if in_flight:
+        await asyncio.wait(in_flight, timeout=spec.timeout_s + 1.0)
+
+
+async def _one(
+    client: Any, app: str, x: np.ndarray, label: int | None, timeout: float, out: list[Sample]
+) -> None:
+    sent = time.time()
+    try:
+        r = await client.infer(app, x, timeout=timeout)
+    except FailsoftError as exc:
+        out.append(Sample(app, sent, time.time(), False, error=f"{type(exc).__name__}: {exc}"))
+        return
+    correct = None if label is None else bool(int(r.predictions[0]) == label)
+    out.append(Sample(app, sent, time.time(), True, r.server, r.variant, r.degraded, r.attempts, correct))
+
+
+class LoadThread:
+    """:func:`drive` in a background thread with its own event loop."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        self.spec = spec
+        self._stop = threading.Event()
+        self.samples: list[Sample] = []  # grows as requests complete (read it live)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="failsoft-load", daemon=True)
+
+    def start(self) -> LoadThread:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(drive(self.spec, self._stop, self.samples))
+        except BaseException as exc:  # reported by stop()
+            self._error = exc
+
+    def stop(self, timeout_s: float | None = None) -> list[Sample]:
+        """Stop sending, wait for outstanding requests, and return every sample."""
+        self._stop.set()
+        self._thread.join(timeout_s if timeout_s is not None else self.spec.timeout_s + 10.0)
+        if self._error is not None:
+            raise self._error
+        return list(self.samples)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+
+class LoadProcess:
+    """:func:`drive` in a child process (``python -m failsoft.runtime.loadgen``), same interface.
+
+    Client work (encoding, decoding, HTTP) then does not compete for the interpreter with a gateway
+    running in this process, so the latencies measured are the system's, not the load generator's.
+    Samples stream back as JSON lines and are readable live from :attr:`samples`.
+    """
+
+    def __init__(self, spec: LoadSpec) -> None:
+        self.spec = spec
+        self.samples: list[Sample] = []
+        self._child: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> LoadProcess:
+        self._child = subprocess.Popen(
+            [sys.executable, "-m", "failsoft.runtime.loadgen"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert self._child.stdin is not None
+        spec = asdict(self.spec) | {
+            "inputs": {k: list(v) for k, v in self.spec.inputs.items()},
+            "periods": dict(self.spec.periods),
+        }
+        self._child.stdin.write(json.dumps(spec).encode() + b"\n")
+        self._child.stdin.flush()
+        self._reader = threading.Thread(target=self._read, name="failsoft-load-reader", daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._child is not None and self._child.stdout is not None
+        for line in self._child.stdout:
+            self.samples.append(Sample(**json.loads(line)))
+
+    def stop(self, timeout_s: float | None = None) -> list[Sample]:
+        if self._child is None:
+            return []
+        assert self._child.stdin is not None
+        with contextlib.suppress(OSError):
+            self._child.stdin.write(b"stop\n")
+            self._child.stdin.close()
+        try:
+            self._child.wait(timeout_s if timeout_s is not None else self.spec.timeout_s + 10.0)
+        except subprocess.TimeoutExpired:
+            self._child.kill()
+            self._child.wait()
+        if self._reader is not None:
+            self._reader.join(5.0)
+        return list(self.samples)
+
+    @property
+    def running(self) -> bool:
+        return self._child is not None and self._child.poll() is None
+
+
+def _child_main() -> int:
+    """The child of :class:`LoadProcess`: spec on stdin's first line, ``stop`` on the next one."""
+    raw = json.loads(sys.stdin.readline())
+    spec = LoadSpec(**(raw | {"inputs": {k: tuple(v) for k, v in raw["inputs"].items()}}))
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    out = _LineSink()
+    asyncio.run(drive(spec, stop, out))
+    return 0
+
+
+class _LineSink(list):  # type: ignore[type-arg]
+    """A list whose appends are also written to stdout as JSON lines (the parent reads them)."""
+
+    def append(self, sample: Sample) -> None:  # type: ignore[override]
+        sys.stdout.write(json.dumps(sample.to_dict()) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main())

@@ -1,0 +1,102 @@
+"""Pushed, versioned state: the controller's routing table and event log (STYLE 9, Ray Serve LongPollHost).
+
+The gateway keeps a copy of the routing table. Instead of polling, it asks the controller "wake me
+when you have something newer than version V" and the controller answers the moment a route changes
+(or after a timeout, with what it has). A failover is thus one round trip from the controller's
+decision to every gateway, which is what keeps a warm failover's outage near the detection time.
+
+* :class:`VersionedValue` holds the latest value; every :meth:`~VersionedValue.publish` bumps the version.
+* :class:`EventLog` keeps the last events with increasing sequence numbers; a reader asks for those
+  after the last one it saw.
+
+Both carry an *epoch*, new in every controller process: a gateway holding a version from a previous
+controller incarnation is answered at once, whatever the numbers, so it never waits on a version
+that the restarted controller has not reached yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections import deque
+from typing import Any
+
+
+class _Waker:
+    """Wakes every waiter at once, then re-arms (one asyncio.Event per generation)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout_s: float) -> None:
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=max(timeout_s, 0.0))
+
+
+class VersionedValue:
+    """The latest value, a version that grows with every publish, and long-poll readers."""
+
+    def __init__(self, value: Any, version: int = 0, epoch: str | None = None) -> None:
+        self.epoch = epoch or uuid.uuid4().hex[:12]
+        self.version = version
+        self.value = value
+        self._waker: _Waker | None = None
+
+    def _lazy_waker(self) -> _Waker:  # created on first use, inside the running event loop
+        if self._waker is None:
+            self._waker = _Waker()
+        return self._waker
+
+    def publish(self, value: Any) -> int:
+        self.value = value
+        self.version += 1
+        self._lazy_waker().wake()
+        return self.version
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "version": self.version, "value": self.value}
+
+    async def wait_newer(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
+        """The snapshot as soon as it is newer than ``(epoch, version)``, else at the timeout."""
+        if epoch != self.epoch or self.version > version:
+            return self.snapshot()
+        await self._lazy_waker().wait(timeout_s)
+        return self.snapshot()
+
+
+class EventLog:
+    """The last ``capacity`` events, each stamped with ``seq``; readers long-poll for newer ones."""
+
+    def __init__(self, capacity: int = 2000, epoch: str | None = None) -> None:
+        self.epoch = epoch or uuid.uuid4().hex[:12]
+        self.seq = 0
+        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self._waker: _Waker | None = None
+
+    def append(self, event: dict[str, Any]) -> dict[str, Any]:
+        self.seq += 1
+        stamped = {**event, "seq": self.seq}
+        self._events.append(stamped)
+        if self._waker is None:
+            self._waker = _Waker()
+        self._waker.wake()
+        return stamped
+
+    def after(self, seq: int) -> list[dict[str, Any]]:
+        return [e for e in self._events if e["seq"] > seq]
+
+    async def wait_after(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
+        """Events after ``seq`` (all retained ones when the epoch changed), waiting up to the timeout."""
+        if epoch != self.epoch:
+            seq = 0
+        if self.seq <= seq:
+            if self._waker is None:
+                self._waker = _Waker()
+            await self._waker.wait(timeout_s)
+        return {"epoch": self.epoch, "seq": self.seq, "events": self.after(seq)}

@@ -1,0 +1,135 @@
+"""Running the failover policies without stalling the controller.
+
+The controller's event loop must keep reading heartbeats and answering long-polls every few
+milliseconds, but FailLite's proactive step is an ILP (3.2) that HiGHS may solve for a second or more
+while holding the interpreter. :class:`Planner` therefore runs the two steps differently:
+
+* ``plan_failover`` (Algorithm 1, on the MTTR's critical path) runs on the controller's loop for
+  small clusters (about a millisecond for a few hundred apps) and in a thread for larger ones: never
+  in a queue behind a long solve;
+* ``plan_proactive`` (the ILP, off the critical path) runs in a child process
+  (``python -m failsoft.runtime.planner``) fed pickled snapshots through a pipe, so a long solve
+  costs the controller nothing. If the child dies, it is started again on the next call; if it
+  cannot start, the plan is made in-process (slower to react, never wrong).
+
+The child exits when its stdin closes, so it never outlives the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Collection
+from typing import IO, Any
+
+from failsoft.domain import FailoverPlan, ProactivePlan, Scenario
+from failsoft.errors import PlanningError
+from failsoft.policies.failover import get_failover_policy
+
+log = logging.getLogger(__name__)
+INLINE_APPS = 200  # up to this many apps, Algorithm 1 runs on the controller's loop directly
+
+
+class Planner:
+    def __init__(self, policy: str) -> None:
+        self.name = policy
+        self.policy = get_failover_policy(policy)
+        self._child: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    async def failover(self, scenario: Scenario, failed: Collection[str]) -> FailoverPlan:
+        if len(scenario.apps) <= INLINE_APPS:  # about a millisecond: a thread hop would cost more
+            return self.policy.plan_failover(scenario, sorted(failed))
+        return await asyncio.to_thread(self.policy.plan_failover, scenario, sorted(failed))
+
+    async def proactive(self, scenario: Scenario) -> ProactivePlan:
+        return await asyncio.to_thread(self._proactive, scenario)
+
+    def _proactive(self, scenario: Scenario) -> ProactivePlan:
+        with self._lock:
+            try:
+                return self._ask(scenario)
+            except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                log.warning("planner process failed (%s): planning in-process", exc)
+                self._stop_child()
+                return self.policy.plan_proactive(scenario)
+
+    def _ask(self, scenario: Scenario) -> ProactivePlan:
+        child = self._ensure_child()
+        assert child.stdin is not None and child.stdout is not None
+        _send(child.stdin, scenario)
+        result = _receive(child.stdout)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def _ensure_child(self) -> subprocess.Popen[bytes]:
+        if self._child is None or self._child.poll() is not None:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "failsoft.runtime.planner", self.name],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+        return self._child
+
+    def _stop_child(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        if child.stdin is not None:
+            child.stdin.close()
+        try:
+            child.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_child()
+
+
+def _send(stream: IO[bytes], obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(len(data).to_bytes(8, "big") + data)
+    stream.flush()
+
+
+def _receive(stream: IO[bytes]) -> Any:
+    size = int.from_bytes(_exactly(stream, 8), "big")
+    return pickle.loads(_exactly(stream, size))
+
+
+def _exactly(stream: IO[bytes], n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            raise EOFError("planner pipe closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def main(argv: list[str]) -> int:
+    """The child: read scenarios from stdin, write proactive plans (or the error) to stdout."""
+    policy = get_failover_policy(argv[0])
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        try:
+            scenario = _receive(stdin)
+        except EOFError:
+            return 0
+        try:
+            result: Any = policy.plan_proactive(scenario)
+        except Exception as exc:
+            result = exc if isinstance(exc, PlanningError) else PlanningError(f"{type(exc).__name__}: {exc}")
+        _send(stdout, result)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

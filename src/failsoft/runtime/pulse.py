@@ -1,0 +1,215 @@
+"""The agent's heartbeat sidecar: a tiny process that pushes the server's keep-alive every 20 ms.
+
+FailLite's agent runs *beside* the serving container and stops heartbeating when the container is
+down (4, 5.1). failsoft does the same inside each server: the agent process serves models and, in a
+thread, refreshes a *liveness stamp* (8 bytes in a shared memory-mapped file); a sidecar process,
+started by the agent and running only the standard library, sends a signed UDP datagram every
+``interval_s`` while
+
+* the agent process exists and has no SIGKILL pending (a crash: the sidecar goes silent within one
+  interval and exits),
+* it is not stopped (SIGSTOP shows as state ``T`` in ``/proc``: the sidecar goes silent),
+* and its stamp is fresh (an interpreter wedged for more than ``wedge_s`` goes silent too).
+
+Why not send from the agent's own thread? That thread competes for the interpreter with up to
+dozens of inference threads; on a busy two-core machine it was measured waking 40-80 ms late, which
+two missed 20 ms heartbeats call a failure. The sidecar has no such competition, so the 40 ms
+threshold measures the server, not the interpreter's queue.
+
+This file imports only the standard library and runs as a script (``python pulse.py``), reading
+its settings (and the signing key, never on the command line) as one JSON line on stdin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import mmap
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+MAC_BYTES = 16
+PRIORITY_NICE = -10
+SIGKILL = 9
+_STAMP = struct.Struct("d")
+
+
+def mac(key: bytes, payload: bytes) -> bytes:
+    return hmac.new(key, payload, hashlib.sha256).digest()[:MAC_BYTES]
+
+
+def datagram(key: bytes, server: str, incarnation: str, seq: int) -> bytes:
+    payload = f"{server}|{incarnation}|{seq}".encode()
+    return payload + b"|" + mac(key, payload).hex().encode()
+
+
+def parse(key: bytes, data: bytes) -> tuple[str, str] | None:
+    """``(server, incarnation)`` of a well-signed datagram, else None."""
+    payload, _, tag = data.rpartition(b"|")
+    try:
+        if not hmac.compare_digest(bytes.fromhex(tag.decode()), mac(key, payload)):
+            return None
+        server, incarnation, _seq = payload.decode().split("|")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return server, incarnation
+
+
+def raise_priority(tid: int = 0) -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not permitted, or not Linux: normal is fine
+        os.setpriority(os.PRIO_PROCESS, tid, PRIORITY_NICE)
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (``R``, ``S``, ``T`` stopped, ...), None if gone.
+
+    A process with a SIGKILL pending is reported as ``X`` (dead) at once: tearing down a process
+    that holds gigabytes of models can take the kernel tens of milliseconds on a busy machine, and
+    it will not answer anything meanwhile.
+    """
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _exists(pid)
+    pending = 0
+    for key in (b"SigPnd", b"ShdPnd"):
+        with contextlib.suppress(KeyError, ValueError):
+            pending |= int(fields[key].strip(), 16)
+    if pending & (1 << (SIGKILL - 1)):
+        return "X"
+    state = fields.get(b"State", b"?").strip()
+    return state[:1].decode() if state else "?"
+
+
+def _exists(pid: int) -> str | None:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return "?"
+
+
+class Stamp:
+    """A monotonic timestamp shared through a memory-mapped file (written by the agent)."""
+
+    def __init__(self, path: str, create: bool = False) -> None:
+        self.path = path
+        if create:
+            with open(path, "wb") as fh:
+                fh.write(_STAMP.pack(time.monotonic()))
+        self._file = open(path, "r+b")  # noqa: SIM115 (kept open with the mapping)
+        self._map = mmap.mmap(self._file.fileno(), _STAMP.size)
+
+    def write(self, value: float) -> None:
+        self._map[: _STAMP.size] = _STAMP.pack(value)
+
+    def read(self) -> float:
+        return _STAMP.unpack(self._map[: _STAMP.size])[0]
+
+    def close(self) -> None:
+        self._map.close()
+        self._file.close()
+
+
+def run_sidecar(settings: dict) -> int:
+    """The sidecar's loop; returns when the watched process is gone."""
+    raise_priority()
+    key = bytes.fromhex(settings["key"])
+    address = (settings["host"], int(settings["port"]))
+    pid, interval, wedge = int(settings["pid"]), float(settings["interval_s"]), float(settings["wedge_s"])
+    stamp = Stamp(settings["stamp"])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    seq, due = 0, time.monotonic()
+    while True:
+        state = process_state(pid)
+        if state is None or state in "ZX" or os.getppid() != pid:
+            with contextlib.suppress(OSError):
+                os.unlink(settings["stamp"])  # the agent died without cleaning up: we do
+            return 0
+        now = time.monotonic()
+        if state not in "Tt" and now - stamp.read() < wedge:
+            with contextlib.suppress(OSError):
+                sock.sendto(datagram(key, settings["server"], settings["incarnation"], seq), address)
+                seq += 1
+        due += interval
+        delay = due - time.monotonic()
+        if delay < -interval:  # we were starved: keep the rhythm, do not burst
+            due, delay = time.monotonic(), 0.0
+        time.sleep(max(delay, 0.0))
+
+
+class Pulse:
+    """The agent's side: refreshes the liveness stamp and runs the sidecar process."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        key: bytes,
+        server: str,
+        incarnation: str,
+        interval_s: float,
+        wedge_s: float,
+    ) -> None:
+        self.interval_s, self.wedge_s = interval_s, wedge_s
+        fd, path = tempfile.mkstemp(prefix=f"failsoft-pulse-{server}-", dir=_shm_dir())
+        os.close(fd)
+        self.stamp = Stamp(path, create=True)
+        self._settings = {
+            "host": host,
+            "port": port,
+            "key": key.hex(),
+            "server": server,
+            "incarnation": incarnation,
+            "interval_s": interval_s,
+            "wedge_s": wedge_s,
+            "pid": os.getpid(),
+            "stamp": path,
+        }
+        self._stop = threading.Event()
+        self.sidecar: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Pulse:
+        threading.Thread(target=self._refresh, name="liveness-stamp", daemon=True).start()
+        self.sidecar = subprocess.Popen(
+            [sys.executable, "-S", os.path.abspath(__file__)], stdin=subprocess.PIPE
+        )
+        assert self.sidecar.stdin is not None
+        self.sidecar.stdin.write(json.dumps(self._settings).encode() + b"\n")
+        self.sidecar.stdin.close()
+        return self
+
+    def _refresh(self) -> None:
+        while not self._stop.is_set():
+            self.stamp.write(time.monotonic())
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.sidecar is not None and self.sidecar.poll() is None:
+            self.sidecar.kill()
+            self.sidecar.wait()
+        self.stamp.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._settings["stamp"])
+
+
+def _shm_dir() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+if __name__ == "__main__":
+    sys.exit(run_sidecar(json.loads(sys.stdin.readline())))

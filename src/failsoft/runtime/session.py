@@ -1,0 +1,280 @@
+"""A running failsoft: Ray, the controller, an agent per server and the gateway, started and stopped together.
+
+:class:`Session` is what ``failsoft serve``, ``failsoft demo``, the failover benchmark and the tests
+run. Its life cycle is explicit (STYLE 13):
+
+1. :meth:`Session.prepare`: everything that can be wrong with the input is checked *before any
+   process starts*: the model repository exists and has the apps' families, every primary fits,
+   the store is reachable. A problem is one :class:`~failsoft.errors.ConfigError` (or StoreError).
+2. :meth:`Session.start`: start (or join) Ray, spawn the controller and the agents, wait until the
+   controller has deployed every primary and warm backup, then start the gateway (uvicorn) in a
+   thread, or :meth:`Session.serve_forever` in the main thread (Ctrl-C stops it).
+3. :meth:`Session.stop`: stop the gateway, kill the actors this session spawned, stop Ray if it was
+   embedded, remove the state directory's ``gateway.json``. Safe to call twice; ``with`` calls it.
+
+``<state_dir>/gateway.json`` tells ``failsoft status`` and ``failsoft chaos`` where the gateway is;
+``<state_dir>/admin_token`` (mode 0600) holds the admin token unless the config or
+``$FAILSOFT_ADMIN_TOKEN`` gives one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from failsoft.domain import Scenario
+from failsoft.errors import ConfigError, FailsoftError, ServingError
+from failsoft.runtime.config import RuntimeConfig
+from failsoft.runtime.deployment import resolve
+from failsoft.runtime.gateway.protocol import ModelMeta
+from failsoft.runtime.store import open_store
+
+log = logging.getLogger(__name__)
+READY_TIMEOUT_S = 600.0
+TOKEN_ENV = "FAILSOFT_ADMIN_TOKEN"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :meth:`Session.prepare` found valid: the deployment and the gateway's model metadata."""
+
+    deployment: Scenario
+    models: dict[str, ModelMeta]
+    variants: dict[str, list[str]]
+    repository: Path
+    admin_token: str
+
+
+class Session:
+    def __init__(
+        self, config: RuntimeConfig, address: str | None = None, num_cpus: int | None = None
+    ) -> None:
+        self.config = config
+        self.address = address
+        self.num_cpus = num_cpus
+        self.prepared: Prepared | None = None
+        self.cluster: Any = None
+        self.controller: Any = None
+        self.agents: dict[str, Any] = {}
+        self.gateway: Any = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.port: int | None = None
+        self.heartbeat: Any = None
+
+    # 1. validation -----------------------------------------------------------------------------
+    def prepare(self) -> Prepared:
+        if self.prepared is None:
+            self.prepared = prepare(self.config)
+        return self.prepared
+
+    # 2. start ------------------------------------------------------------------------------------
+    def start(self, background: bool = True) -> Session:
+        """Start everything; with ``background`` the gateway runs in a thread (else call serve_forever)."""
+        from failsoft.runtime.cluster import RayCluster
+        from failsoft.runtime.controller import Controller
+        from failsoft.runtime.heartbeat import HeartbeatEndpoint
+
+        p = self.prepare()
+        cfg = self.config
+        self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus)
+        try:
+            self.cluster.start()
+            self.heartbeat = HeartbeatEndpoint.make(self.cluster.heartbeat_host())
+            self.controller = self.cluster.spawn_controller(Controller, cfg, p.deployment, self.heartbeat)
+            for server in cfg.servers:
+                self._spawn_agent(server.name)
+            if not self.controller.wait_ready_sync(READY_TIMEOUT_S):
+                raise ServingError(f"the controller did not deploy within {READY_TIMEOUT_S:.0f} s")
+            self._start_gateway(background)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn_agent(self, server: str) -> None:
+        from failsoft.runtime.agent import Agent, AgentSpec
+        from failsoft.runtime.cluster import ActorOptions
+
+        p, cfg = self.prepare(), self.config
+        env = {k: os.environ.get(k, "1") for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        options = ActorOptions(restart=cfg.agents.restart, env=env)
+        spec = AgentSpec(
+            cfg.server(server), p.repository, self.heartbeat, cfg.heartbeat.interval_s, cfg.agents.device
+        )
+        self.agents[server] = self.cluster.spawn_agent(Agent, server, spec, options=options)
+
+    def revive(self, server: str) -> None:
+        """Start a fresh (empty) agent for a server whose agent is dead, like a rebooted machine.
+
+        Only needed when ``agents.restart`` is off (Ray restarts agents by itself otherwise). The
+        controller notices the new incarnation from its heartbeats and restores the server.
+        """
+        old = self.agents.pop(server, None)
+        if old is not None:
+            old.kill()  # it is dead already; this drops our handle, which frees its name
+        del old
+        if self.gateway is not None:
+            self.gateway.chaos.forget(server)
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                self._spawn_agent(server)
+                return
+            except ServingError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)  # the controller may still hold the dead actor's handle for a moment
+
+    def _start_gateway(self, background: bool) -> None:
+        import uvicorn
+
+        from failsoft.runtime.chaos import Chaos
+        from failsoft.runtime.gateway import Gateway
+
+        p, cfg = self.prepare(), self.config
+        chaos = Chaos(cfg.servers, self.agents)
+        apps = {a.name: a for a in p.deployment.apps}
+        self.gateway = Gateway(
+            cfg.gateway, self.controller, self.agents, chaos, apps, p.models, p.variants, p.admin_token
+        )
+        for name, agent in self.agents.items():  # PIDs now, while every agent answers
+            try:
+                chaos.remember(name, agent.info_sync(timeout_s=10.0))
+            except FailsoftError as exc:
+                log.warning("no PID for server %s yet: %s", name, exc)
+        uv = uvicorn.Config(
+            self.gateway.app,
+            host=cfg.gateway.host,
+            port=cfg.gateway.port,
+            log_level="warning",
+            lifespan="on",
+            ws_ping_interval=20.0,
+            timeout_graceful_shutdown=5,
+        )
+        self._server = uvicorn.Server(uv)
+        if background:
+            self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
+            self._thread.start()
+            self._wait_started()
+
+    def _wait_started(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if self._thread is not None and not self._thread.is_alive():
+                raise ServingError(
+                    f"the gateway could not start on {self.config.gateway.host}:{self.config.gateway.port} "
+                    "(is the port in use?)"
+                )
+            if time.monotonic() > deadline:
+                raise ServingError("the gateway did not start in time")
+            time.sleep(0.02)
+        self._note_port()
+
+    def _note_port(self) -> None:
+        sockets = [s for server in self._server.servers for s in server.sockets]
+        self.port = sockets[0].getsockname()[1] if sockets else self.config.gateway.port
+        self._write_gateway_file()
+
+    def serve_forever(self, on_started: Callable[[str], None] | None = None) -> None:
+        """Run the gateway in this thread until Ctrl-C (SIGINT) or SIGTERM, then stop everything."""
+        try:
+            threading.Thread(target=self._note_port_when_started, args=(on_started,), daemon=True).start()
+            self._server.run()
+            if not self._server.started:
+                raise ServingError(
+                    f"the gateway could not start on {self.config.gateway.host}:{self.config.gateway.port} "
+                    "(is the port in use?)"
+                )
+        finally:
+            self.stop()
+
+    def _note_port_when_started(self, on_started: Callable[[str], None] | None) -> None:
+        while self._server is not None and not self._server.started and not self._server.should_exit:
+            time.sleep(0.05)
+        if self._server is not None and self._server.started:
+            self._note_port()
+            if on_started is not None:
+                on_started(self.url)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.gateway.host}:{self.port or self.config.gateway.port}"
+
+    def _write_gateway_file(self) -> None:
+        path = self.config.state_dir / "gateway.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"url": self.url, "pid": os.getpid(), "cluster": self.config.name}))
+
+    # 3. stop -------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(timeout=10.0)
+            self._server = None
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+        (self.config.state_dir / "gateway.json").unlink(missing_ok=True)
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def prepare(config: RuntimeConfig) -> Prepared:
+    """Check the config against the repository and the store, before any process starts."""
+    from failsoft.zoo import ModelRepository, default_zoo_path
+
+    root = config.repository or default_zoo_path()
+    repo = ModelRepository(root)
+    if not repo.root.is_dir():
+        raise ConfigError(
+            f"model repository {str(root)!r} does not exist: build it with 'failsoft zoo build --out {root}'"
+        )
+    deployment = resolve(config, repo.families(), repository=f"model repository {str(root)!r}")
+    models, variants = {}, {}
+    for family in deployment.families:
+        shapes = {}
+        for v in family.variants:
+            cfg = repo.config(family.name, v.name)
+            shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes))
+        if len(set(shapes.values())) > 1:
+            raise ConfigError(
+                f"family {family.name!r} mixes input shapes across variants ({shapes}); "
+                "an app's variants must take the same input"
+            )
+        shape, classes = next(iter(shapes.values()))
+        models[family.name] = ModelMeta(shape, classes)
+        variants[family.name] = [v.name for v in family.variants]
+    with open_store(config.store_url, config.state_dir, config.name):
+        pass  # reachable (Redis) and writable (SQLite), or a StoreError now rather than later
+    return Prepared(deployment, models, variants, repo.root, admin_token(config))
+
+
+def admin_token(config: RuntimeConfig) -> str:
+    """The config's token, else ``$FAILSOFT_ADMIN_TOKEN``, else the state directory's (made once)."""
+    if config.admin_token:
+        return config.admin_token
+    if env := os.environ.get(TOKEN_ENV):
+        return env
+    path = config.state_dir / "admin_token"
+    if path.is_file():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token)
+    return token

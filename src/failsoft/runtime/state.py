@@ -1,0 +1,263 @@
+"""The controller's picture of the cluster, and the snapshot of it that policies plan on.
+
+Per app the controller keeps three placements (FailLite 3.4's workflow):
+
+* ``home``: the primary the app was deployed with; traffic returns there once its server is back;
+* ``route``: where its requests go *now* (the home, a warm backup, a progressive or cold replica),
+  or ``None`` while it has no live server;
+* ``final``: during a progressive failover, where the app is being upgraded to (the plan's
+  ``final_variant``) while the small ``first_variant`` already serves.
+
+Per server: its health (:class:`~failsoft.domain.ServerState`, ``None`` until its first heartbeat),
+the agent's incarnation, and what the controller believes it holds. Warm backups are kept with their
+life cycle (:class:`~failsoft.domain.BackupState`: loading, then warm).
+
+:meth:`ClusterState.snapshot` turns this into the :class:`~failsoft.domain.Scenario` the policies
+read, where an app's ``primary`` is the capacity it takes now: its upgrade target when one is under
+way, else its route, else its home (an app without a route thus counts as affected by its home
+server's failure, and is planned again). The state serialises to the store's documents and back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from failsoft.domain import App, BackupState, Placement, Scenario, Server, ServerState, Variant, WarmBackup
+
+
+class RouteKind(StrEnum):
+    PRIMARY = "primary"  # served by its home placement
+    WARM = "warm"  # switched to a warm backup
+    PROGRESSIVE = "progressive"  # a replica loaded by progressive failover (maybe upgrading)
+    COLD = "cold"  # a full-size replica loaded from disk (baselines)
+
+
+LIVE = (ServerState.UP, ServerState.SUSPECT)
+
+
+@dataclass
+class AppRecord:
+    app: App  # app.primary is the home placement
+    route: Placement | None = None
+    kind: RouteKind = RouteKind.PRIMARY
+    final: Placement | None = None
+    detected_at: float | None = None  # wall time of the failure the current route answers
+    route_at: float | None = None  # wall time the current route was published
+
+    @property
+    def home(self) -> Placement:
+        assert self.app.primary is not None
+        return self.app.primary
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "route": _placement_doc(self.route),
+            "kind": self.kind.value,
+            "final": _placement_doc(self.final),
+            "detected_at": self.detected_at,
+            "route_at": self.route_at,
+        }
+
+    def load_doc(self, doc: dict[str, Any]) -> None:
+        self.route = _placement(doc.get("route"))
+        self.kind = RouteKind(doc.get("kind", "primary"))
+        self.final = _placement(doc.get("final"))
+        self.detected_at = doc.get("detected_at")
+        self.route_at = doc.get("route_at")
+
+
+@dataclass
+class ServerRecord:
+    server: Server
+    state: ServerState | None = None  # None: not heard from yet
+    incarnation: str | None = None
+    holdings: set[tuple[str, str]] = field(default_factory=set)  # (app, variant)
+    failed_at: float | None = None
+    pid: int | None = None  # of the agent's process, as last reported (not persisted)
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "state": self.state.value if self.state else None,
+            "incarnation": self.incarnation,
+            "holdings": sorted([a, v] for a, v in self.holdings),
+            "failed_at": self.failed_at,
+        }
+
+
+@dataclass
+class WarmRecord:
+    backup: WarmBackup
+    state: BackupState = BackupState.LOADING
+
+
+class ClusterState:
+    """Servers, apps, warm backups: mutated by the controller only, from its event loop."""
+
+    def __init__(self, deployment: Scenario) -> None:
+        self.deployment = deployment
+        self.families = {f.name: f for f in deployment.families}
+        self.servers = {s.name: ServerRecord(s) for s in deployment.servers}
+        self.apps = {a.name: AppRecord(a) for a in deployment.apps}
+        self.warm: dict[tuple[str, str], WarmRecord] = {}  # (app, server)
+
+    # lookups ---------------------------------------------------------------------------------
+    def variant(self, app: str, variant: str) -> Variant:
+        return self.families[self.apps[app].app.family].variant(variant)
+
+    def live(self, server: str) -> bool:
+        return self.servers[server].live
+
+    def down(self) -> set[str]:
+        """Servers that are failed or recovering (not to be planned on, their apps affected)."""
+        return {n for n, r in self.servers.items() if r.state in (ServerState.FAILED, ServerState.RECOVERING)}
+
+    def warm_of(self, app: str) -> list[WarmRecord]:
+        return [w for (a, _), w in self.warm.items() if a == app]
+
+    def needed_on(self, server: str) -> set[tuple[str, str]]:
+        """What ``server`` must keep: routes, upgrade targets and warm backups placed on it."""
+        need = {(w.backup.app, w.backup.variant) for (_, s), w in self.warm.items() if s == server}
+        for name, rec in self.apps.items():
+            for p in (rec.route, rec.final):
+                if p is not None and p.server == server:
+                    need.add((name, p.variant))
+        return need
+
+    # the policies' view ----------------------------------------------------------------------
+    def snapshot(self, with_warm: bool = True, live_only: bool = False) -> Scenario:
+        """The scenario policies plan on.
+
+        ``with_warm=False`` leaves warm backups to the policy (proactive planning); ``live_only``
+        keeps only live servers and the apps placed on them (warm backups are planned there only).
+        """
+        apps = tuple(dataclasses.replace(r.app, primary=self._reserved(r)) for r in self.apps.values())
+        servers = self.deployment.servers
+        if live_only:
+            servers = tuple(s for s in servers if self.live(s.name))
+            apps = tuple(a for a in apps if a.primary is not None and self.live(a.primary.server))
+        warm = None
+        if with_warm:
+            warm = tuple(
+                w.backup
+                for w in self.warm.values()
+                if w.state is BackupState.WARM and self.live(w.backup.server)
+            )
+        return self.deployment.replace(servers=servers, apps=apps, warm=warm)
+
+    def _reserved(self, rec: AppRecord) -> Placement:
+        if rec.final is not None and self.live(rec.final.server):
+            return rec.final
+        if rec.route is not None:
+            return rec.route
+        return rec.home
+
+    # what the gateway and the CLI see --------------------------------------------------------
+    def route_entry(self, name: str) -> dict[str, Any]:
+        rec = self.apps[name]
+        entry: dict[str, Any] = {
+            "family": rec.app.family,
+            "critical": rec.app.critical,
+            "slo_ms": rec.app.slo_ms,
+            "home": _placement_doc(rec.home),
+            "route": None,
+        }
+        if rec.route is not None:
+            served = self.variant(name, rec.route.variant)
+            home = self.variant(name, rec.home.variant)
+            entry["route"] = {
+                "server": rec.route.server,
+                "variant": rec.route.variant,
+                "kind": rec.kind.value,
+                "degraded": served.memory_mb < home.memory_mb or served.accuracy < home.accuracy,
+                "accuracy": served.accuracy,
+                "detected_at": rec.detected_at,
+                "route_at": rec.route_at,
+            }
+        return entry
+
+    def routes(self) -> dict[str, Any]:
+        return {name: self.route_entry(name) for name in self.apps}
+
+    def status(self) -> dict[str, Any]:
+        servers = []
+        for name, rec in self.servers.items():
+            used = sum(self.variant(a, v).memory_mb for a, v in rec.holdings if a in self.apps)
+            servers.append(
+                {
+                    "name": name,
+                    "site": rec.server.site,
+                    "state": rec.state.value if rec.state else "starting",
+                    "memory_mb": rec.server.memory_mb,
+                    "used_mb": round(used, 3),
+                    "models": len(rec.holdings),
+                }
+            )
+        apps = []
+        for name, rec in self.apps.items():
+            route = self.route_entry(name)["route"]
+            apps.append(
+                {
+                    "name": name,
+                    "family": rec.app.family,
+                    "critical": rec.app.critical,
+                    "primary": _placement_doc(rec.home),
+                    "route": None
+                    if route is None
+                    else {"server": route["server"], "variant": route["variant"]},
+                    "variant": None if route is None else route["variant"],
+                    "accuracy": None if route is None else route["accuracy"],
+                    "primary_accuracy": self.variant(name, rec.home.variant).accuracy,
+                    "kind": None if route is None else route["kind"],
+                    "degraded": bool(route and route["degraded"]),
+                    "upgrading_to": _placement_doc(rec.final),
+                    "warm_backups": [
+                        {"server": w.backup.server, "variant": w.backup.variant, "state": w.state.value}
+                        for w in self.warm_of(name)
+                    ],
+                }
+            )
+        return {"servers": servers, "apps": apps}
+
+    # persistence -----------------------------------------------------------------------------
+    def to_docs(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {
+            "apps": {n: r.to_doc() for n, r in self.apps.items()},
+            "servers": {n: r.to_doc() for n, r in self.servers.items()},
+            "warm": {
+                f"{a}@{s}": {"app": a, "server": s, "variant": w.backup.variant, "state": w.state.value}
+                for (a, s), w in self.warm.items()
+            },
+        }
+
+    def load_docs(self, docs: dict[str, dict[str, dict[str, Any]]]) -> None:
+        """Restore what a previous controller persisted (entries for unknown apps/servers are dropped)."""
+        for name, doc in docs.get("apps", {}).items():
+            if name in self.apps:
+                self.apps[name].load_doc(doc)
+        for name, doc in docs.get("servers", {}).items():
+            if name in self.servers:
+                rec = self.servers[name]
+                rec.state = ServerState(doc["state"]) if doc.get("state") else None
+                rec.incarnation = doc.get("incarnation")
+                rec.holdings = {(a, v) for a, v in doc.get("holdings", [])}
+                rec.failed_at = doc.get("failed_at")
+        self.warm = {}
+        for doc in docs.get("warm", {}).values():
+            if doc["app"] in self.apps and doc["server"] in self.servers:
+                backup = WarmBackup(doc["app"], doc["variant"], doc["server"])
+                self.warm[(backup.app, backup.server)] = WarmRecord(backup, BackupState(doc["state"]))
+
+
+def _placement_doc(p: Placement | None) -> dict[str, str] | None:
+    return None if p is None else {"server": p.server, "variant": p.variant}
+
+
+def _placement(doc: dict[str, str] | None) -> Placement | None:
+    return None if doc is None else Placement(doc["server"], doc["variant"])

@@ -1,0 +1,89 @@
+"""Runtime fixtures: a tiny real model repository, a real redis-server, and cluster configs.
+
+Tests here start real processes (Ray, uvicorn, redis-server, heartbeat sidecars) on 127.0.0.1 and
+stop every one of them, by id. ``$FAILSOFT_TEST_ZOO`` may point at a directory that keeps the tiny
+zoo between runs (it is built once, ~20 s, and only checked afterwards).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from failsoft.zoo import ModelRepository
+from failsoft.zoo.testing import build_tiny_zoo
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+    """The real digits_mlp family (4 variants), built and quickly profiled once per session."""
+    root = os.environ.get("FAILSOFT_TEST_ZOO")
+    return build_tiny_zoo(Path(root) if root else tmp_path_factory.mktemp("tiny-zoo"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A private redis-server on a free port, without persistence; stopped by PID afterwards."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        message = (
+            "REDIS TESTS SKIPPED: no redis-server binary on PATH "
+            "(install it: apt-get install -y redis-server). The Redis store is NOT tested in this run."
+        )
+        warnings.warn(message, stacklevel=1)
+        pytest.skip(message)
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port, proc)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_port(port: int, proc: subprocess.Popen[Any], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.05) -> Any:
+    """Poll ``check()`` until it returns something truthy; fail naming ``what`` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")

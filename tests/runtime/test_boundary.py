@@ -1,0 +1,38 @@
+"""One wrapper owns every Ray call (STYLE 3): only failsoft/runtime/cluster.py imports ray."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "failsoft"
+
+
+def imports_ray(path: Path) -> bool:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "ray" for a in node.names):
+            return True
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and (node.module or "").split(".")[0] == "ray"
+        ):
+            return True
+    return False
+
+
+def test_only_the_cluster_wrapper_imports_ray():
+    importers = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if imports_ray(p))
+    assert importers == ["runtime/cluster.py"]
+
+
+def test_the_sidecar_needs_only_the_standard_library():
+    tree = ast.parse((SRC / "runtime" / "pulse.py").read_text())
+    modules = {
+        (n.module if isinstance(n, ast.ImportFrom) else a.name).split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        for a in (n.names if isinstance(n, ast.Import) else [n])
+    }
+    assert not modules & {"failsoft", "numpy", "ray", "torch", "pydantic"}, modules

@@ -1,0 +1,145 @@
+"""The operator's view: ``failsoft serve`` in its own process, ``status``, ``chaos``, Ctrl-C.
+
+The cluster here keeps its state in SQLite (the default store), and its controller is killed and
+resumes from that file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from failsoft.cli import main
+from tests.runtime.conftest import wait_for
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
+
+def cli(*args: str, state: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "FAILSOFT_STATE": str(state.parent)}
+    return subprocess.run(
+        [sys.executable, "-m", "failsoft", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+@pytest.fixture
+def config_file(tiny_zoo, tmp_path) -> Path:
+    data = {
+        "name": "cli-test",
+        "repository": str(tiny_zoo.root),
+        "servers": [
+            {"name": "s1", "site": "a", "memory_mb": 200},
+            {"name": "s2", "site": "b", "memory_mb": 200},
+        ],
+        "apps": [
+            {"name": "cam", "family": "digits_mlp", "critical": True, "primary": {"server": "s1"}},
+            {"name": "ocr", "family": "digits_mlp", "primary": {"server": "s2", "variant": "mlp_m"}},
+        ],
+        "gateway": {"port": 0},
+        "agents": {"restart": False},
+        "state_dir": str(tmp_path / "state" / "cli-test"),
+    }
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_bad_config_is_refused_in_one_line_before_anything_starts(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "servers: [{name: s1, site: a, memory_mb: 10}]\napps: [{name: x, family: f, colour: red}]\n"
+    )
+    started = time.monotonic()
+    assert main(["serve", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {path}: apps[0] ('x'): unknown field 'colour'"
+    assert time.monotonic() - started < 5  # refused before Ray or any process started
+
+
+def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
+    state = tmp_path / "state" / "cli-test"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "failsoft", "serve", str(config_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: (state / "gateway.json").is_file() or proc.poll() is not None, 120.0, "the gateway")
+        assert proc.poll() is None, proc.stderr.read()
+        family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+
+        status = json.loads(cli("status", "--json", "--state-dir", str(state), state=state).stdout)
+        assert [s["state"] for s in status["servers"]] == ["up", "up"]
+        routes = {a["name"]: a["route"] for a in status["apps"]}
+        assert routes == {
+            "cam": {"server": "s1", "variant": "mlp_l"},
+            "ocr": {"server": "s2", "variant": "mlp_m"},
+        }
+        assert status["apps"][0]["warm_backups"][0]["server"] == "s2"
+        table = cli("status", "--state-dir", str(state), state=state).stdout
+        assert "cam" in table and "s1/mlp_l" in table
+
+        _controller_restart_resumes_from_sqlite(state)
+
+        killed = json.loads(cli("chaos", "kill", "s1", "--state-dir", str(state), state=state).stdout)
+        assert killed["killed"][0]["server"] == "s1"
+
+        def moved() -> bool:
+            out = json.loads(cli("status", "--json", "--state-dir", str(state), state=state).stdout)
+            return {a["name"]: a["route"] and a["route"]["server"] for a in out["apps"]}["cam"] == "s2"
+
+        wait_for(moved, 30.0, "cam served by its warm backup on s2", 0.2)
+        slow = cli("chaos", "slow", "s2", "--ms", "5", "--state-dir", str(state), state=state)
+        assert json.loads(slow.stdout)["ms"] == 5
+        bad = cli("chaos", "kill", "--state-dir", str(state), state=state)
+        assert bad.returncode == 2 and "name a SERVER or a --site SITE" in bad.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    assert proc.returncode == 0, proc.stderr.read()
+    assert not (state / "gateway.json").exists()
+    leftovers = [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert leftovers == [], "Ray, agents, sidecars and the controller stop with the server"
+
+
+def _controller_restart_resumes_from_sqlite(state: Path) -> None:
+    before = json.loads(cli("status", "--json", "--state-dir", str(state), state=state).stdout)
+    full = _admin_status(state)
+    assert full["controller"]["store"].startswith("sqlite:///")
+    os.kill(full["controller"]["pid"], signal.SIGKILL)
+
+    def resumed() -> dict | None:
+        try:
+            now = _admin_status(state)
+        except Exception:
+            return None
+        return now if now["controller"]["restarted"] and now["ready"] else None
+
+    wait_for(resumed, 60.0, "the controller resumed from SQLite", 0.2)
+    after = json.loads(cli("status", "--json", "--state-dir", str(state), state=state).stdout)
+    assert [a["route"] for a in after["apps"]] == [a["route"] for a in before["apps"]]
+    assert [a["warm_backups"] for a in after["apps"]] == [a["warm_backups"] for a in before["apps"]]
+
+
+def _admin_status(state: Path) -> dict:
+    from failsoft.client import Client
+    from failsoft.runtime.discovery import find_gateway
+
+    target = find_gateway(state_dir=state)
+    with Client(target.url, token=target.token, timeout=5.0) as client:
+        return client.status()

@@ -1,0 +1,306 @@
+"""A real embedded cluster: Ray, a controller, 4 agents with real digits models, the HTTP gateway.
+
+One cluster for the whole module (state store: a real redis-server), driven through the public
+surfaces only (HTTP, the SDK, the admin API). The tests run in order, each leaving the cluster
+healthy for the next: deploy, bad requests, a crash under load, the crashed server coming back, a
+hung agent, a controller restart, an injected slowdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from failsoft.client import Client
+from failsoft.errors import ServerUnavailableError
+from failsoft.runtime.config import config_from_dict
+from failsoft.runtime.loadgen import LoadSpec, LoadThread
+from failsoft.runtime.session import Session
+from failsoft.zoo.digits import load_digits_split
+from tests.runtime.conftest import wait_for
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+APPS = ("crit-1", "best-1", "crit-2", "best-2", "best-3")
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_zoo, redis_url, tmp_path_factory):
+    family = {f.name: f for f in tiny_zoo.families()}["digits_mlp"]
+    large, small = family.variant("mlp_l").memory_mb, family.smallest.memory_mb
+    memory = round(2 * large + 1.5 * small, 3)  # two full-size apps, and room for a small first variant
+    servers = [("s1", "a"), ("s2", "a"), ("s3", "b"), ("s4", "b")]
+    homes = {"crit-1": "s1", "best-1": "s1", "crit-2": "s3", "best-2": "s2", "best-3": "s4"}
+    config = config_from_dict(
+        {
+            "name": "runtime-test",
+            "repository": str(tiny_zoo.root),
+            "servers": [{"name": n, "site": s, "memory_mb": memory, "compute": 4.0} for n, s in servers],
+            "apps": [
+                {
+                    "name": app,
+                    "family": "digits_mlp",
+                    "critical": app.startswith("crit"),
+                    "rate_rps": 2,
+                    "primary": {"server": home, "variant": "mlp_l"},
+                }
+                for app, home in homes.items()
+            ],
+            "failover": {"policy": "faillite", "alpha": 0.1},
+            "gateway": {"port": 0, "max_body_mb": 0.05},
+            "agents": {"restart": True, "drain_ms": 100},
+            "state_dir": str(tmp_path_factory.mktemp("state")),
+            "store": redis_url,
+        },
+        source="test",
+    )
+    session = Session(config, num_cpus=2).start()
+    client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+    try:
+        yield session, client
+    finally:
+        client.close()
+        session.stop()
+
+
+def stable(client: Client) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        status = client.status()
+        home = all(a["route"] == a["primary"] for a in status["apps"])
+        warm = all(w["state"] == "warm" for a in status["apps"] for w in a["warm_backups"])
+        critical_covered = all(a["warm_backups"] for a in status["apps"] if a["critical"])
+        up = all(s["state"] == "up" for s in status["servers"])
+        return status if home and warm and up and critical_covered else None
+
+    return wait_for(check, 90.0, "every app at home, every server up, warm backups loaded", 0.2)
+
+
+def events_since(client: Client, t: float) -> list[dict[str, Any]]:
+    return [e for e in client.recoveries()["events"] if e["timestamp"] >= t]
+
+
+def load(session: Session, seconds: float, period_s: float = 0.05) -> LoadThread:
+    shapes = {app: (64,) for app in APPS}
+    return LoadThread(LoadSpec(session.url, shapes, period_s, 15.0, seconds, max_in_flight=4)).start()
+
+
+def test_deploy_places_primaries_and_warm_backups_and_serves_real_models(cluster):
+    _, client = cluster
+    status = stable(client)
+    for app in status["apps"]:
+        if app["critical"]:
+            (backup,) = app["warm_backups"]
+            assert backup["server"] != app["primary"]["server"]
+    assert client.ready()
+    meta = client.model("crit-1")
+    assert meta["inputs"][0]["shape"] == [-1, 64] and meta["outputs"][0]["shape"] == [-1, 10]
+    assert all(m["state"] == "READY" for m in client.repository_index())
+    split = load_digits_split()
+    result = client.infer("crit-1", split.x_test[:64])
+    assert (result.server, result.variant, result.degraded, result.reconstructed) == (
+        "s1",
+        "mlp_l",
+        False,
+        False,
+    )
+    assert np.mean(result.predictions == split.y_test[:64]) > 0.85  # the real trained model answers
+
+
+def test_bad_requests_get_a_4xx_with_a_reason_and_the_gateway_keeps_serving(cluster):
+    session, client = cluster
+    url = session.url
+    good = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
+    cases = [
+        (httpx.post(f"{url}/v2/models/nope/infer", json=good), 404, "unknown app 'nope'"),
+        (httpx.post(f"{url}/v2/models/crit-1/infer", content=b"{oops"), 400, "malformed JSON"),
+        (
+            httpx.post(
+                f"{url}/v2/models/crit-1/infer", json={"inputs": [{**good["inputs"][0], "shape": [1, 63]}]}
+            ),
+            400,
+            "does not match",
+        ),
+        (
+            httpx.post(
+                f"{url}/v2/models/crit-1/infer", json={"inputs": [{**good["inputs"][0], "datatype": "BYTES"}]}
+            ),
+            400,
+            "datatype",
+        ),
+        (httpx.post(f"{url}/v2/models/crit-1/infer", content=b"x" * 200_000), 413, "exceeds the limit"),
+        (httpx.get(f"{url}/admin/status"), 401, "Bearer"),
+        (httpx.get(f"{url}/admin/status", headers={"Authorization": "Bearer wrong"}), 401, "Bearer"),
+        (
+            httpx.post(f"{url}/admin/chaos/kill", json={"server": "s9"}, headers=_auth(client)),
+            404,
+            "unknown server",
+        ),
+        (httpx.get(f"{url}/v2/nothing-here"), 404, "Not Found"),
+    ]
+    for response, status, says in cases:
+        assert response.status_code == status, response.text
+        assert says in response.json()["error"]
+    ok = httpx.post(f"{url}/v2/models/crit-1/infer", json=good)
+    assert ok.status_code == 200 and ok.json()["parameters"]["server"] == "s1"
+
+
+def _auth(client: Client) -> dict[str, str]:
+    return {"Authorization": client._http.headers["Authorization"]}
+
+
+def test_a_server_killed_under_load_every_app_recovers_and_critical_clients_see_no_error(cluster):
+    session, client = cluster
+    stable(client)
+    heard: list[dict[str, Any]] = []
+    threading.Thread(target=_listen, args=(client, heard), daemon=True).start()
+    for server in ("s2", "s3", "s4"):  # loads take 300 ms more: the small variant serves a while
+        client.admin("slow", server=server, ms=0, load_ms=300)
+    traffic = load(session, 30.0)
+    time.sleep(1.5)
+    killed = client.admin("kill", server="s1")["killed"][0]
+    t_kill = killed["at"]
+
+    def recovered() -> bool:
+        done = {r["app"] for r in client.recoveries()["recoveries"] if r["detected_at"] >= t_kill}
+        upgraded = any(e["type"] == "upgrade" and e["app"] == "best-1" for e in events_since(client, t_kill))
+        return {"crit-1", "best-1"} <= done and upgraded
+
+    wait_for(recovered, 20.0, "crit-1 and best-1 answering on new routes, best-1 upgraded", 0.1)
+    time.sleep(1.0)
+    samples = traffic.stop()
+    for server in ("s2", "s3", "s4"):
+        client.admin("slow", server=server, ms=0, load_ms=0)
+    events = events_since(client, t_kill)
+
+    failures = {e["app"]: e for e in events if e["type"] == "failure" and e["server"] == "s1"}
+    assert set(failures) == {"crit-1", "best-1"}
+    detection_ms = (failures["crit-1"]["detected_at"] - t_kill) * 1000
+    assert 0 < detection_ms < 1000
+    failovers = {e["app"]: e for e in events if e["type"] == "failover"}
+    assert failovers["crit-1"]["kind"] == "warm"
+    assert failovers["best-1"]["kind"] == "progressive"
+    small, large = failovers["best-1"]["variant"], failovers["best-1"]["final_variant"]
+    assert small != large == "mlp_l"  # progressive: a small variant first, the primary's size later
+
+    after = [s for s in samples if s.sent >= t_kill]
+    for app in ("crit-1", "crit-2"):
+        mine = [s for s in after if s.app == app]
+        assert mine and all(s.ok for s in mine), [s.error for s in mine if not s.ok][:3]
+    served = [s.variant for s in sorted(after, key=lambda s: s.done) if s.app == "best-1" and s.ok]
+    assert small in served and large in served
+    assert served.index(small) < served.index(large)  # the small variant answered before the large one
+    assert all(s.ok for s in samples), [s.error for s in samples if not s.ok][:3]
+
+    kinds = {e["type"] for e in heard}
+    assert {"failure", "failover", "upgrade"} <= kinds  # pushed to websocket subscribers
+    metrics = httpx.get(f"{session.url}/metrics").text
+    assert 'failsoft_failovers_total{app="crit-1",kind="warm"} 1.0' in metrics
+    assert "failsoft_mttr_seconds_count" in metrics
+    assert 'failsoft_server_failures_total{server="s1"} 1.0' in metrics
+
+
+def _listen(client: Client, heard: list[dict[str, Any]]) -> None:
+    """Subscribe to /v2/events until the gateway goes away (end of the module)."""
+    with contextlib.suppress(ServerUnavailableError):
+        for event in client.events():
+            heard.append(event)
+
+
+def test_a_server_that_comes_back_gets_its_primaries_and_warm_backups_are_replanned(cluster):
+    _, client = cluster
+    t0 = time.time() - 30.0
+    wait_for(
+        lambda: (
+            {e["app"] for e in events_since(client, t0) if e["type"] == "restore"} >= {"crit-1", "best-1"}
+        ),
+        90.0,
+        "crit-1 and best-1 restored on s1 (Ray restarts the killed agent)",
+        0.2,
+    )
+    status = stable(client)
+    assert {a["name"]: a["route"]["server"] for a in status["apps"]}["crit-1"] == "s1"
+
+
+def test_a_hung_agent_is_detected_and_comes_back_without_reloading(cluster):
+    session, client = cluster
+    stable(client)
+    traffic = load(session, 20.0, period_s=0.1)
+    time.sleep(0.5)
+    hung = client.admin("hang", server="s2")
+    try:
+        wait_for(
+            lambda: any(
+                e["type"] == "failover" and e["app"] == "best-2" for e in events_since(client, hung["at"])
+            ),
+            10.0,
+            "best-2 failed over away from the hung s2",
+        )
+    finally:
+        client.admin("resume", server="s2")
+    restore = wait_for(
+        lambda: next(
+            (e for e in events_since(client, hung["at"]) if e["type"] == "restore" and e["app"] == "best-2"),
+            None,
+        ),
+        30.0,
+        "best-2 restored on s2",
+    )
+    assert restore["reloaded"] is False  # the hung process kept its models: nothing to load again
+    samples = traffic.stop()
+    assert all(s.ok for s in samples if s.app == "best-2"), "requests to the hung server were retried"
+
+
+def test_a_controller_restart_loses_nothing_and_redeploys_nothing(cluster):
+    session, client = cluster
+    before = stable(client)
+    loads = {name: agent.holdings_sync()["loads_total"] for name, agent in session.agents.items()}
+    info = session.controller.info_sync()
+    traffic = load(session, 30.0, period_s=0.1)
+    time.sleep(0.5)
+    t_kill = time.time()
+    os.kill(info["pid"], signal.SIGKILL)
+
+    def resumed() -> dict[str, Any] | None:
+        try:
+            now = session.controller.info_sync(timeout_s=2.0)
+        except Exception:
+            return None
+        return now if now["restarted"] and now["ready"] else None
+
+    after_info = wait_for(resumed, 60.0, "the controller restarted by Ray and resumed")
+    assert after_info["epoch"] != info["epoch"]
+    after = stable(client)
+    time.sleep(1.0)
+    samples = traffic.stop()
+    assert _routes(after) == _routes(before)
+    assert {name: agent.holdings_sync()["loads_total"] for name, agent in session.agents.items()} == loads
+    assert after["version"] > before["version"] - 1
+    assert samples and all(s.ok for s in samples), [s.error for s in samples if not s.ok][:3]
+    assert not [e for e in events_since(client, t_kill) if e["type"] == "failure"]  # no false alarm
+
+
+def _routes(status: dict[str, Any]) -> str:
+    return json.dumps(
+        {a["name"]: [a["route"], sorted(json.dumps(w) for w in a["warm_backups"])] for a in status["apps"]},
+        sort_keys=True,
+    )
+
+
+def test_an_injected_slowdown_slows_that_server_only(cluster):
+    _, client = cluster
+    client.admin("slow", server="s3", ms=150)
+    try:
+        slow = client.infer("crit-2", np.zeros(64, dtype=np.float32))
+        fast = client.infer("best-3", np.zeros(64, dtype=np.float32))
+    finally:
+        client.admin("slow", server="s3", ms=0)
+    assert slow.server == "s3" and slow.latency_ms >= 150
+    assert fast.server == "s4" and fast.latency_ms < 150

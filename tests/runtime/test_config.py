@@ -1,0 +1,127 @@
+"""The serving config: one clear line for every mistake, before anything starts (no Ray here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from failsoft.domain import Family, Placement, Variant
+from failsoft.errors import ConfigError
+from failsoft.runtime.config import config_from_dict, load_config
+from failsoft.runtime.demo import EDGE_YAML
+from failsoft.runtime.deployment import resolve
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def base() -> dict:
+    return {
+        "name": "t",
+        "servers": [
+            {"name": "s1", "site": "a", "memory_mb": 100},
+            {"name": "s2", "site": "b", "memory_mb": 60},
+        ],
+        "apps": [
+            {"name": "x", "family": "fam", "critical": True, "rate_rps": 2, "primary": {"server": "s1"}},
+            {"name": "y", "family": "fam"},
+        ],
+    }
+
+
+FAM = Family(
+    "fam",
+    (
+        Variant("small", 10, 0.80, 5, 1.0),
+        Variant("mid", 20, 0.85, 10, 2.0),
+        Variant("big", 50, 0.90, 30, 40.0),
+    ),
+)
+
+
+def test_defaults_follow_faillite_and_design():
+    cfg = config_from_dict(base())
+    assert cfg.heartbeat.interval_s == pytest.approx(0.020)
+    assert cfg.heartbeat.missed_to_fail == 2
+    assert (cfg.gateway.host, cfg.gateway.port) == ("127.0.0.1", 8000)
+    assert cfg.policy == "faillite" and cfg.store_url == "sqlite"
+    assert cfg.apps[0].server == "s1" and cfg.apps[0].variant is None
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda d: d["servers"][0].update(memory_mb=-1),
+            "servers[0] ('s1').memory_mb: Input should be greater than 0 (got -1)",
+        ),
+        (lambda d: d["servers"][1].update(colour="red"), "servers[1] ('s2'): unknown field 'colour'"),
+        (lambda d: d["apps"][1].pop("family"), "apps[1] ('y'): missing required field 'family'"),
+        (lambda d: d["apps"].append(dict(d["apps"][0])), "duplicate app name 'x'"),
+        (
+            lambda d: d["apps"][0]["primary"].update(server="s9"),
+            "apps[0] ('x'): primary server 's9' does not exist",
+        ),
+        (
+            lambda d: d.update(failover={"policy": "magic"}),
+            "failover.policy: Value error, unknown failover policy",
+        ),
+        (lambda d: d.update(store="mysql://x"), "store: Value error, store must be"),
+        (
+            lambda d: d.update(heartbeat={"interval_ms": 0}),
+            "heartbeat.interval_ms: Input should be greater than or equal to 1",
+        ),
+    ],
+)
+def test_a_bad_config_is_one_line_naming_the_entry(change, expected):
+    data = base()
+    change(data)
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data, source="c.yaml")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("c.yaml: ")
+    assert expected in message
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("servers: [\n  {name: s1\n")
+    with pytest.raises(ConfigError, match=r"is not valid YAML: .* at line \d+"):
+        load_config(path)
+
+
+def test_resolve_places_open_primaries_worst_fit_on_the_best_variant_in_slo():
+    cfg = config_from_dict(base() | {"apps": [*base()["apps"], {"name": "z", "family": "fam", "slo_ms": 5}]})
+    scenario = resolve(cfg, [FAM])
+    placed = {a.name: a.primary for a in scenario.apps}
+    assert placed["x"] == Placement("s1", "big")  # pinned server, most accurate variant
+    assert placed["y"] == Placement("s2", "big")  # worst fit: s2 has 60 MB free, s1 only 50
+    assert placed["z"].variant == "mid"  # the most accurate variant within its 5 ms SLO
+
+
+def test_resolve_refuses_what_does_not_fit_or_does_not_exist():
+    data = base()
+    data["apps"][0]["primary"] = {"server": "s2", "variant": "big"}
+    data["servers"][1]["memory_mb"] = 40
+    with pytest.raises(ConfigError, match=r"app 'x': variant 'big' \(50 MB.*does not fit on server 's2'"):
+        resolve(config_from_dict(data), [FAM])
+    data = base()
+    data["apps"][1]["family"] = "nope"
+    with pytest.raises(
+        ConfigError, match=r"apps\[1\] \('y'\): family 'nope' is not in the .* \(it has: fam\)"
+    ):
+        resolve(config_from_dict(data), [FAM])
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_is_valid(path):
+    cfg = load_config(path)
+    assert cfg.servers and cfg.apps
+
+
+def test_the_demo_serves_examples_edge_yaml():
+    assert yaml.safe_load((EXAMPLES / "edge.yaml").read_text()) == yaml.safe_load(EDGE_YAML)
+    cfg = load_config(EXAMPLES / "edge.yaml")
+    assert len(cfg.servers) == 6 and len(cfg.sites) == 3 and len(cfg.apps) == 12
