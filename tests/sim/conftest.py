@@ -16,4 +16,6 @@ def tiny() -> Scenario:
 
 @pytest.fixture
 def fixed() -> SimConfig:
-    return SimConfig(failure_at_s=FAILURE_AT, request_warmup_s=0.3, random_phases=False, trace=True)
+    return SimConfig(
+        failure_at_s=FAILURE_AT, check_interval_s=0.1, request_warmup_s=0.3, random_phases=False, trace=True
+    )

@@ -5,8 +5,9 @@ Every duration the simulator uses comes from one of three places:
 * **measured profiles**: a variant's ``load_ms`` (disk to accelerator, ready to serve) and
   ``latency_ms`` (one batch-1 inference), from the bundled A2 CSV or the zoo's profiler;
 * **FailLite's configuration and measurements** (sections 4, 5.1 and 5.8): agents push a heartbeat
-  every 20 ms and a server is failed after two missed ones; the controller checks health every
-  100 ms; telling a client the new location of its app takes about 10 ms;
+  every 20 ms and a server is failed after two missed ones; telling a client the new location of
+  its app takes about 10 ms; the controller checks health every 5 ms, as failsoft's runtime
+  controller does (FailLite's checked every 100 ms; ``check_interval_s`` models either);
 * **modelling choices**, named here with their defaults and documented in ``docs/simulator.md``:
   how many model loads one server runs at once (``load_slots``), how long an unload takes, whether
   the planner's wall time is charged to simulated time, and how requests are simulated.
@@ -43,7 +44,8 @@ class SimConfig:
 
     heartbeat_interval_s: float = 0.020  # FailLite 4: agents push a heartbeat every 20 ms
     missed_to_fail: int = 2  # FailLite 4: failed after two missed heartbeats
-    check_interval_s: float = 0.100  # FailLite 5.1: the controller checks for failures every 100 ms
+    # failsoft's controller checks health every 5 ms (runtime/controller.py); FailLite's every 100 ms (5.1)
+    check_interval_s: float = 0.005
     settle_suspects: bool = True  # on a detection, wait for suspect servers before planning
     notify_ms: float = 10.0  # FailLite 5.8: informing the client of the new location took ~10 ms
     unload_ms: float = 0.0  # not measured; Triton's unload frees memory at once

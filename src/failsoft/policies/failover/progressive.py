@@ -110,7 +110,11 @@ def place_progressive(
 
 
 class _RoomMaker:
-    """The make-room pass: frees a server for an app by dropping warm backups, then shrinking apps."""
+    """The make-room pass: frees a server for an app by dropping warm backups, then shrinking apps.
+
+    A server's *room* is its free capacity plus what it would free; the extra part is kept per server
+    (``extra``) and updated as apps are placed, so finding the roomiest server is one pass over them.
+    """
 
     def __init__(
         self,
@@ -124,52 +128,65 @@ class _RoomMaker:
         self.scenario, self.ledger = scenario, ledger
         self.candidates, self.chosen, self.placed_on = candidates, chosen, placed_on
         self.warm_on: dict[str, list[WarmBackup]] = {}
+        self.apps_on: dict[str, list[str]] = {}
+        self.extra: dict[str, Demand] = {server: Demand() for server in ledger.servers()}
         for backup in reclaimable:
             if backup.server in ledger:
                 self.warm_on.setdefault(backup.server, []).append(backup)
+                self.extra[backup.server] += self._warm_demand(backup)
+        for name, server in placed_on.items():
+            self.apps_on.setdefault(server, []).append(name)
+            self.extra[server] += self._shrinkable(name)
         self.released: list[WarmBackup] = []
 
     def _demand(self, app_name: str, j: int) -> Demand:
         app = self.scenario.app(app_name)
         return self.candidates[app_name][j].demand(app.rate_rps)
 
+    def _shrinkable(self, app_name: str) -> Demand:
+        return self._demand(app_name, self.chosen[app_name]) - self._demand(app_name, 0)
+
     def _warm_demand(self, backup: WarmBackup) -> Demand:
         app = self.scenario.app(backup.app)
         return self.scenario.variant_of(app, backup.variant).demand(app.rate_rps)
 
-    def _room(self, server: str) -> Demand:
-        room = self.ledger.free(server)
-        for backup in self.warm_on.get(server, ()):
-            room += self._warm_demand(backup)
-        for name, where in self.placed_on.items():
-            if where == server:
-                room += self._demand(name, self.chosen[name]) - self._demand(name, 0)
-        return room
-
     def make_room_for(self, app: App) -> bool:
         need = self.candidates[app.name][0].demand(app.rate_rps)
-        rooms = {s: self._room(s) for s in self.ledger.servers()}
-        fitting = [s for s, r in rooms.items() if need.fits_in(r)]
-        if not fitting:
+        best, best_room = None, None
+        for server, extra in self.extra.items():
+            room = self.ledger.free(server) + extra
+            if need.fits_in(room) and (
+                best_room is None or (room.memory_mb, server) > (best_room.memory_mb, best)
+            ):
+                best, best_room = server, room
+        if best is None:
             return False
-        server = max(fitting, key=lambda s: (rooms[s].memory_mb, s))
+        self._free_up(best, need)
+        self.ledger.take(best, need)
+        self.chosen[app.name], self.placed_on[app.name] = 0, best
+        self.apps_on.setdefault(best, []).append(app.name)
+        return True
+
+    def _free_up(self, server: str, need: Demand) -> None:
+        """Drop warm backups (least value per MB first), then shrink placed apps (largest first)."""
         backups = sorted(self.warm_on.get(server, []), key=self._warm_value_density)
         while not need.fits_in(self.ledger.free(server)) and backups:
             backup = backups.pop(0)
             self.warm_on[server].remove(backup)
-            self.ledger.give(server, self._warm_demand(backup))
+            freed = self._warm_demand(backup)
+            self.ledger.give(server, freed)
+            self.extra[server] -= freed
             self.released.append(backup)
         shrinkable = sorted(
-            (n for n, w in self.placed_on.items() if w == server and self.chosen[n] > 0),
+            (n for n in self.apps_on.get(server, []) if self.chosen[n] > 0),
             key=lambda n: (-self._demand(n, self.chosen[n]).memory_mb, n),
         )
         while not need.fits_in(self.ledger.free(server)) and shrinkable:
             name = shrinkable.pop(0)
-            self.ledger.give(server, self._demand(name, self.chosen[name]) - self._demand(name, 0))
+            freed = self._shrinkable(name)
+            self.ledger.give(server, freed)
+            self.extra[server] -= freed
             self.chosen[name] = 0
-        self.ledger.take(server, need)
-        self.chosen[app.name], self.placed_on[app.name] = 0, server
-        return True
 
     def _warm_value_density(self, backup: WarmBackup) -> tuple[float, str]:
         app = self.scenario.app(backup.app)
