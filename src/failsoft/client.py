@@ -234,6 +234,9 @@ class AsyncClient:
         request = _request(array, timeout, request_id)
         return _result(app, await self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
 
+    async def live(self) -> bool:
+        return (await self._send("GET", "/v2/health/live")).is_success
+
     async def ready(self) -> bool:
         return (await self._send("GET", "/v2/health/ready")).is_success
 

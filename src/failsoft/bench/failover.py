@@ -28,6 +28,7 @@ faillite's mean MTTR at least 3x lower than full-warm-k's with a 100 % recovery 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from typing import Any
 
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
-from failsoft.runtime.loadgen import LoadProcess, LoadSpec, LoadThread, Sample
+from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
 
 POLICIES = ("faillite", "full-warm-k", "full-warm", "full-cold")
 Progress = Callable[[str], None]
@@ -51,11 +52,12 @@ class BenchSettings:
     kill: tuple[str, ...] = ()  # servers to kill (empty: the one hosting most primaries)
     site: str | None = None  # or a whole site
     repeats: int = 3
-    warmup_s: float = 3.0
+    warmup_s: float = 5.0  # steady load before measuring anything
     window_s: float = 30.0  # how long affected apps get to recover
     settle_s: float = 2.0  # after the last recovery, to see upgrades land
-    period_s: float = 0.1  # per digits app between requests
-    heavy_period_s: float = 0.5  # per ImageNet app during the warm-up (its baseline latency)
+    period_s: float | None = None  # None: every app at its config's rate_rps; else this period for all
+    usual_requests: int = 3  # per affected app, alone, before the kill: its usual latency
+    max_in_flight: int = 4  # per app, steady load
     timeout_s: float = 30.0  # per request: clients wait through a recovery
 
 
@@ -69,7 +71,11 @@ def run(config_path: str | Path, settings: BenchSettings, progress: Progress | N
         runs = []
         for repeat in range(settings.repeats):
             say(f"[{policy}] run {repeat + 1}/{settings.repeats}: deploying ...")
-            runs.append(run_once(_bench_config(base, policy), failed, settings, say))
+            cfg = _bench_config(base, policy)
+            try:
+                runs.append(run_once(cfg, failed, settings, say))
+            finally:
+                shutil.rmtree(cfg.state_dir, ignore_errors=True)  # a throwaway store per run
         out["policies"][policy] = summarize(runs)
     out["targets"] = check_targets(out["policies"])
     out["settings"] = dataclasses.asdict(settings) | {
@@ -146,40 +152,70 @@ def run_once(
         before = client.status()
         affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
         shapes = {name: meta.input_shape for name, meta in _shapes(session).items()}
-        kill_at, samples = _fail_under_load(session.url, client, shapes, affected, failed, settings)
+        periods = _periods(cfg, settings)
+        kill_at, samples, usual = _fail_under_load(
+            session.url, client, shapes, periods, affected, failed, settings
+        )
         say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
         report = client.recoveries()
         client.close()
-    return measure(before, affected, kill_at, samples, report)
+    return measure(before, affected, kill_at, samples, report, usual)
+
+
+def _periods(cfg: RuntimeConfig, settings: BenchSettings) -> dict[str, float]:
+    """Seconds between two requests of each app with load: the config's rates, or one period for all."""
+    if settings.period_s is not None:
+        return {a.name: settings.period_s for a in cfg.apps}
+    return {a.name: 1.0 / a.rate_rps for a in cfg.apps if a.rate_rps > 0}
 
 
 def _fail_under_load(
     url: str,
     client: Any,
     shapes: dict[str, tuple[int, ...]],
+    periods: dict[str, float],
     affected: list[str],
     failed: Sequence[str],
     settings: BenchSettings,
-) -> tuple[dict[str, float], list[Sample]]:
-    """Warm up, kill, ask each affected app once right away, wait for the recoveries."""
-    light = {a: s for a, s in shapes.items() if len(s) == 1}
-    heavy = {a: s for a, s in shapes.items() if len(s) > 1}
-    span = settings.warmup_s + settings.window_s + settings.settle_s + 5.0
-    # steady load on the light apps throughout; the ImageNet apps (a CPU-second per answer here)
-    # only during the warm-up, for their baseline latency, so they do not starve the recovery
-    steady = LoadProcess(LoadSpec(url, light, settings.period_s, settings.timeout_s, span)).start()
-    warmup = LoadProcess(
-        LoadSpec(url, heavy, settings.heavy_period_s, settings.timeout_s, settings.warmup_s, max_in_flight=1)
+) -> tuple[dict[str, float], list[Sample], list[Sample]]:
+    """Steady load; each affected app's usual latency; kill; ask each affected app at once; watch.
+
+    Every client runs in its own process (its CPU is not the gateway's interpreter's), and the
+    requests sent at the kill come from a client made ready beforehand, so they leave within a
+    millisecond of the kill call's return.
+    """
+    span = settings.warmup_s + 60.0 + settings.window_s + settings.settle_s
+    steady = LoadProcess(
+        LoadSpec(
+            url, {a: shapes[a] for a in periods}, 1.0, settings.timeout_s, span,
+            max_in_flight=settings.max_in_flight, periods=periods, stagger=True,
+        )
+    ).start()  # fmt: skip
+    only_affected = {a: shapes[a] for a in affected}
+    usual = LoadProcess(
+        LoadSpec(
+            url,
+            only_affected,
+            3600.0,
+            settings.timeout_s,
+            600.0,
+            sequential=settings.usual_requests,
+            gated=True,
+        )
+    ).start()
+    at_kill = LoadProcess(
+        LoadSpec(url, only_affected, 3600.0, settings.window_s, 0.01, max_in_flight=1, gated=True)
     ).start()
     time.sleep(settings.warmup_s)
-    baseline = warmup.stop()
+    usual.wait_ready()
+    usual.go()
+    usual_samples = usual.join(600.0)
+    at_kill.wait_ready()
     kill_at = _kill(client, failed, settings.site)
-    probes = LoadThread(  # a client asking during the outage; a thread starts in ms, a process in a second
-        LoadSpec(url, {a: shapes[a] for a in affected}, 3600.0, settings.window_s, 0.01, max_in_flight=1)
-    ).start()
+    at_kill.go()
     _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
     time.sleep(settings.settle_s)
-    return kill_at, baseline + steady.stop() + probes.stop()
+    return kill_at, steady.stop() + at_kill.stop(), usual_samples
 
 
 def _kill(client: Any, failed: Sequence[str], site: str | None) -> dict[str, float]:
@@ -233,6 +269,7 @@ def measure(
     kill_at: dict[str, float],
     samples: list[Sample],
     report: dict[str, Any],
+    usual: list[Sample] = (),
 ) -> dict[str, Any]:
     first_kill = min(kill_at.values())
     events = [e for e in report["events"] if e["timestamp"] >= first_kill - 0.5]
@@ -246,9 +283,12 @@ def measure(
     answers = {r["app"]: r for r in report["recoveries"] if r["detected_at"] >= first_kill - 0.5}
     primary_acc = {a["name"]: _accuracy(before, a["name"]) for a in before["apps"]}
     apps = {
-        app: _app_result(app, events, answers.get(app), samples, kill_at, first_kill, primary_acc.get(app))
+        app: _app_result(
+            app, events, answers.get(app), samples, kill_at, first_kill, primary_acc.get(app),
+            _usual_ms(usual, app),
+        )
         for app in affected
-    }
+    }  # fmt: skip
     failed_requests = [s for s in samples if not s.ok]
     return {
         "detection_ms": {s: (detected[s] - kill_at[s]) * 1000.0 for s in detected},
@@ -272,8 +312,10 @@ def _app_result(
     kill_at: dict[str, float],
     first_kill: float,
     accuracy_primary: float | None,
+    usual_ms: float | None = None,
 ) -> dict[str, Any]:
     failover = next((e for e in events if e["type"] == "failover" and e["app"] == app), None)
+    waited = _answer_after_kill_ms(samples, app, kill_at, first_kill)
     return {
         "recovered": failover is not None,
         "kind": None if failover is None else failover["kind"],
@@ -281,7 +323,9 @@ def _app_result(
         "settled_variant": _settled(events, app, "variant"),
         "mttr_ms": None if failover is None else failover["route_ms"],
         "first_answer_ms": None if answer is None else answer["mttr_ms"],
-        "outage_ms": _outage_ms(samples, app, kill_at, first_kill),
+        "answer_after_kill_ms": waited,
+        "usual_ms": usual_ms,
+        "outage_ms": None if waited is None or usual_ms is None else max(waited - usual_ms, 0.0),
         "accuracy_primary": accuracy_primary,
         "accuracy_served": _settled(events, app, "accuracy"),
     }
@@ -303,11 +347,20 @@ def _settled(events: list[dict[str, Any]], app: str, key: str) -> Any:
     return value
 
 
-def _outage_ms(samples: list[Sample], app: str, kill_at: dict[str, float], first_kill: float) -> float | None:
+def _answer_after_kill_ms(
+    samples: list[Sample], app: str, kill_at: dict[str, float], first_kill: float
+) -> float | None:
+    """The kill to the first successful answer of ``app`` any client got afterwards."""
     answers = [
         s.done for s in samples if s.app == app and s.ok and s.server not in kill_at and s.done > first_kill
     ]
     return (min(answers) - first_kill) * 1000.0 if answers else None
+
+
+def _usual_ms(usual: Sequence[Sample], app: str) -> float | None:
+    """The median latency of ``app`` asked alone before the kill (under the steady load)."""
+    latencies = [s.latency_ms for s in usual if s.app == app and s.ok]
+    return statistics.median(latencies) if latencies else None
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -48,10 +48,12 @@ from failsoft.runtime.pulse import Pulse
 log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
 WEDGE_S = 0.5  # an interpreter silent this long stops the heartbeats (see failsoft.runtime.pulse)
-# CPU priorities on a shared machine: answering first, then loads that recover apps, then
-# background loads (upgrades, warm backups). Lowering needs no privilege.
+# CPU priorities on a shared machine, as offsets from the agent's own niceness: answering first,
+# then loads that recover apps, then background loads (upgrades, warm backups). Lowering needs no
+# privilege; raising would, hence offsets (Ray starts its workers at nice 15 unless told otherwise).
 LOAD_NICE = 5
 BACKGROUND_NICE = 15
+MAX_NICE = 19
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class AgentSpec:
     heartbeat_interval_s: float = 0.020
     device: str = "auto"
     families: tuple[str, ...] = ()  # the families it may serve (warmed up at start); () = all
+    torch_threads: int = 1  # torch's intra-op threads per agent; 0 = one per core of the host
 
 
 @dataclass(slots=True)
@@ -109,9 +112,11 @@ class Agent:
         milliseconds: long enough for two missed heartbeats.
         """
         started = time.perf_counter()
-        import torch  # noqa: F401
+        import torch
 
         from failsoft.zoo import hf
+
+        torch.set_num_threads(threads_for(self.spec.torch_threads))
 
         for family in self.spec.families or self._repo.family_names():
             variants = self._repo.variant_names(family)
@@ -255,6 +260,8 @@ class Agent:
             "sidecar_pid": self._pulse.sidecar.pid if self._pulse.sidecar else None,
             "slow_ms": self._slow_s * 1000.0,
             "slow_load_ms": self._slow_load_s * 1000.0,
+            "torch_threads": _torch_threads(),
+            "nice": os.getpriority(os.PRIO_PROCESS, 0),
         }
 
     def set_slow(self, ms: float, load_ms: float | None = None) -> None:
@@ -269,8 +276,19 @@ class Agent:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def threads_for(torch_threads: int) -> int:
+    """Torch's intra-op thread count for the ``agents.torch_threads`` setting (0: one per core)."""
+    return torch_threads if torch_threads > 0 else max(os.cpu_count() or 1, 1)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return int(torch.get_num_threads())
+
+
 def _run_at_priority(nice: int, fn: Any, *args: Any) -> Any:
-    """``fn(*args)``, in a fresh thread lowered by ``nice`` when ``nice > 0`` (else right here).
+    """``fn(*args)``, in a fresh thread ``nice`` steps below this one when ``nice > 0`` (else here).
 
     Lowering a thread's priority needs no privilege, raising it back would: hence a throwaway thread.
     """
@@ -281,7 +299,9 @@ def _run_at_priority(nice: int, fn: Any, *args: Any) -> Any:
 
     def work() -> None:
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            tid = threading.get_native_id()
+            base = os.getpriority(os.PRIO_PROCESS, tid)  # inherited from the calling thread
+            os.setpriority(os.PRIO_PROCESS, tid, min(base + nice, MAX_NICE))
         try:
             result.append(fn(*args))
         except BaseException as exc:

@@ -45,6 +45,7 @@ auto_init_hook.enable_auto_connect = False
 NAMESPACE = "failsoft"
 CONTROLLER_NAME = "failsoft-controller"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
+WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet an embedded ray.init starts
 log = logging.getLogger(__name__)
 
 
@@ -258,6 +259,11 @@ class RayCluster:
         _quiet_injected_crashes()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+        if self.embedded:
+            # Ray starts its workers at nice 15 (below the raylet): agents would then answer behind
+            # the gateway and the clients, and their recovery loads (nice +5, set relative to it
+            # in the agent) would run *ahead* of inference. Our workers are the servers: nice 0.
+            os.environ.setdefault(WORKER_NICENESS_ENV, "0")
         logging.getLogger("ray").setLevel(logging.ERROR)
         kwargs: dict[str, Any] = dict(
             namespace=NAMESPACE,

@@ -104,6 +104,7 @@ class AgentsModel(_Strict):
     max_parallel_loads: int = Field(default=2, ge=1, le=64)
     device: str = Field(default="auto", pattern="^(auto|cpu|cuda)$")
     drain_ms: float = Field(default=200.0, ge=0)
+    torch_threads: int = Field(default=1, ge=0, le=256)
 
 
 class ConfigModel(_Strict):
@@ -181,6 +182,7 @@ class AgentSettings:
     max_parallel_loads: int = 2
     device: str = "auto"
     drain_ms: float = 200.0
+    torch_threads: int = 1  # per agent; 0 = one per core (torch's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +291,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         gateway=GatewaySettings(
             g.host, g.port, int(g.max_body_mb * 1024 * 1024), g.max_batch, g.min_timeout_ms
         ),
-        agents=AgentSettings(ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms),
+        agents=AgentSettings(ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms, ag.torch_threads),
         state_dir=state_dir,
         store_url=spec.store,
         admin_token=spec.admin_token,

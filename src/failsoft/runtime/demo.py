@@ -15,6 +15,7 @@ first if missing (about a minute on two cores).
 from __future__ import annotations
 
 import math
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -129,12 +130,25 @@ def running(config: RuntimeConfig) -> Iterator[Any]:
 
 def run_demo(settings: DemoSettings, view: Any) -> dict[str, Any]:
     """The whole demo; ``view`` shows progress (see :mod:`failsoft.cli.demo`). Returns the summary."""
-    from failsoft.client import Client
     from failsoft.zoo import default_zoo_path
 
     repository = settings.repository or default_zoo_path()
     ensure_zoo(repository, view.say)
-    config = demo_config(repository, Path(tempfile.mkdtemp(prefix="failsoft-demo-")))
+    state_dir = Path(tempfile.mkdtemp(prefix="failsoft-demo-"))  # a throwaway store
+    try:
+        samples, marks, summary = _run(settings, view, demo_config(repository, state_dir))
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    summary["plot"] = str(plot(samples, marks, summary, settings.out_dir / "failsoft-demo.png"))
+    return summary
+
+
+def _run(
+    settings: DemoSettings, view: Any, config: RuntimeConfig
+) -> tuple[list[Sample], dict[str, float], dict[str, Any]]:
+    """Serve, load, kill, revive: the client samples, the moments, the summary."""
+    from failsoft.client import Client
+
     view.say(
         f"starting {len(config.servers)} servers in {len(config.sites)} sites, {len(config.apps)} apps ..."
     )
@@ -160,9 +174,7 @@ def run_demo(settings: DemoSettings, view: Any) -> dict[str, Any]:
         report = client.recoveries()
         status = client.status()
         client.close()
-    summary = summarize(samples, report, status, marks, settings.kill)
-    summary["plot"] = str(plot(samples, marks, summary, settings.out_dir / "failsoft-demo.png"))
-    return summary
+    return samples, marks, summarize(samples, report, status, marks, settings.kill)
 
 
 def _restored(client: Any) -> Any:

@@ -5,6 +5,17 @@ steady rate), with at most ``max_in_flight`` outstanding per app, each with a de
 ``timeout_s`` (``parameters.timeout``). The load stops at ``duration_s``, at ``max_requests``, or when
 :meth:`LoadThread.stop` is called, whichever comes first: it is always bounded.
 
+Two more shapes of load, for measuring:
+
+* ``sequential=N``: instead of the open loop, each app in turn is asked ``N`` times, one request at a
+  time over all apps: its latency alone (the benchmark's "usual latency" of an app);
+* ``gated``: the client (a :class:`LoadProcess`) gets everything ready (inputs, HTTP client, its
+  imports) and then waits for :meth:`LoadProcess.go`, so that its first requests leave within a
+  millisecond of a chosen moment (the benchmark's requests at the instant of a crash).
+
+``stagger`` starts each app at a random offset within its period (seeded), so that apps with long
+periods do not all ask at once.
+
 Inputs are real: the held-out digits images for digits apps (so answers can be scored), and a fixed
 random image for ImageNet-style apps. Every request becomes a :class:`Sample` with wall-clock send
 and completion times and how it was served, from which the demo plots latency and the benchmark
@@ -40,6 +51,9 @@ class LoadSpec:
     max_in_flight: int = 4
     seed: int = 0
     periods: Mapping[str, float] = field(default_factory=dict)  # per-app overrides of period_s
+    stagger: bool = False  # first request of each app at a random offset within its period
+    sequential: int = 0  # > 0: ask each app this many times, one request at a time over all apps
+    gated: bool = False  # LoadProcess only: get ready, then wait for go()
 
     def period_of(self, app: str) -> float:
         return self.periods.get(app, self.period_s)
@@ -49,6 +63,8 @@ class LoadSpec:
             raise ConfigError(f"the load generator only targets this machine (127.0.0.1), not {self.url!r}")
         if self.period_s <= 0 or self.duration_s <= 0 or self.max_requests < 1:
             raise ConfigError("load period, duration and request count must be positive")
+        if any(p <= 0 for p in self.periods.values()) or self.sequential < 0:
+            raise ConfigError("per-app periods must be positive, sequential rounds not negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,25 +117,70 @@ class _Inputs:
 
 
 async def drive(
-    spec: LoadSpec, stop: threading.Event | None = None, samples: list[Sample] | None = None
+    spec: LoadSpec,
+    stop: threading.Event | None = None,
+    samples: list[Sample] | None = None,
+    go: threading.Event | None = None,
+    ready: Any = None,
 ) -> list[Sample]:
     """Run the load until its bounds (or ``stop``); every request's outcome, in completion order.
 
-    ``samples`` (appended to as requests complete) lets another thread watch the load live.
+    ``samples`` (appended to as requests complete) lets another thread watch the load live. With
+    ``go``, everything is made ready first (``ready()`` is then called), and the load starts when
+    ``go`` is set (or never, if ``stop`` comes first).
     """
     from failsoft.client import AsyncClient
 
     inputs = _Inputs(spec.inputs, spec.seed)
+    for app in spec.inputs:  # read the inputs now (digits: a scikit-learn import), not mid-measurement
+        inputs.next(app)
     samples = [] if samples is None else samples
     budget = [spec.max_requests]
     async with AsyncClient(
         spec.url, timeout=spec.timeout_s, max_connections=4 * len(spec.inputs) + 4
     ) as client:
+        if go is not None and not await _wait_go(client, go, stop, ready):
+            return samples
         deadline = time.monotonic() + spec.duration_s  # from when the client is ready
+        if spec.sequential:
+            await _sequential(client, inputs, spec, samples, stop)
+            return samples
+        offsets = np.random.default_rng(spec.seed + 1).random(len(spec.inputs)) if spec.stagger else None
         await asyncio.gather(
-            *(_app_loop(client, app, inputs, spec, samples, budget, deadline, stop) for app in spec.inputs)
-        )
+            *(
+                _app_loop(
+                    client, app, inputs, spec, samples, budget, deadline, stop,
+                    0.0 if offsets is None else float(offsets[i]) * spec.period_of(app),
+                )
+                for i, app in enumerate(spec.inputs)
+            )
+        )  # fmt: skip
     return samples
+
+
+async def _wait_go(client: Any, go: threading.Event, stop: threading.Event | None, ready: Any) -> bool:
+    """Open a connection (one health request), say ready, wait for ``go``; False on ``stop``."""
+    with contextlib.suppress(FailsoftError):
+        await client.live()
+    if ready is not None:
+        ready()
+    while not go.is_set():
+        if stop is not None and stop.is_set():
+            return False
+        await asyncio.sleep(0.0005)  # a poll, not a thread handoff: the first request leaves at once
+    return True
+
+
+async def _sequential(
+    client: Any, inputs: _Inputs, spec: LoadSpec, samples: list[Sample], stop: threading.Event | None
+) -> None:
+    """Each app in turn, ``spec.sequential`` requests, one at a time: each app's latency alone."""
+    for app in spec.inputs:
+        for _ in range(spec.sequential):
+            if stop is not None and stop.is_set():
+                return
+            x, label = inputs.next(app)
+            await _one(client, app, x, label, spec.timeout_s, samples)
 
 
 async def _app_loop(
@@ -131,8 +192,11 @@ async def _app_loop(
     budget: list[int],
     deadline: float,
     stop: threading.Event | None,
+    offset_s: float = 0.0,
 ) -> None:
     in_flight: set[asyncio.Task[None]] = set()
+    if offset_s > 0:
+        await asyncio.sleep(offset_s)
     next_at = time.monotonic()
     first = True  # every app gets at least one request, however short the load
     while (first or time.monotonic() < deadline) and budget[0] > 0 and not (stop and stop.is_set()):
@@ -208,6 +272,7 @@ class LoadProcess:
         self.samples: list[Sample] = []
         self._child: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
+        self._ready = threading.Event()
 
     def start(self) -> LoadProcess:
         self._child = subprocess.Popen(
@@ -227,7 +292,32 @@ class LoadProcess:
     def _read(self) -> None:
         assert self._child is not None and self._child.stdout is not None
         for line in self._child.stdout:
-            self.samples.append(Sample(**json.loads(line)))
+            record = json.loads(line)
+            if record == _READY:
+                self._ready.set()
+            else:
+                self.samples.append(Sample(**record))
+
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """A gated load: True once the child is ready to send (False after ``timeout_s``)."""
+        return self._ready.wait(timeout_s)
+
+    def go(self) -> None:
+        """A gated load: start sending now."""
+        self._command(b"go\n")
+
+    def join(self, timeout_s: float | None = None) -> list[Sample]:
+        """Wait for the load to end by itself (its bounds, or a sequential run done), then stop it."""
+        if self._child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._child.wait(timeout_s)
+        return self.stop()
+
+    def _command(self, line: bytes) -> None:
+        assert self._child is not None and self._child.stdin is not None
+        with contextlib.suppress(OSError):
+            self._child.stdin.write(line)
+            self._child.stdin.flush()
 
     def stop(self, timeout_s: float | None = None) -> list[Sample]:
         if self._child is None:
@@ -250,14 +340,24 @@ class LoadProcess:
         return self._child is not None and self._child.poll() is None
 
 
+_READY = {"ready": True}
+
+
 def _child_main() -> int:
-    """The child of :class:`LoadProcess`: spec on stdin's first line, ``stop`` on the next one."""
+    """The child of :class:`LoadProcess`: spec on stdin's first line, then ``go`` / ``stop`` lines."""
     raw = json.loads(sys.stdin.readline())
     spec = LoadSpec(**(raw | {"inputs": {k: tuple(v) for k, v in raw["inputs"].items()}}))
-    stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    stop, go = threading.Event(), threading.Event()
+
+    def commands() -> None:
+        for line in sys.stdin:
+            (go if line.strip() == "go" else stop).set()
+        stop.set()  # the parent closed the pipe
+
+    threading.Thread(target=commands, daemon=True).start()
     out = _LineSink()
-    asyncio.run(drive(spec, stop, out))
+    ready = (lambda: out.write_line(_READY)) if spec.gated else None
+    asyncio.run(drive(spec, stop, out, go if spec.gated else None, ready))
     return 0
 
 
@@ -265,7 +365,11 @@ class _LineSink(list):  # type: ignore[type-arg]
     """A list whose appends are also written to stdout as JSON lines (the parent reads them)."""
 
     def append(self, sample: Sample) -> None:  # type: ignore[override]
-        sys.stdout.write(json.dumps(sample.to_dict()) + "\n")
+        self.write_line(sample.to_dict())
+
+    @staticmethod
+    def write_line(record: dict[str, Any]) -> None:
+        sys.stdout.write(json.dumps(record) + "\n")
         sys.stdout.flush()
 
 

@@ -101,14 +101,20 @@ class Session:
         return self
 
     def _spawn_agent(self, server: str) -> None:
-        from failsoft.runtime.agent import Agent, AgentSpec
+        from failsoft.runtime.agent import Agent, AgentSpec, threads_for
         from failsoft.runtime.cluster import ActorOptions
 
         p, cfg = self.prepare(), self.config
-        env = {k: os.environ.get(k, "1") for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        threads = threads_for(cfg.agents.torch_threads)  # also for OpenMP/MKL outside torch
+        env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
         options = ActorOptions(restart=cfg.agents.restart, env=env)
         spec = AgentSpec(
-            cfg.server(server), p.repository, self.heartbeat, cfg.heartbeat.interval_s, cfg.agents.device
+            cfg.server(server),
+            p.repository,
+            self.heartbeat,
+            cfg.heartbeat.interval_s,
+            cfg.agents.device,
+            torch_threads=cfg.agents.torch_threads,
         )
         self.agents[server] = self.cluster.spawn_agent(Agent, server, spec, options=options)
 
