@@ -185,7 +185,9 @@ def test_a_server_killed_under_load_every_app_recovers_and_critical_clients_see_
     detection_ms = (failures["crit-1"]["detected_at"] - t_kill) * 1000
     assert 0 < detection_ms < 1000
     failovers = {e["app"]: e for e in events if e["type"] == "failover"}
-    assert failovers["crit-1"]["kind"] == "warm"
+    spurious = [e for e in events if e["type"] == "failure" and e["server"] != "s1"]
+    assert not spurious, f"servers declared failed that were not killed: {spurious}"
+    assert failovers["crit-1"]["kind"] == "warm", failovers["crit-1"]
     assert failovers["best-1"]["kind"] == "progressive"
     small, large = failovers["best-1"]["variant"], failovers["best-1"]["final_variant"]
     assert small != large == "mlp_l"  # progressive: a small variant first, the primary's size later
@@ -280,11 +282,12 @@ def test_a_controller_restart_loses_nothing_and_redeploys_nothing(cluster):
     after = stable(client)
     time.sleep(1.0)
     samples = traffic.stop()
+    alarms = [e for e in events_since(client, t_kill) if e["type"] == "failure"]
+    assert not alarms, f"a server declared failed across the controller's restart: {alarms}"
     assert _routes(after) == _routes(before)
     assert {name: agent.holdings_sync()["loads_total"] for name, agent in session.agents.items()} == loads
     assert after["version"] > before["version"] - 1
     assert samples and all(s.ok for s in samples), [s.error for s in samples if not s.ok][:3]
-    assert not [e for e in events_since(client, t_kill) if e["type"] == "failure"]  # no false alarm
 
 
 def _routes(status: dict[str, Any]) -> str:

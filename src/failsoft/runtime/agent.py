@@ -47,7 +47,11 @@ from failsoft.runtime.pulse import Pulse
 
 log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
-WEDGE_S = 0.5  # an interpreter silent this long stops the heartbeats (see failsoft.runtime.pulse)
+# An interpreter silent this long stops the heartbeats (see failsoft.runtime.pulse). Not shorter:
+# with both cores oversubscribed, the stamp thread was measured waiting up to ~0.5 s for the GIL
+# behind a loading thread, which is a busy server, not a failed one. A stopped or dead process is
+# caught at once by other means; this only covers an interpreter wedged while its process runs.
+WEDGE_S = 2.0
 # CPU priorities on a shared machine, as offsets from the agent's own niceness: answering first,
 # then loads that recover apps, then background loads (upgrades, warm backups). Lowering needs no
 # privilege; raising would, hence offsets (Ray starts its workers at nice 15 unless told otherwise).

@@ -193,6 +193,7 @@ class Pulse:
         return self
 
     def _refresh(self) -> None:
+        raise_priority(threading.get_native_id())  # where permitted: first in line for the CPU
         while not self._stop.is_set():
             self.stamp.write(time.monotonic())
             self._stop.wait(self.interval_s)
