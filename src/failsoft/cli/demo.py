@@ -125,8 +125,8 @@ def print_summary(view: LiveView, summary: dict[str, Any]) -> None:
         "recovered as",
         "on",
         "upgraded to",
-        "route ms",
         "MTTR ms",
+        "first answer ms",
         "client outage ms",
         "failed req",
     ):
@@ -137,8 +137,8 @@ def print_summary(view: LiveView, summary: dict[str, Any]) -> None:
             row["kind"] or "[red]not recovered[/]",
             row["moved_to"] or "-",
             row["upgraded_to"] or "-",
-            _ms(row["route_ms"]),
             _ms(row["mttr_ms"]),
+            _ms(row["first_answer_ms"]),
             _ms(row["client_outage_ms"]),
             str(row["failed_requests"]),
         )
