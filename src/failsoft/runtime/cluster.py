@@ -18,10 +18,11 @@ offers one custom resource ``server:<name>`` per configured server, so agents ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -237,6 +238,30 @@ class ActorOptions:
     env: dict[str, str]
 
 
+@contextlib.contextmanager
+def _loopback_bootstrap(address: str | None) -> Iterator[None]:
+    """Let ``ray.init`` reach a cluster whose head listens on 127.0.0.1 only.
+
+    Ray resolves a loopback bootstrap address to this machine's outward IP before connecting (so
+    that the address it records is reachable from other machines); a head started with
+    ``--node-ip-address 127.0.0.1`` does not listen there, and the driver waits for it forever. For
+    a loopback address only, Ray is told for the duration of the call that this is a single-machine
+    cluster, which makes it keep 127.0.0.1. Other addresses are untouched.
+    """
+    host = (address or "").rpartition(":")[0]
+    if host not in {"127.0.0.1", "localhost", "::1", "[::1]"}:
+        yield
+        return
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
 class RayCluster:
     """Starts an embedded Ray (or joins ``address``), spawns actors, and stops what it started."""
 
@@ -279,7 +304,8 @@ class RayCluster:
                 object_store_memory=OBJECT_STORE_BYTES,
             )
         try:
-            ray.init(address=self.address, **kwargs)
+            with _loopback_bootstrap(self.address):
+                ray.init(address=self.address, **kwargs)
         except Exception as exc:
             where = f"Ray cluster at {self.address!r}" if self.address else "an embedded Ray instance"
             raise ServingError(f"cannot start {where}: {exc}") from exc
