@@ -256,6 +256,11 @@ def test_a_hung_agent_is_detected_and_comes_back_without_reloading(cluster):
         "best-2 restored on s2",
     )
     assert restore["reloaded"] is False  # the hung process kept its models: nothing to load again
+    events = events_since(client, hung["at"])
+    failure = next(e for e in events if e["type"] == "failure" and e["server"] == "s2")
+    back = next(e for e in events if e["type"] == "server_up" and e["server"] == "s2")
+    silent_s = back["heard_again_at"] - failure["last_heartbeat_at"]
+    assert silent_s > failure["detected_at"] - failure["last_heartbeat_at"]  # silent past detection
     samples = traffic.stop()
     assert all(s.ok for s in samples if s.app == "best-2"), "requests to the hung server were retried"
 

@@ -86,6 +86,7 @@ class Controller:
         self._agents: dict[str, cluster.AgentRef] = {}
         self._failed_queue: dict[str, float] = {}  # server -> detection wall time
         self._last_heard: dict[str, float] = {}  # server -> wall time of its last heartbeat
+        self._heard_again: dict[str, float] = {}  # failed server -> wall time it spoke again
         self._restoring: dict[str, asyncio.Task[Any]] = {}
         self._dirty = asyncio.Event()
         self._last_check = self.clock.now()
@@ -243,6 +244,7 @@ class Controller:
             self._last_heard[change.server] = now_wall - (self.clock.now() - change.last_heartbeat)
         elif change.new is ServerState.RECOVERING:
             rec.state = ServerState.RECOVERING
+            self._heard_again[change.server] = time.time()
             self._restoring[change.server] = spawn(
                 self._restore(change.server), f"restore:{change.server}", self.tasks
             )
@@ -277,7 +279,12 @@ class Controller:
         self.state.servers[server].state = ServerState.UP
         self._restoring.pop(server, None)
         self.orch.warm_dirty = True
-        self._emit("server_up", app=None, server=server, variant=None, accuracy=None)
+        # with the failure event's last_heartbeat_at: how long the server was silent (a short
+        # silence of a server that then comes back unchanged is a busy server, not a failed one)
+        heard_again = self._heard_again.pop(server, None)
+        self._emit(
+            "server_up", app=None, server=server, variant=None, accuracy=None, heard_again_at=heard_again
+        )
         self.orch.reconcile()
 
     async def _reconcile(self) -> None:
