@@ -44,6 +44,36 @@ def test_failed_server_that_speaks_again_is_recovering_until_marked_up():
     assert d.mark_up("s", 1.02).new is ServerState.UP
 
 
+def test_after_a_pause_of_the_observer_verdicts_wait_one_interval():
+    """A paused machine resumes: s1's sidecar speaks first, s2's a few ms later; s2 is not failed."""
+    d = HeartbeatDetector(0.02, 2, pause_grace=True)
+    for s in ("s1", "s2"):
+        d.register(s, 0.0)
+    assert d.check(0.005) == []
+    d.heartbeat("s1", 0.300)  # everything was paused from 0.005 to 0.300
+    assert d.check(0.301) == []  # s2 silent for 301 ms, but the observer was paused too
+    d.heartbeat("s2", 0.304)
+    d.heartbeat("s1", 0.320)
+    assert d.check(0.306) == [] and d.check(0.322) == []
+    assert d.state("s1") is d.state("s2") is ServerState.UP
+
+
+def test_a_real_failure_during_a_pause_is_still_detected_one_interval_later():
+    d = HeartbeatDetector(0.02, 2, pause_grace=True)
+    for s in ("s1", "s2"):
+        d.register(s, 0.0)
+    d.check(0.005)
+    d.heartbeat("s1", 0.300)  # s2 died during the pause and never speaks again
+    assert d.check(0.301) == []
+    assert [c.server for c in d.check(0.322) if c.new is ServerState.FAILED] == ["s2"]
+
+
+def test_without_pause_grace_a_late_check_judges_at_once():
+    d = HeartbeatDetector(0.02, 2)
+    d.register("s", 0.0)
+    assert [c.new for c in d.check(0.3)] == [ServerState.FAILED]
+
+
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError, match="interval"):
         HeartbeatDetector(0)

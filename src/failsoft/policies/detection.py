@@ -32,15 +32,27 @@ class HealthChange:
 class HeartbeatDetector:
     """Health of every registered server, from heartbeats and periodic checks."""
 
-    def __init__(self, interval_s: float = 0.020, missed_to_fail: int = 2) -> None:
+    def __init__(self, interval_s: float = 0.020, missed_to_fail: int = 2, pause_grace: bool = False) -> None:
+        """``pause_grace``: after a check that came later than the failure threshold (the observer
+        itself was paused), verdicts wait one more interval.
+
+        A pause of the whole machine (a stalled VM, a stopped container) also stops the senders; on
+        resume the observer may read one sender's fresh heartbeat before the others have run, and
+        would then call all the others failed. One interval is enough for every sender to speak;
+        a real failure is then detected that much later, and only after such a pause. Checkers that
+        check sparsely on purpose (event-driven simulators) leave it off.
+        """
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be positive, got {interval_s}")
         if missed_to_fail < 1:
             raise ValueError(f"missed_to_fail must be at least 1, got {missed_to_fail}")
         self.interval_s = interval_s
         self.missed_to_fail = missed_to_fail
+        self.pause_grace = pause_grace
         self._last: dict[str, float] = {}
         self._state: dict[str, ServerState] = {}
+        self._last_check: float | None = None
+        self._hold_until = float("-inf")
 
     def register(self, server: str, now: float) -> None:
         """Start watching ``server`` as up, as if it had just sent a heartbeat."""
@@ -74,6 +86,12 @@ class HeartbeatDetector:
 
     def check(self, now: float) -> list[HealthChange]:
         """Advance every server's state to ``now``; returns the changes, failures first."""
+        threshold = self.missed_to_fail * self.interval_s
+        if self.pause_grace and self._last_check is not None and now - self._last_check > threshold:
+            self._hold_until = now + self.interval_s
+        self._last_check = now if self._last_check is None else max(self._last_check, now)
+        if now < self._hold_until:
+            return []
         changes = []
         for server, last in self._last.items():
             state = self._state[server]

@@ -64,7 +64,7 @@ class Controller:
         self.state = ClusterState(deployment)
         self.clock = MonotonicClock()
         hb = config.heartbeat
-        self.detector = HeartbeatDetector(hb.interval_s, hb.missed_to_fail)
+        self.detector = HeartbeatDetector(hb.interval_s, hb.missed_to_fail, pause_grace=True)
         self.tick_s = min(0.005, hb.interval_s / 4)
         self.routes = VersionedValue(self.state.routes())
         self.events = EventLog(epoch=self.routes.epoch)
