@@ -22,7 +22,7 @@ import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +32,9 @@ from failsoft.errors import ConfigError
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 class ServerSpec(_Strict):
@@ -91,13 +94,31 @@ class ScenarioSpec(_Strict):
 # ----------------------------------------------------------------------------------------------
 
 
+def read_document(path: Path, what: str) -> str:
+    """The text of a scenario or config file; an unreadable one is one ConfigError naming it."""
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {exc.strerror or exc}") from exc
+
+
+def validate_document(model: type[_Model], data: Any, source: str, top: str) -> _Model:
+    """``data`` as ``model``; anything wrong is one ConfigError naming the offending entry.
+
+    ``top`` names what the document must be at its top level ("a mapping", "a JSON object").
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected {top} at the top level, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {describe_validation_error(exc, data)}") from exc
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read scenario {str(path)!r}: {exc.strerror or exc}") from exc
+    text = read_document(path, "scenario")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -109,13 +130,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def scenario_from_dict(data: Any, source: str = "scenario") -> Scenario:
     """Validate a parsed scenario and build the domain model."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a JSON object at the top level, got {type(data).__name__}")
-    try:
-        spec = ScenarioSpec.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_validation_error(exc, data)}") from exc
-    return _build(spec, source)
+    return _build(validate_document(ScenarioSpec, data, source, "a JSON object"), source)
 
 
 def _build(spec: ScenarioSpec, source: str) -> Scenario:

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from failsoft.domain import PolicyParams, Server
 from failsoft.errors import ConfigError
 from failsoft.policies.failover import policy_names
-from failsoft.scenario import _refuse_duplicates, describe_validation_error  # the scenario's one-line errors
+from failsoft.scenario import _refuse_duplicates, read_document, validate_document  # one-line errors
 
 DEFAULT_PORT = 8000
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -233,10 +233,7 @@ def default_state_dir() -> Path:
 def load_config(path: str | Path) -> RuntimeConfig:
     """Read, validate and freeze a YAML config; any problem is one ConfigError naming the entry."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror or exc}") from exc
+    text = read_document(path, "config")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -249,12 +246,7 @@ def load_config(path: str | Path) -> RuntimeConfig:
 
 def config_from_dict(data: Any, source: str = "config", base_dir: Path | None = None) -> RuntimeConfig:
     """Validate a parsed config (relative paths resolve against ``base_dir``)."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
-    try:
-        spec = ConfigModel.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: {describe_validation_error(exc, data)}") from exc
+    spec = validate_document(ConfigModel, data, source, "a mapping")
     return _freeze(spec, source, base_dir or Path.cwd())
 
 
