@@ -93,13 +93,16 @@ def load(session: Session, seconds: float, period_s: float = 0.05) -> LoadThread
 
 
 def test_deploy_places_primaries_and_warm_backups_and_serves_real_models(cluster):
-    _, client = cluster
+    session, client = cluster
     status = stable(client)
     for app in status["apps"]:
         if app["critical"]:
             (backup,) = app["warm_backups"]
             assert backup["server"] != app["primary"]["server"]
     assert client.ready()
+    for agent in session.agents.values():  # one torch thread each, at the niceness of a server
+        info = agent.info_sync()
+        assert (info["torch_threads"], info["nice"]) == (1, 0)
     meta = client.model("crit-1")
     assert meta["inputs"][0]["shape"] == [-1, 64] and meta["outputs"][0]["shape"] == [-1, 10]
     assert all(m["state"] == "READY" for m in client.repository_index())

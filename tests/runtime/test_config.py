@@ -72,6 +72,10 @@ def test_defaults_follow_faillite_and_design():
             lambda d: d.update(heartbeat={"interval_ms": 0}),
             "heartbeat.interval_ms: Input should be greater than or equal to 1",
         ),
+        (
+            lambda d: d.update(agents={"torch_threads": -1}),
+            "agents.torch_threads: Input should be greater than or equal to 0",
+        ),
     ],
 )
 def test_a_bad_config_is_one_line_naming_the_entry(change, expected):

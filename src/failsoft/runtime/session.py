@@ -101,12 +101,14 @@ class Session:
         return self
 
     def _spawn_agent(self, server: str) -> None:
-        from failsoft.runtime.agent import Agent, AgentSpec, threads_for
+        from failsoft.runtime.agent import Agent, AgentSpec
         from failsoft.runtime.cluster import ActorOptions
 
         p, cfg = self.prepare(), self.config
-        threads = threads_for(cfg.agents.torch_threads)  # also for OpenMP/MKL outside torch
-        env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+        # OpenMP/MKL outside torch get the same count; 0 (one per core) leaves them to the agent's
+        # host, which in cluster mode is not this one
+        threads = cfg.agents.torch_threads
+        env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if threads > 0 else {}
         options = ActorOptions(restart=cfg.agents.restart, env=env)
         spec = AgentSpec(
             cfg.server(server),
