@@ -18,11 +18,17 @@ policies a scenario whose primaries are the current routes.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge, Gt, Le, Lt
+
+from failsoft.bounds import STRICT, check_bounds
+from failsoft.services import Service, with_singles
 
 _EPS = 1e-9
 
@@ -74,9 +80,31 @@ class Variant:
     load_ms: float
     latency_ms: float
     accuracy_source: str = "declared"
+    # measured latency of a whole batch, (batch size, ms) by growing size; () when only batch 1 is known
+    batch_latency_ms: tuple[tuple[int, float], ...] = ()
 
     def demand(self, rate_rps: float) -> Demand:
         return Demand(self.memory_mb, rate_rps * self.latency_ms / 1000.0)
+
+    def latency_at(self, batch: int, batch_cost: float = 1.0) -> float:
+        """Milliseconds to answer a batch of ``batch`` requests.
+
+        From the measured batch profile when there is one: linear between measured sizes, and beyond
+        the largest at its per-request cost. Without one, ``latency_ms * (1 + batch_cost * (b - 1))``
+        (``batch_cost`` 1: batching saves nothing, the conservative guess).
+        """
+        if batch < 1:
+            raise ValueError(f"a batch has at least one request, got {batch}")
+        points = self.batch_latency_ms
+        if not points:
+            return self.latency_ms * (1.0 + batch_cost * (batch - 1))
+        if batch <= points[0][0]:
+            return points[0][1] * batch / points[0][0]
+        for (b0, t0), (b1, t1) in itertools.pairwise(points):
+            if batch <= b1:
+                return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
+        b_last, t_last = points[-1]
+        return t_last * batch / b_last
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,24 +196,39 @@ class App:
 
 @dataclass(frozen=True, slots=True)
 class PolicyParams:
-    """Parameters of the failover policies (FailLite 3.2-3.4, 5.1)."""
+    """Parameters of the failover policies (FailLite 3.2-3.4, 5.1).
 
-    alpha: float = 0.1
+    Defined here once, with their bounds: the scenario JSON, the serving config and code that builds
+    one all enforce the same annotations (see :func:`check_bounds`).
+    """
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
+
+    alpha: Annotated[float, Ge(0), Le(1)] = 0.1
     site_independent: bool = False
-    warm_replicas: int = 1
-    ilp_time_limit_s: float = 10.0
-    ilp_mip_gap: float = 0.01
+    warm_replicas: Annotated[int, Ge(0), Le(16)] = 1
+    ilp_time_limit_s: Annotated[float, Gt(0)] = 10.0
+    ilp_mip_gap: Annotated[float, Ge(0), Lt(1)] = 0.01
     seed: int = 0
     reclaim_warm: bool = True  # failsoft: drop warm backups of healthy apps to recover a failed one
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
 
 @dataclass(frozen=True, slots=True)
 class WarmBackup:
-    """A variant of ``app`` kept loaded on ``server``, ready to take its traffic at once."""
+    """A variant of ``app`` kept loaded on ``server``, ready to take its traffic at once.
+
+    A *pinned* backup belongs to a mechanism (a HAMS backup holding state, a Jellyfish neighbour
+    variant): failover policies may switch to it but never release it to make room, and re-planning
+    the warm backups keeps it.
+    """
 
     app: str
     variant: str
     server: str
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -193,7 +236,8 @@ class Scenario:
     """A snapshot of a cluster: servers, families, apps, policy parameters and warm backups.
 
     ``warm`` is ``None`` when the snapshot says nothing about warm backups (a policy then plans them
-    itself), and a tuple (maybe empty) when they are known.
+    itself), and a tuple (maybe empty) when they are known. ``services`` groups member apps (see
+    :class:`Service`); an app in no service is served alone (a ``single`` service of its own name).
     """
 
     servers: tuple[Server, ...]
@@ -201,6 +245,7 @@ class Scenario:
     apps: tuple[App, ...]
     policy: PolicyParams = field(default_factory=PolicyParams)
     warm: tuple[WarmBackup, ...] | None = None
+    services: tuple[Service, ...] = ()
     _server_index: dict[str, Server] = field(init=False, repr=False, compare=False)
     _family_index: dict[str, Family] = field(init=False, repr=False, compare=False)
     _app_index: dict[str, App] = field(init=False, repr=False, compare=False)
@@ -232,6 +277,10 @@ class Scenario:
         for s in self.servers:
             by_site.setdefault(s.site, []).append(s.name)
         return tuple(Site(name, tuple(names)) for name, names in by_site.items())
+
+    def all_services(self) -> tuple[Service, ...]:
+        """The scenario's services, plus a ``single`` service for every app none of them names."""
+        return with_singles(self.services, (a.name for a in self.apps))
 
     def servers_in_sites(self, sites: Iterable[str]) -> tuple[str, ...]:
         wanted = set(sites)
@@ -272,6 +321,7 @@ class Scenario:
             "apps": self.apps,
             "policy": self.policy,
             "warm": self.warm,
+            "services": self.services,
         }
         fields.update(changes)
         return Scenario(**fields)

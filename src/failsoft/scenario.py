@@ -24,10 +24,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from failsoft.domain import App, Family, Placement, PolicyParams, Scenario, Server, Variant, WarmBackup
 from failsoft.errors import ConfigError
+from failsoft.services import PARAMS_OF_MODE, Service, ServiceMode, check_services
 
 
 class _Strict(BaseModel):
@@ -51,6 +52,18 @@ class VariantSpec(_Strict):
     load_ms: float = Field(ge=0)
     latency_ms: float = Field(gt=0)
     accuracy_source: str = Field(default="declared", pattern="^(measured|declared)$")
+    # measured latency of a whole batch by batch size, e.g. {"1": 0.4, "4": 0.9, "16": 2.8}
+    batch_latency_ms: dict[int, float] | None = None
+
+    def batch_profile(self) -> tuple[tuple[int, float], ...]:
+        points = sorted((self.batch_latency_ms or {}).items())
+        for size, ms in points:
+            if size < 1 or not ms > 0:
+                raise ConfigError(
+                    f"variant {self.variant!r}: batch_latency_ms needs batch sizes >= 1 and positive "
+                    f"latencies; got {size}: {ms}"
+                )
+        return tuple((int(b), float(ms)) for b, ms in points)
 
 
 class PlacementSpec(_Strict):
@@ -67,28 +80,29 @@ class AppSpec(_Strict):
     slo_ms: float | None = Field(default=None, gt=0)
 
 
-class PolicySpec(_Strict):
-    alpha: float = Field(default=0.1, ge=0, le=1)
-    site_independent: bool = False
-    warm_replicas: int = Field(default=1, ge=0, le=16)
-    ilp_time_limit_s: float = Field(default=10.0, gt=0)
-    ilp_mip_gap: float = Field(default=0.01, ge=0, lt=1)
-    seed: int = 0
-    reclaim_warm: bool = True
-
-
 class WarmSpec(_Strict):
     app: str = Field(min_length=1)
     variant: str = Field(min_length=1)
     server: str = Field(min_length=1)
+    pinned: bool = False
+
+
+class ServiceSpec(_Strict):
+    """A service of member apps; ``params`` are validated by the mode's parameter class."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    mode: ServiceMode
+    members: list[str] = Field(min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
 
 
 class ScenarioSpec(_Strict):
     servers: list[ServerSpec] = Field(min_length=1)
     families: dict[str, list[VariantSpec]] = Field(min_length=1)
     apps: list[AppSpec]
-    policy: PolicySpec = Field(default_factory=PolicySpec)
+    policy: PolicyParams = Field(default_factory=PolicyParams)
     warm: list[WarmSpec] | None = None
+    services: list[ServiceSpec] = Field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,7 +159,15 @@ def _build(spec: ScenarioSpec, source: str) -> Scenario:
             Family(
                 fam_name,
                 tuple(
-                    Variant(v.variant, v.memory_mb, v.accuracy, v.load_ms, v.latency_ms, v.accuracy_source)
+                    Variant(
+                        v.variant,
+                        v.memory_mb,
+                        v.accuracy,
+                        v.load_ms,
+                        v.latency_ms,
+                        v.accuracy_source,
+                        v.batch_profile(),
+                    )
                     for v in variants
                 ),
             )
@@ -178,9 +200,26 @@ def _build(spec: ScenarioSpec, source: str) -> Scenario:
         warm = tuple(
             _warm_backup(source, i, w, app_index, family_index, server_names) for i, w in enumerate(spec.warm)
         )
-    p = spec.policy
-    policy = PolicyParams(**p.model_dump())
-    return Scenario(servers, tuple(families), tuple(apps), policy, warm)
+    services = build_services(spec.services, app_index, source)
+    return Scenario(servers, tuple(families), tuple(apps), spec.policy, warm, services)
+
+
+def build_services(specs: list[ServiceSpec], apps: dict[str, Any], source: str) -> tuple[Service, ...]:
+    """The services of a scenario or config, each mode's ``params`` validated by its class."""
+    services = []
+    for i, spec in enumerate(specs):
+        where = f"services[{i}] ({spec.name!r})"
+        cls = PARAMS_OF_MODE[spec.mode]
+        try:
+            params = TypeAdapter(cls).validate_python(spec.params)
+        except ValidationError as exc:
+            raise ConfigError(f"{source}: {where}.params: {describe_validation_error(exc, None)}") from exc
+        try:
+            services.append(Service(spec.name, spec.mode, tuple(spec.members), params))
+        except ValueError as exc:  # ConfigError included: member counts, graph shape
+            raise ConfigError(f"{source}: {where}: {exc}") from exc
+    check_services(services, apps, source)
+    return tuple(services)
 
 
 def _warm_backup(
@@ -194,7 +233,7 @@ def _warm_backup(
         raise ConfigError(f"{source}: {where}: server {w.server!r} does not exist")
     if not families[app.family].has_variant(w.variant):
         raise ConfigError(f"{source}: {where}: family {app.family!r} has no variant {w.variant!r}")
-    return WarmBackup(w.app, w.variant, w.server)
+    return WarmBackup(w.app, w.variant, w.server, w.pinned)
 
 
 def _refuse_duplicates(source: str, what: str, names: list[str]) -> None:
@@ -215,11 +254,15 @@ def describe_validation_error(exc: ValidationError, data: Any) -> str:
     """
     err = exc.errors()[0]
     loc = list(err["loc"])
-    if err["type"] in ("missing", "extra_forbidden"):
+    if err["type"] in ("missing", "extra_forbidden", "unexpected_keyword_argument", "missing_argument"):
         field_name, loc = loc[-1], loc[:-1]
-        message = f"{'missing required' if err['type'] == 'missing' else 'unknown'} field {field_name!r}"
+        missing = err["type"] in ("missing", "missing_argument")
+        message = f"{'missing required' if missing else 'unknown'} field {field_name!r}"
+    elif err["type"] == "value_error":  # a check of our own: its message names field and value
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
     else:
-        message = err["msg"] + (f" (got {err['input']!r})" if "input" in err else "")
+        shown = "input" in err and not isinstance(err["input"], (dict, list))
+        message = err["msg"] + (f" (got {err['input']!r})" if shown else "")
     path, node = "", data
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
@@ -255,6 +298,7 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                     "latency_ms": v.latency_ms,
                     "accuracy_source": v.accuracy_source,
                 }
+                | ({"batch_latency_ms": dict(v.batch_latency_ms)} if v.batch_latency_ms else {})
                 for v in f.variants
             ]
             for f in scenario.families
@@ -271,5 +315,20 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
             app["slo_ms"] = a.slo_ms
         out["apps"].append(app)
     if scenario.warm is not None:
-        out["warm"] = [{"app": w.app, "variant": w.variant, "server": w.server} for w in scenario.warm]
+        out["warm"] = [
+            {"app": w.app, "variant": w.variant, "server": w.server} | ({"pinned": True} if w.pinned else {})
+            for w in scenario.warm
+        ]
+    if scenario.services:
+        out["services"] = [service_to_dict(s) for s in scenario.services]
     return out
+
+
+def service_to_dict(service: Service) -> dict[str, Any]:
+    params = TypeAdapter(type(service.params)).dump_python(service.params, mode="json")
+    return {
+        "name": service.name,
+        "mode": service.mode.value,
+        "members": list(service.members),
+        "params": params,
+    }

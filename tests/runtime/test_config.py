@@ -65,9 +65,9 @@ def test_defaults_follow_faillite_and_design():
         ),
         (
             lambda d: d.update(failover={"policy": "magic"}),
-            "failover.policy: Value error, unknown failover policy",
+            "failover.policy: unknown failover policy",
         ),
-        (lambda d: d.update(store="mysql://x"), "store: Value error, store must be"),
+        (lambda d: d.update(store="mysql://x"), "store: store must be"),
         (
             lambda d: d.update(heartbeat={"interval_ms": 0}),
             "heartbeat.interval_ms: Input should be greater than or equal to 1",

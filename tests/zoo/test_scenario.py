@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from failsoft.policies.failover import get_failover_policy
+from failsoft.policies.registry import get_failover_policy
 from failsoft.scenario import scenario_from_dict
 from failsoft.zoo import families_from_csv, families_section
 

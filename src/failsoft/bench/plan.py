@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 from failsoft.domain import PolicyParams
-from failsoft.policies.failover import get_failover_policy
 from failsoft.policies.failover.ledger import Ledger
 from failsoft.policies.failover.proactive import plan_warm_ilp
 from failsoft.policies.failover.progressive import place_progressive
+from failsoft.policies.registry import get_failover_policy
 from failsoft.profiles import load_profile_families, trimmed
 from failsoft.synth import ClusterShape, synthesize
 

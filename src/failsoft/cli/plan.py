@@ -9,7 +9,8 @@ from typing import Annotated
 import typer
 
 from failsoft.errors import ConfigError
-from failsoft.policies.failover import get_failover_policy, policy_names
+from failsoft.policies.registry import failover_names as policy_names
+from failsoft.policies.registry import get_failover_policy
 from failsoft.scenario import load_scenario
 
 app = typer.Typer(

@@ -229,7 +229,18 @@ class Agent:
         held.model.close()
         return True
 
-    def infer(self, app: str, variant: str, batch: np.ndarray) -> np.ndarray:
+    def cancel(self, request_id: str) -> bool:
+        """Withdraw a queued request; False when it is not queued (done, running or unknown)."""
+        return False
+
+    def infer(
+        self,
+        app: str,
+        variant: str,
+        batch: np.ndarray,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+    ) -> np.ndarray:
         if self._slow_s > 0:
             time.sleep(self._slow_s)
         with self._lock:

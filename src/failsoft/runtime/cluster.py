@@ -129,8 +129,17 @@ class AgentRef(_ActorRef):
     async def unload(self, app: str, variant: str, timeout_s: float = 30.0) -> bool:
         return await self._call("unload", app, variant, timeout_s=timeout_s)
 
-    async def infer(self, app: str, variant: str, batch: Any, timeout_s: float) -> Any:
-        return await self._call("infer", app, variant, batch, timeout_s=timeout_s)
+    async def infer(
+        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
+    ) -> Any:
+        """Answer ``batch`` within ``timeout_s`` (the request's time left, which the agent's serving
+        queue turns into a deadline on its own clock); ``request_id`` lets :meth:`cancel_nowait`
+        withdraw it from the queue."""
+        return await self._call("infer", app, variant, batch, timeout_s, request_id, timeout_s=timeout_s)
+
+    def cancel_nowait(self, request_id: str) -> None:
+        """Withdraw a request from the server's queue (it timed out, moved, or its client left)."""
+        self._fire("cancel", request_id)
 
     async def holdings(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return await self._call("holdings", timeout_s=timeout_s)

@@ -26,17 +26,25 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from failsoft.domain import PolicyParams, Server
 from failsoft.errors import ConfigError
-from failsoft.policies.failover import policy_names
-from failsoft.scenario import _refuse_duplicates, read_document, validate_document  # one-line errors
+from failsoft.policies.registry import failover_names as policy_names
+from failsoft.scenario import (  # one-line errors, one service parser
+    ServiceSpec,
+    _refuse_duplicates,
+    build_services,
+    read_document,
+    validate_document,
+)
+from failsoft.services import Service
 
 DEFAULT_PORT = 8000
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -67,16 +75,22 @@ class AppModel(_Strict):
     primary: PrimaryModel | None = None
 
 
-class FailoverModel(_Strict):
+def _policy_fields() -> dict[str, Any]:
+    """PolicyParams' fields with their annotated bounds and defaults: the config's ``failover``
+    section states them flat beside ``policy``, and they are defined once, in the domain."""
+    hints = typing.get_type_hints(PolicyParams, include_extras=True)
+    return {f.name: (hints[f.name], f.default) for f in dataclasses.fields(PolicyParams)}
+
+
+_PolicyFields: type[BaseModel] = create_model("_PolicyFields", __base__=_Strict, **_policy_fields())
+
+
+class FailoverModel(_PolicyFields):  # type: ignore[misc,valid-type]
     policy: str = "faillite"
-    alpha: float = Field(default=0.1, ge=0, le=1)
-    site_independent: bool = False
-    warm_replicas: int = Field(default=1, ge=0, le=16)
-    ilp_time_limit_s: float = Field(default=10.0, gt=0)
-    ilp_mip_gap: float = Field(default=0.01, ge=0, lt=1)
-    seed: int = 0
-    reclaim_warm: bool = True
     replan_delay_s: float = Field(default=3.0, ge=0, le=3600)
+
+    def params(self) -> PolicyParams:
+        return PolicyParams(**self.model_dump(exclude={"policy", "replan_delay_s"}))
 
     @field_validator("policy")
     @classmethod
@@ -112,6 +126,7 @@ class ConfigModel(_Strict):
     repository: str | None = None
     servers: list[ServerModel] = Field(min_length=1)
     apps: list[AppModel] = Field(min_length=1)
+    services: list[ServiceSpec] = Field(default_factory=list)
     failover: FailoverModel = Field(default_factory=FailoverModel)
     heartbeat: HeartbeatModel = Field(default_factory=HeartbeatModel)
     gateway: GatewayModel = Field(default_factory=GatewayModel)
@@ -193,6 +208,7 @@ class RuntimeConfig:
     source: str
     servers: tuple[Server, ...]
     apps: tuple[AppConfig, ...]
+    services: tuple[Service, ...]  # the config's own; apps in none are served alone
     repository: Path | None
     policy: str
     params: PolicyParams
@@ -266,15 +282,17 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         apps.append(
             AppConfig(a.name, a.family, a.critical, a.rate_rps, a.slo_ms, primary.server, primary.variant)
         )
+    services = build_services(spec.services, {a.name: a for a in apps}, source)
     state_dir = _path(spec.state_dir, base_dir) if spec.state_dir else default_state_dir() / spec.name
     f = spec.failover
-    params = PolicyParams(**f.model_dump(exclude={"policy", "replan_delay_s"}))
+    params = f.params()
     g, h, ag = spec.gateway, spec.heartbeat, spec.agents
     return RuntimeConfig(
         name=spec.name,
         source=source,
         servers=servers,
         apps=tuple(apps),
+        services=services,
         repository=_path(spec.repository, base_dir) if spec.repository else None,
         policy=f.policy,
         params=params,

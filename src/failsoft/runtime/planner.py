@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from failsoft.domain import FailoverPlan, ProactivePlan, Scenario
 from failsoft.errors import PlanningError
-from failsoft.policies.failover import get_failover_policy
+from failsoft.policies.registry import get_failover_policy
 
 log = logging.getLogger(__name__)
 INLINE_APPS = 200  # up to this many apps, Algorithm 1 runs on the controller's loop directly

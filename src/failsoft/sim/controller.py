@@ -36,7 +36,7 @@ import simpy
 
 from failsoft.domain import ActionKind, FailoverAction, FailoverPlan, Placement, ServerState, WarmBackup
 from failsoft.policies.detection import HeartbeatDetector
-from failsoft.policies.failover import FailoverPolicy
+from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.sim.agent import RECOVERY, UPGRADE, SimAgent
 from failsoft.sim.clock import SimClock
 from failsoft.sim.config import SimConfig

@@ -19,7 +19,9 @@ from typing import Any
 
 from failsoft.domain import ProactivePlan, Scenario
 from failsoft.errors import ConfigError
-from failsoft.policies.failover import FailoverPolicy, get_failover_policy, policy_names
+from failsoft.policies.failover.interface import FailoverPolicy
+from failsoft.policies.registry import failover_names as policy_names
+from failsoft.policies.registry import get_failover_policy
 
 # label -> (registered policy name, PolicyParams overrides)
 _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {

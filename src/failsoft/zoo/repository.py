@@ -127,7 +127,10 @@ class ModelRepository:
         except ValidationError as exc:
             err = exc.errors()[0]
             raise CorruptModelError(f"{str(path)!r}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc
-        return Variant(variant, p.memory_mb, p.accuracy, p.load_ms, p.latency_ms, p.accuracy_source)
+        return Variant(
+            variant, p.memory_mb, p.accuracy, p.load_ms, p.latency_ms, p.accuracy_source,
+            _batch_profile(data.get("latency")),
+        )  # fmt: skip
 
     def families(self, names: list[str] | None = None) -> tuple[Family, ...]:
         """Domain families from the profiles; variants not profiled yet are left out."""
@@ -150,6 +153,27 @@ class ModelRepository:
         dev = _pick_device(device)
         module, forward = load_network(path, config, dev)
         return LoadedModel(family, variant, dev, config.input_shape, config.num_classes, module, forward)
+
+
+def _batch_profile(latency: Any) -> tuple[tuple[int, float], ...]:
+    """(batch size, p50 ms of the whole batch) from a profile's ``latency`` table, by growing size.
+
+    A larger batch never takes less time than a smaller one: at sub-millisecond latencies timer noise
+    can say otherwise, so the profile is made monotone (running maximum), which schedulers rely on.
+    """
+    if not isinstance(latency, dict):
+        return ()
+    points = []
+    for size, row in latency.items():
+        try:
+            points.append((int(size), float(row["p50_ms"])))
+        except (KeyError, TypeError, ValueError):
+            return ()
+    out, worst = [], 0.0
+    for size, ms in sorted(points):
+        worst = max(worst, ms)
+        out.append((size, worst))
+    return tuple(out)
 
 
 def _pick_device(device: str | None) -> str:

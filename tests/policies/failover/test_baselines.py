@@ -5,7 +5,7 @@ import statistics
 import pytest
 
 from failsoft.domain import ActionKind, PolicyParams
-from failsoft.policies.failover import get_failover_policy
+from failsoft.policies.registry import get_failover_policy
 from failsoft.profiles import load_profile_families
 from failsoft.synth import ClusterShape, synthesize
 

@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from failsoft.domain import Demand, PolicyParams
-from failsoft.policies.failover import get_failover_policy
 from failsoft.policies.failover import proactive as proactive_module
 from failsoft.policies.failover.proactive import plan_warm_ilp
+from failsoft.policies.registry import get_failover_policy
 from failsoft.profiles import load_profile_families
 from failsoft.synth import ClusterShape, synthesize
 from tests.factories import random_scenario

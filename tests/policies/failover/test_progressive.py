@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from failsoft.domain import ActionKind, App, Demand, Placement, PolicyParams, Scenario, Server, WarmBackup
 from failsoft.errors import ConfigError
-from failsoft.policies.failover import get_failover_policy, policy_names
 from failsoft.policies.failover.ledger import Ledger
 from failsoft.policies.failover.progressive import demand_ratio, match, place_progressive
+from failsoft.policies.registry import failover_names as policy_names
+from failsoft.policies.registry import get_failover_policy
 from tests.factories import make_family, random_scenario
 from tests.policies.failover.checks import check_failover_plan
 

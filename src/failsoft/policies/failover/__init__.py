@@ -1,15 +1,7 @@
-"""Failover policies (FailLite): warm backups planned ahead, recovery planned on failure."""
+"""Failover policies (FailLite): warm backups planned ahead, recovery planned on failure.
 
-from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
-from failsoft.policies.failover.faillite import FailLitePolicy
-from failsoft.policies.failover.interface import FailoverPolicy, get_failover_policy, policy_names
-
-__all__ = [
-    "FailLitePolicy",
-    "FailoverPolicy",
-    "FullColdPolicy",
-    "FullWarmKPolicy",
-    "FullWarmPolicy",
-    "get_failover_policy",
-    "policy_names",
-]
+The contract is :mod:`~failsoft.policies.failover.interface`; the implementations are
+:mod:`~failsoft.policies.failover.faillite` and :mod:`~failsoft.policies.failover.baselines`; look
+them up by name in :mod:`failsoft.policies.registry`. This package module imports nothing, so
+importing any of its modules never drags in the others.
+"""

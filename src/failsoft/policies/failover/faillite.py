@@ -26,6 +26,6 @@ class FailLitePolicy(FailoverPolicy):
             reclaimable = [
                 b
                 for b in failure.scenario.warm or ()
-                if b.server not in failure.failed and (b.app, b.server) not in in_use
-            ]
+                if b.server not in failure.failed and (b.app, b.server) not in in_use and not b.pinned
+            ]  # a pinned backup belongs to a mechanism (HAMS state, Jellyfish): never taken
         return place_progressive(failure.scenario, failure.rest, failure.ledger, reclaimable)

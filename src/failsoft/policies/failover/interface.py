@@ -8,7 +8,8 @@ A policy is two pure functions of a cluster snapshot (:class:`~failsoft.domain.S
   for every app whose primary was on them, where and on which variant it is served next.
 
 Neither touches the network, a clock or a process: the runtime and the simulator apply the plan and
-report what happened. Policies are looked up by name with :func:`get_failover_policy`.
+report what happened. Policies are looked up by name in :mod:`failsoft.policies.registry`; this
+contract module imports no implementation.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Collection
 from typing import ClassVar
 
 from failsoft.domain import FailoverPlan, ProactivePlan, Scenario
-from failsoft.errors import ConfigError
+from failsoft.errors import UnknownNameError
 from failsoft.policies.failover.common import (
     Failure,
     Recovery,
@@ -30,15 +31,9 @@ from failsoft.policies.failover.common import (
 
 
 class FailoverPolicy(ABC):
-    """Base of the failover policies; subclasses register themselves by ``name``."""
+    """Base of the failover policies; ``name`` is the one the registry lists it under."""
 
     name: ClassVar[str]
-    registry: ClassVar[dict[str, type[FailoverPolicy]]] = {}
-
-    def __init_subclass__(cls, **kwargs: object) -> None:
-        super().__init_subclass__(**kwargs)
-        if getattr(cls, "name", None):
-            FailoverPolicy.registry[cls.name] = cls
 
     @abstractmethod
     def plan_proactive(self, scenario: Scenario, unavailable: Collection[str] = ()) -> ProactivePlan:
@@ -79,30 +74,11 @@ class FailoverPolicy(ABC):
         return scenario.replace(warm=self.plan_proactive(scenario).warm)
 
 
-def get_failover_policy(name: str) -> FailoverPolicy:
-    """The policy registered as ``name`` (``faillite``, ``full-warm``, ``full-cold``, ``full-warm-k``)."""
-    import failsoft.policies.failover.baselines
-    import failsoft.policies.failover.faillite  # noqa: F401
-
-    try:
-        return FailoverPolicy.registry[name]()
-    except KeyError:
-        known = ", ".join(sorted(FailoverPolicy.registry))
-        raise ConfigError(f"unknown failover policy {name!r} (known: {known})") from None
-
-
-def policy_names() -> list[str]:
-    import failsoft.policies.failover.baselines
-    import failsoft.policies.failover.faillite  # noqa: F401
-
-    return sorted(FailoverPolicy.registry)
-
-
 def check_failed(scenario: Scenario, failed: Collection[str]) -> tuple[str, ...]:
     """Validate failed server names; an unknown one is an error that names it."""
     unknown = [s for s in failed if not scenario.has_server(s)]
     if unknown:
-        raise ConfigError(f"failed server {unknown[0]!r} is not in the scenario")
+        raise UnknownNameError(f"failed server {unknown[0]!r} is not in the scenario")
     return tuple(dict.fromkeys(failed))
 
 

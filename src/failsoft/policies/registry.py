@@ -1,0 +1,82 @@
+"""Policies by name, one explicit map per seam (STYLE 2: a contract per seam, a factory by name).
+
+Each seam's contract lives in its own ``interface`` module, which imports no implementation; this
+module imports the implementations and maps names to classes. Nothing in ``failsoft.policies``
+imports this module back, so the policy package's import graph has no circle (a test checks it).
+
+================  ===============================================  ===============================
+seam              contract                                         who calls it
+================  ===============================================  ===============================
+``failover``      ``policies.failover.interface.FailoverPolicy``   controller, simulator, ``plan``
+``queueing``      ``policies.queueing.QueueDiscipline``            agents' serving queues, simulator
+``coding``        ParM encoders and decoders                       gateway (coded services)
+``adaptation``    Jellyfish mapping and variant selection          controller (slo services)
+``replication``   HAMS state propagation                           gateway and agents (graphs)
+``llm_recovery``  LUMEN checkpoint placement and dispatch          controller (llm services)
+================  ===============================================  ===============================
+
+A seam whose mechanism has not landed yet has an empty map: asking it for a name is a clear
+:class:`~failsoft.errors.UnknownNameError`, never an import error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from failsoft.errors import UnknownNameError
+from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
+from failsoft.policies.failover.faillite import FailLitePolicy
+from failsoft.policies.failover.interface import FailoverPolicy
+
+FAILOVER: Mapping[str, type[FailoverPolicy]] = {
+    "faillite": FailLitePolicy,
+    "full-warm": FullWarmPolicy,
+    "full-warm-k": FullWarmKPolicy,
+    "full-cold": FullColdPolicy,
+}
+
+SEAMS: dict[str, Mapping[str, type]] = {
+    "failover": FAILOVER,
+    "queueing": {},
+    "coding": {},
+    "adaptation": {},
+    "replication": {},
+    "llm_recovery": {},
+}
+
+
+def names(seam: str) -> list[str]:
+    """The policy names registered for ``seam``, sorted."""
+    return sorted(_seam(seam))
+
+
+def policy_class(seam: str, name: str) -> type:
+    registered = _seam(seam)
+    try:
+        return registered[name]
+    except KeyError:
+        known = ", ".join(sorted(registered)) or "none yet"
+        raise UnknownNameError(f"unknown {seam.replace('_', ' ')} policy {name!r} (known: {known})") from None
+
+
+def make(seam: str, name: str, *args: Any, **kwargs: Any) -> Any:
+    """A new instance of the policy registered as ``name`` for ``seam``."""
+    return policy_class(seam, name)(*args, **kwargs)
+
+
+def get_failover_policy(name: str) -> FailoverPolicy:
+    """The failover policy ``name`` (``faillite``, ``full-warm``, ``full-cold``, ``full-warm-k``)."""
+    policy: FailoverPolicy = make("failover", name)
+    return policy
+
+
+def failover_names() -> list[str]:
+    return names("failover")
+
+
+def _seam(seam: str) -> Mapping[str, type]:
+    try:
+        return SEAMS[seam]
+    except KeyError:
+        raise UnknownNameError(f"unknown policy seam {seam!r} (seams: {', '.join(SEAMS)})") from None
