@@ -7,6 +7,8 @@
     with Client("http://127.0.0.1:8000") as client:
         result = client.infer("cam-1", batch, timeout=2.0)   # batch: (N, 64) float32, or one (64,) row
         print(result.predictions, result.server, result.variant, result.degraded)
+        top = client.infer("cam-1", batch, classification=3)  # the gateway ranks the classes
+        print(top.classes[0])                                 # ((7, 11.2), (1, 4.0), (9, 2.5)): row 0
         for event in client.events(app="cam-1"):              # failure / failover / upgrade / restore
             print(event["type"], event["server"], event["variant"])
 
@@ -14,7 +16,14 @@
 
 An answer says how it was served: ``variant`` and ``server``, ``degraded`` (a smaller variant than
 the primary stands in, FailLite's accuracy-for-availability trade), ``reconstructed`` (decoded by
-ParM), and ``attempts`` (more than one when a failover happened under the request). Errors are
+ParM from parity instead of computed by the app's own model), ``dropped`` (the request was shed by a
+lazy drop and not computed at all) and ``attempts`` (more than one when a failover happened under the
+request).
+
+``classification=K`` asks for Triton's classification extension: the gateway answers with the ``K``
+best classes of each row instead of the logits (an output of datatype ``BYTES``, shape ``[N, K]``,
+each string ``"score:index"``), and the answer's ``classes`` holds them as ``(index, score)`` pairs,
+best first; ``outputs`` is then ``None``. Errors are
 failsoft errors: a refused request is :class:`~failsoft.errors.InvalidRequestError` (with the
 gateway's message and ``status``), no route before the deadline :class:`~failsoft.errors.NoRouteError`,
 a timeout :class:`~failsoft.errors.DeadlineExceededError`, an unreachable gateway
@@ -33,6 +42,7 @@ import httpx
 import numpy as np
 
 from failsoft.errors import (
+    ConfigError,
     DeadlineExceededError,
     InvalidRequestError,
     NoRouteError,
@@ -43,14 +53,24 @@ from failsoft.errors import (
 DEFAULT_URL = "http://127.0.0.1:8000"
 SLACK_S = 5.0
 BINARY_ABOVE = 4096  # tensors with this many values or more travel as raw bytes (Triton's extension)
+OUTPUT = "output"  # the output the classification parameter is attached to
+
+
+Classes = tuple[tuple[tuple[int, float], ...], ...]  # per row: (class index, score), best first
 
 
 @dataclass(frozen=True)
 class InferResult:
+    """One answer: what the model said, and how the gateway served it.
+
+    ``outputs`` are the logits (shape ``[N, classes]``), or ``None`` when the request asked for
+    ``classification=K``: ``classes`` then holds each row's ``K`` best ``(index, score)`` pairs.
+    """
+
     app: str
-    outputs: np.ndarray
-    variant: str
-    server: str
+    outputs: np.ndarray | None
+    variant: str | None  # None only from a gateway that does not say
+    server: str | None
     degraded: bool
     reconstructed: bool
     accuracy: float | None
@@ -58,20 +78,29 @@ class InferResult:
     attempts: int
     latency_ms: float
     raw: dict[str, Any] = field(repr=False)
+    classes: Classes | None = None
+    dropped: bool = False
 
     @property
     def predictions(self) -> np.ndarray:
         """The predicted class of each row."""
+        if self.classes is not None:
+            return np.asarray([row[0][0] for row in self.classes], dtype=np.int64)
+        assert self.outputs is not None
         return self.outputs.argmax(axis=1)
 
 
-def _request(array: Any, timeout: float | None, request_id: str | None) -> dict[str, Any]:
+def _request(
+    array: Any, timeout: float | None, request_id: str | None, classification: int | None = None
+) -> dict[str, Any]:
     """httpx keyword arguments for an infer request: JSON, or Triton's binary form for big tensors."""
     arr = np.asarray(array, dtype=np.float32)
     if arr.ndim == 1:
         arr = arr[None, :]
     tensor: dict[str, Any] = {"name": "input", "shape": list(arr.shape), "datatype": "FP32"}
     header: dict[str, Any] = {"inputs": [tensor]}
+    if classification is not None:
+        header["outputs"] = [{"name": OUTPUT, "parameters": {"classification": _top_k(classification)}}]
     if timeout is not None:
         header["parameters"] = {"timeout": timeout}
     if request_id is not None:
@@ -86,13 +115,24 @@ def _request(array: Any, timeout: float | None, request_id: str | None) -> dict[
     return {"content": head + raw, "headers": headers}
 
 
+def _top_k(k: Any) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"classification must be a whole number of classes >= 1, got {k!r}")
+    return k
+
+
 def _result(app: str, response: httpx.Response, started: float) -> InferResult:
     body = _checked(response)
-    out = body["outputs"][0]
-    params = body.get("parameters", {})
+    try:
+        out = body["outputs"][0]
+        params = body.get("parameters") or {}
+        classes = parse_classification(out) if out.get("datatype") == "BYTES" else None
+        outputs = None if classes is not None else np.asarray(out["data"], np.float32).reshape(out["shape"])
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise ServingError(f"gateway answered with a malformed infer response: {exc!r}") from exc
     return InferResult(
         app=app,
-        outputs=np.asarray(out["data"], dtype=np.float32).reshape(out["shape"]),
+        outputs=outputs,
         variant=params.get("variant", body.get("model_version")),
         server=params.get("server"),
         degraded=bool(params.get("degraded", False)),
@@ -102,7 +142,23 @@ def _result(app: str, response: httpx.Response, started: float) -> InferResult:
         attempts=int(params.get("attempts", 1)),
         latency_ms=(time.perf_counter() - started) * 1000.0,
         raw=body,
+        classes=classes,
+        dropped=bool(params.get("dropped", False)),
     )
+
+
+def parse_classification(output: dict[str, Any]) -> Classes:
+    """Triton's classification output (``BYTES``, shape ``[N, K]``, each ``"score:index"``, or
+    ``"score:index:label"``) as ``(index, score)`` pairs per row, best first."""
+    rows, k = (int(d) for d in output["shape"])
+    data = output["data"]
+    if len(data) != rows * k:
+        raise ValueError(f"classification output of shape [{rows}, {k}] holds {len(data)} strings")
+    pairs = []
+    for entry in data:
+        score, index, *_label = str(entry).split(":")
+        pairs.append((int(index), float(score)))
+    return tuple(tuple(sorted(pairs[r * k : (r + 1) * k], key=lambda p: -p[1])) for r in range(rows))
 
 
 def _checked(response: httpx.Response) -> Any:
@@ -147,11 +203,17 @@ class Client:
             raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
 
     def infer(
-        self, app: str, array: Any, timeout: float | None = None, request_id: str | None = None
+        self,
+        app: str,
+        array: Any,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        classification: int | None = None,
     ) -> InferResult:
+        """Ask ``app`` about ``array``; ``classification=K``: its ``K`` best classes per row."""
         started = time.perf_counter()
         extra = {"timeout": timeout + SLACK_S} if timeout else {}
-        request = _request(array, timeout, request_id)
+        request = _request(array, timeout, request_id, classification)
         return _result(app, self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
 
     def live(self) -> bool:
@@ -227,11 +289,16 @@ class AsyncClient:
             raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
 
     async def infer(
-        self, app: str, array: Any, timeout: float | None = None, request_id: str | None = None
+        self,
+        app: str,
+        array: Any,
+        timeout: float | None = None,
+        request_id: str | None = None,
+        classification: int | None = None,
     ) -> InferResult:
         started = time.perf_counter()
         extra = {"timeout": timeout + SLACK_S} if timeout else {}
-        request = _request(array, timeout, request_id)
+        request = _request(array, timeout, request_id, classification)
         return _result(app, await self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
 
     async def live(self) -> bool:

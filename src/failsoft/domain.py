@@ -280,14 +280,23 @@ class Scenario:
 
     def all_services(self) -> tuple[Service, ...]:
         """The scenario's services, plus a ``single`` service for every app none of them names."""
-        return with_singles(self.services, (a.name for a in self.apps))
+        cached = self.__dict__.get("_all_services")
+        if cached is None:  # built once per scenario: a simulated sweep asks for it every event
+            cached = with_singles(self.services, (a.name for a in self.apps))
+            self.__dict__["_all_services"] = cached
+        return cached
 
     def servers_in_sites(self, sites: Iterable[str]) -> tuple[str, ...]:
         wanted = set(sites)
         return tuple(s.name for s in self.servers if s.site in wanted)
 
     def variant_of(self, app: App, variant_name: str) -> Variant:
-        return self.family(app.family).variant(variant_name)
+        index = self.__dict__.get("_variant_index")
+        if index is None:  # built on first use: (family, variant) -> Variant, a dict lookup after that
+            index = {(f.name, v.name): v for f in self.families for v in f.variants}
+            self.__dict__["_variant_index"] = index
+        found = index.get((app.family, variant_name))
+        return found if found is not None else self.family(app.family).variant(variant_name)
 
     def primary_variant(self, app: App) -> Variant:
         if app.primary is None:
@@ -297,16 +306,17 @@ class Scenario:
     # resources -----------------------------------------------------------------------------
     def used(self, failed: Collection[str] = (), include_warm: bool = True) -> dict[str, Demand]:
         """Demand placed on each live server by primaries (and warm backups, when known)."""
-        used = {s.name: Demand() for s in self.servers if s.name not in failed}
-        for app in self.apps:
-            if app.primary is not None and app.primary.server in used:
-                used[app.primary.server] += self.primary_variant(app).demand(app.rate_rps)
+        memory = {s.name: 0.0 for s in self.servers if s.name not in failed}
+        compute = dict(memory)
+        placed = [(a, a.primary) for a in self.apps if a.primary is not None]
         if include_warm and self.warm:
-            for backup in self.warm:
-                if backup.server in used:
-                    app = self.app(backup.app)
-                    used[backup.server] += self.variant_of(app, backup.variant).demand(app.rate_rps)
-        return used
+            placed += [(self.app(b.app), b) for b in self.warm]
+        for app, where in placed:  # floats, not Demand objects: this runs for every app of every plan
+            if where.server in memory:
+                v = self.variant_of(app, where.variant)
+                memory[where.server] += v.memory_mb
+                compute[where.server] += app.rate_rps * v.latency_ms / 1000.0
+        return {name: Demand(memory[name], compute[name]) for name in memory}
 
     def free(self, failed: Collection[str] = (), include_warm: bool = True) -> dict[str, Demand]:
         """Free capacity of each live server (never negative)."""

@@ -1,4 +1,4 @@
-"""``failsoft plan``: JSON in, JSON out, as DESIGN.md specifies; one-line errors, exit code 2."""
+"""``failsoft plan``: JSON in, JSON out, in the shapes docs/scenario.md gives; one-line errors, exit 2."""
 
 import json
 import subprocess

@@ -7,6 +7,7 @@ resumes from that file.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -65,6 +66,78 @@ def test_a_bad_config_is_refused_in_one_line_before_anything_starts(tmp_path, ca
     assert time.monotonic() - started < 5  # refused before Ray or any process started
 
 
+@pytest.fixture
+def no_zoo_config(tmp_path) -> Path:
+    """A config whose repository does not exist: prepare() fails there, after the security checks."""
+    path = tmp_path / "c.yaml"
+    data = {
+        "name": "sec",
+        "repository": str(tmp_path / "no-zoo"),
+        "servers": [{"name": "s1", "site": "a", "memory_mb": 10}],
+        "apps": [{"name": "x", "family": "digits_mlp"}],
+        "state_dir": str(tmp_path / "state"),
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", ""])
+def test_serve_refuses_a_non_loopback_gateway_unless_opted_in(no_zoo_config, host, capsys):
+    assert main(["serve", str(no_zoo_config), "--host", host]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: gateway host {host!r} is not a loopback address")
+    assert (
+        "--allow-remote-admin" in err and "gateway.allow_remote: true" in err and len(err.splitlines()) == 1
+    )
+
+
+def test_an_opted_in_remote_gateway_passes_the_check_with_a_loud_warning(no_zoo_config, capsys, caplog):
+    with caplog.at_level(logging.WARNING, logger="failsoft.runtime.security"):
+        assert main(["serve", str(no_zoo_config), "--host", "0.0.0.0", "--allow-remote-admin"]) == 2
+    assert "model repository" in capsys.readouterr().err  # past the host check: stopped further on
+    assert "SECURITY: the gateway listens on 0.0.0.0:8000" in caplog.text
+    assert "plaintext" in caplog.text
+    data = yaml.safe_load(no_zoo_config.read_text())
+    data["gateway"] = {"host": "0.0.0.0", "allow_remote": True}  # the config key opts in as well
+    no_zoo_config.write_text(yaml.safe_dump(data))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="failsoft.runtime.security"):
+        assert main(["serve", str(no_zoo_config)]) == 2
+    assert "SECURITY" in caplog.text and "model repository" in capsys.readouterr().err
+
+
+def test_loopback_hosts_need_no_opt_in(no_zoo_config, capsys):
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        assert main(["serve", str(no_zoo_config), "--host", host]) == 2
+        assert "model repository" in capsys.readouterr().err
+
+
+def test_a_short_admin_token_is_refused_wherever_it_comes_from(no_zoo_config, capsys, monkeypatch):
+    monkeypatch.setenv("FAILSOFT_ADMIN_TOKEN", "fifteen-chars!!")
+    assert main(["serve", str(no_zoo_config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: the admin token from $FAILSOFT_ADMIN_TOKEN has 15 characters: at least 16")
+    assert "fifteen-chars" not in err  # never echoed
+    monkeypatch.delenv("FAILSOFT_ADMIN_TOKEN")
+    data = yaml.safe_load(no_zoo_config.read_text())
+    (no_zoo_config.parent / "state").mkdir()
+    (no_zoo_config.parent / "state" / "admin_token").write_text("short\n")
+    assert main(["serve", str(no_zoo_config)]) == 2
+    assert "admin token from file" in capsys.readouterr().err
+    data["admin_token"] = "x" * 15
+    no_zoo_config.write_text(yaml.safe_dump(data))
+    assert main(["serve", str(no_zoo_config)]) == 2
+    assert "admin_token" in capsys.readouterr().err
+
+
+def test_client_commands_take_the_token_from_a_file_never_from_argv(tmp_path, capsys):
+    assert main(["status", "--token", "a-token-on-the-command-line"]) == 2
+    assert "No such option: --token" in capsys.readouterr().err
+    (tmp_path / "tok").write_text("short\n")
+    assert main(["status", "--token-file", str(tmp_path / "tok"), "--url", "http://127.0.0.1:9"]) == 2
+    assert "has 5 characters: at least 16" in capsys.readouterr().err
+
+
 def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
     state = tmp_path / "state" / "cli-test"
     proc = subprocess.Popen(
@@ -88,10 +161,15 @@ def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
         assert status["apps"][0]["warm_backups"][0]["server"] == "s2"
         table = cli("status", "--state-dir", str(state), state=state).stdout
         assert "cam" in table and "s1/mlp_l" in table
+        token_file = ["--token-file", str(state / "admin_token")]  # the token never on argv
+        by_file = cli("status", "--json", "--url", _url(state), *token_file, state=state)
+        assert json.loads(by_file.stdout)["servers"] == status["servers"], by_file.stderr
 
         _controller_restart_resumes_from_sqlite(state)
 
-        killed = json.loads(cli("chaos", "kill", "s1", "--state-dir", str(state), state=state).stdout)
+        killed = json.loads(
+            cli("chaos", "kill", "s1", "--json", "--state-dir", str(state), state=state).stdout
+        )
         assert killed["killed"][0]["server"] == "s1"
 
         def moved() -> bool:
@@ -99,7 +177,7 @@ def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
             return {a["name"]: a["route"] and a["route"]["server"] for a in out["apps"]}["cam"] == "s2"
 
         wait_for(moved, 30.0, "cam served by its warm backup on s2", 0.2)
-        slow = cli("chaos", "slow", "s2", "--ms", "5", "--state-dir", str(state), state=state)
+        slow = cli("chaos", "slow", "s2", "--ms", "5", "--json", "--state-dir", str(state), state=state)
         assert json.loads(slow.stdout)["ms"] == 5
         bad = cli("chaos", "kill", "--state-dir", str(state), state=state)
         assert bad.returncode == 2 and "name a SERVER or a --site SITE" in bad.stderr
@@ -134,6 +212,10 @@ def _controller_restart_resumes_from_sqlite(state: Path) -> None:
     after = json.loads(cli("status", "--json", "--state-dir", str(state), state=state).stdout)
     assert [a["route"] for a in after["apps"]] == [a["route"] for a in before["apps"]]
     assert [a["warm_backups"] for a in after["apps"]] == [a["warm_backups"] for a in before["apps"]]
+
+
+def _url(state: Path) -> str:
+    return json.loads((state / "gateway.json").read_text())["url"]
 
 
 def _admin_status(state: Path) -> dict:

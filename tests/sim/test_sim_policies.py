@@ -42,8 +42,11 @@ def test_deployments_hold_the_registered_policy_objects(cluster):
 @pytest.mark.parametrize("label", ["faillite", "faillite-paper", "full-warm", "full-cold", "full-warm-k"])
 def test_the_simulator_applies_exactly_the_policys_plan(cluster, label):
     deployment = Deployer().deploy(cluster, label)
+    actions = 0
     for server in [s.name for s in cluster.servers][:4]:
         plan = deployment.policy.plan_failover(deployment.scenario, [server])
+        assert plan.actions or plan.unrecovered  # every server here holds primaries: apps are affected
+        actions += len(plan.actions)
         event = simulate_failure(deployment, [server], SimConfig(requests="off"))
         applied = {a: (r.kind, r.server, r.variant) for a, r in event.apps.items() if r.recovered}
         planned = {a.app: (a.kind, a.server, a.final_variant) for a in plan.actions}
@@ -51,17 +54,35 @@ def test_the_simulator_applies_exactly_the_policys_plan(cluster, label):
         assert {a for a, r in event.apps.items() if not r.recovered} == set(plan.unrecovered)
         assert event.released_warm == len(plan.released)
         assert event.oom_loads == 0  # every plan fits the memory the agents account
+    assert actions > 0  # some plan recovered something: the comparison above was not of empty plans
 
 
-def test_progressive_actions_serve_the_first_variant_before_the_final(cluster):
+def test_progressive_actions_serve_the_small_first_variant_before_the_final(cluster):
     deployment = Deployer().deploy(cluster, "faillite")
     config = SimConfig(requests="off", trace=True)
+    progressive = upgraded = 0
     for server in [s.name for s in cluster.servers]:
+        plan = deployment.policy.plan_failover(deployment.scenario, [server])
+        actions = {a.app: a for a in plan.actions if a.kind is ActionKind.PROGRESSIVE}
         event = simulate_failure(deployment, [server], config)
-        for app, record in event.apps.items():
-            if record.kind is ActionKind.PROGRESSIVE:
-                served = [e.variant for e in event.log if e.kind == "serving" and e.app == app]
-                assert served[-1] == record.variant and len(served) in (1, 2)
+        for app, action in actions.items():
+            progressive += 1
+            record = event.apps[app]
+            serving = sorted(
+                (e for e in event.log if e.kind == "serving" and e.app == app), key=lambda e: e.t
+            )
+            served = [e.variant for e in serving]
+            family = cluster.family(cluster.app(app).family)
+            assert served[0] == action.first_variant and served[-1] == action.final_variant == record.variant
+            if action.first_variant != action.final_variant:
+                upgraded += 1
+                assert served == [action.first_variant, action.final_variant]
+                order = [v.name for v in family.variants]  # smallest to largest memory
+                assert order.index(served[0]) < order.index(served[1])  # small first, the larger after
+                assert serving[0].t < serving[1].t and record.serving_at < record.final_at
+            else:
+                assert served == [action.final_variant]
+    assert progressive > 0 and upgraded > 0  # the checks above ran on real progressive failovers
 
 
 def test_sim_clock_is_a_clock():

@@ -23,7 +23,7 @@ def test_a_fixed_seed_gives_identical_rows():
         run_experiment(experiment, FAMILIES, seeds=1, policies=["faillite", "full-warm-k"]) for _ in range(2)
     ]
     first, second = (_without_wall_clock(r.rows) for r in runs)
-    assert len(first) == 6 * 2
+    assert len(first) == len(experiment.points) * 2  # one row per point and policy
     assert repr(first) == repr(second)  # repr: NaN == NaN as text
     assert {row["recovery_rate"] for row in first if row["policy"] == "faillite"} == {1.0}
 
@@ -33,8 +33,14 @@ def test_rows_carry_the_required_columns_and_the_testbed_is_failed_server_by_ser
     result = run_experiment(experiment, FAMILIES, seeds=1, policies=["full-cold"])
     required = {"experiment", "policy", "x", "seed", "recovery_rate", "mttr_ms", "accuracy_reduction_pct"}
     assert all(required <= set(row) for row in result.rows)
-    assert [row["x"] for row in result.rows] == list(range(6))
-    assert all(row["events"] == 1 and row["servers"] == 6 and row["apps"] == 46 for row in result.rows)
+    points = {p.x: p for p in experiment.points}
+    assert [row["x"] for row in result.rows] == list(points)
+    shape = experiment.shape(experiment.points[0])
+    assert len(points) == shape.n_servers  # one point per server: each fails in turn
+    for row in result.rows:
+        expected = experiment.shape(points[row["x"]])  # the cluster the experiment defines for it
+        assert (row["servers"], row["apps"]) == (expected.n_servers, expected.n_apps)
+        assert row["events"] == 1  # that point's one failure: its server
 
 
 def test_spread_and_aggregate_over_seeds():

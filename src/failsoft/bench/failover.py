@@ -65,13 +65,13 @@ def run(config_path: str | Path, settings: BenchSettings, progress: Progress | N
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
     ensure_families(base, say)
-    failed = _victims(base, settings)
+    failed = victims(base, settings)
     out: dict[str, Any] = {"config": str(config_path), "failed": failed, "policies": {}}
     for policy in settings.policies:
         runs = []
         for repeat in range(settings.repeats):
             say(f"[{policy}] run {repeat + 1}/{settings.repeats}: deploying ...")
-            cfg = _bench_config(base, policy)
+            cfg = bench_config(base, policy)
             try:
                 runs.append(run_once(cfg, failed, settings, say))
             finally:
@@ -106,7 +106,7 @@ def ensure_families(config: RuntimeConfig, say: Progress) -> None:
         build_zoo(root, families=missing, settings=QUICK)
 
 
-def _victims(config: RuntimeConfig, settings: BenchSettings) -> list[str]:
+def victims(config: RuntimeConfig, settings: BenchSettings) -> list[str]:
     if settings.site is not None:
         names = [s.name for s in config.servers if s.site == settings.site]
         if not names:
@@ -126,7 +126,7 @@ def _victims(config: RuntimeConfig, settings: BenchSettings) -> list[str]:
     return [max(counts, key=lambda s: (counts[s], -list(counts).index(s)))]
 
 
-def _bench_config(base: RuntimeConfig, policy: str) -> RuntimeConfig:
+def bench_config(base: RuntimeConfig, policy: str) -> RuntimeConfig:
     state = Path(tempfile.mkdtemp(prefix=f"failsoft-bench-{policy}-"))
     return (
         base.replace(policy=policy, state_dir=state, store_url="sqlite", admin_token=None)
@@ -159,7 +159,14 @@ def run_once(
         say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
         report = client.recoveries()
         client.close()
-    return measure(before, affected, kill_at, samples, report, usual)
+    result = measure(before, affected, kill_at, samples, report, usual)
+    result["warm"] = [  # the warm backups at the kill (the simulator's twin starts from them)
+        {"app": a["name"], "variant": w["variant"], "server": w["server"]}
+        for a in before["apps"]
+        for w in a["warm_backups"]
+        if w["state"] == "warm"
+    ]
+    return result
 
 
 def _periods(cfg: RuntimeConfig, settings: BenchSettings) -> dict[str, float]:
@@ -322,7 +329,7 @@ def _app_result(
         "first_variant": None if failover is None else failover["variant"],
         "settled_variant": _settled(events, app, "variant"),
         "mttr_ms": None if failover is None else failover["route_ms"],
-        "first_answer_ms": None if answer is None else answer["mttr_ms"],
+        "first_answer_ms": None if answer is None else answer["first_answer_ms"],
         "answer_after_kill_ms": waited,
         "usual_ms": usual_ms,
         "outage_ms": None if waited is None or usual_ms is None else max(waited - usual_ms, 0.0),

@@ -48,3 +48,20 @@ def failover(
         window_s=window_s,
     )
     typer.echo(json.dumps(run(config, settings), indent=2))
+
+
+@app.command("fidelity")
+def fidelity(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML), e.g. examples/bench.yaml", show_default=False)
+    ],
+    kill: Annotated[
+        list[str] | None, typer.Option("--kill", help="Server to kill (repeatable; default: the busiest)")
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Runtime runs (fresh deployments)")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, max=1000, help="Simulated events per runtime run")] = 20,
+) -> None:
+    """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
+    from failsoft.bench.fidelity import run
+
+    typer.echo(json.dumps(run(config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds), indent=2))

@@ -1,4 +1,9 @@
-"""``failsoft chaos``: inject failures through the gateway's token-protected admin API."""
+"""``failsoft chaos``: inject failures through the gateway's token-protected admin API.
+
+Each verb prints one line per server it touched, with the local time it happened (``--json``: the
+gateway's JSON answer, Unix times). After a kill, ``failsoft status`` shows the failover, and the
+agent's restart once Ray has started it again.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +12,46 @@ from typing import Annotated, Any
 
 import typer
 
-from failsoft.cli.status import ConfigOpt, StateOpt, TokenOpt, UrlOpt
+from failsoft.cli.status import ConfigOpt, StateOpt, TokenOpt, UrlOpt, local_time
 from failsoft.errors import ConfigError
 
 app = typer.Typer(help="Failure injection: kill, hang, resume or slow down servers.", no_args_is_help=True)
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON answer")]
 
-def _admin(action: str, url: str | None, token: str | None, config: Any, state_dir: Any, **body: Any) -> None:
+
+def _admin(
+    action: str, url: str | None, token: str | None, config: Any, state_dir: Any, as_json: bool, **body: Any
+) -> None:
     from failsoft.client import Client
     from failsoft.runtime.discovery import find_gateway
 
     target = find_gateway(url, token, config, state_dir)
     if not target.token:
-        raise ConfigError("no admin token: pass --token, set $FAILSOFT_ADMIN_TOKEN or use --state-dir")
+        raise ConfigError("no admin token: pass --token-file, set $FAILSOFT_ADMIN_TOKEN or use --state-dir")
     with Client(target.url, token=target.token, timeout=10.0) as client:
-        typer.echo(json.dumps(client.admin(action, **body), indent=2))
+        answer = client.admin(action, **body)
+    typer.echo(json.dumps(answer, indent=2) if as_json else "\n".join(describe(answer)))
+
+
+def describe(answer: dict[str, Any]) -> list[str]:
+    """What an injection did, one line per server, at local time."""
+    action = answer.get("action")
+    if action == "kill":
+        return [
+            f"killed {k['server']} (SIGKILL to pid {k['pid']}) at {local_time(k['at'], zone=True)}"
+            for k in answer["killed"]
+        ]
+    at = local_time(answer.get("at"), zone=True)
+    if action == "hang":
+        return [f"hung {answer['server']} (SIGSTOP to pid {answer['pid']}) at {at}"]
+    if action == "resume":
+        return [f"resumed {answer['server']} (SIGCONT to pid {answer['pid']}) at {at}"]
+    if action == "slow":
+        load = answer.get("load_ms")
+        more = f" and {load:g} ms per model load" if load else ""
+        return [f"slowed {answer['server']} by {answer['ms']:g} ms per inference{more} from {at}"]
+    return [json.dumps(answer)]
 
 
 @app.command("kill")
@@ -34,12 +64,13 @@ def kill(
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Crash a server (or a whole site): its agent process is killed."""
     if (server is None) == (site is None):
         raise ConfigError("name a SERVER or a --site SITE (not both)")
     body = {"server": server} if server else {"site": site}
-    _admin("kill", url, token, config, state_dir, **body)
+    _admin("kill", url, token, config, state_dir, as_json, **body)
 
 
 @app.command("slow")
@@ -56,12 +87,13 @@ def slow(
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Add latency to every inference of a server (and, with --load-ms, to its model loads)."""
     body: dict[str, Any] = {"server": server, "ms": ms}
     if load_ms is not None:
         body["load_ms"] = load_ms
-    _admin("slow", url, token, config, state_dir, **body)
+    _admin("slow", url, token, config, state_dir, as_json, **body)
 
 
 @app.command("hang")
@@ -71,9 +103,10 @@ def hang(
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Freeze a server: alive but silent, detected by its missing heartbeats."""
-    _admin("hang", url, token, config, state_dir, server=server)
+    _admin("hang", url, token, config, state_dir, as_json, server=server)
 
 
 @app.command("resume")
@@ -83,6 +116,7 @@ def resume(
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Unfreeze a hung server; the controller restores it."""
-    _admin("resume", url, token, config, state_dir, server=server)
+    _admin("resume", url, token, config, state_dir, as_json, server=server)

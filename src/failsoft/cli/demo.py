@@ -150,7 +150,7 @@ def print_summary(view: LiveView, summary: dict[str, Any]) -> None:
         f"{summary['degraded_answers']} answered by a smaller variant; "
         f"answers correct: {'-' if acc is None else f'{acc:.1%}'} (held-out digits)"
     )
-    view.console.print(f"client latency plot: {summary['plot']}")
+    view.console.print(f"client latency plot: {summary['plot']} (data: {summary['data']})")
 
 
 def _ms(value: float | None) -> str:
@@ -158,15 +158,21 @@ def _ms(value: float | None) -> str:
 
 
 def demo(
-    out: Annotated[Path, typer.Option(help="Where to save the latency plot (failsoft-demo.png)")] = Path("."),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for the latency plot (failsoft-demo.png) and its data "
+            "(default: demo/ in the state directory, ~/.local/state/failsoft/demo)"
+        ),
+    ] = None,
     kill: Annotated[str, typer.Option(help="The server to kill")] = "a1",
     down_s: Annotated[float, typer.Option(min=1, max=120, help="Seconds the server stays down")] = 8.0,
     repository: Annotated[Path | None, typer.Option(help="Model repository (default: the zoo path)")] = None,
 ) -> None:
     """Serve 6 servers in 3 sites with 12 apps, kill a server, and show FailLite recover it live."""
-    from failsoft.runtime.demo import DemoSettings, run_demo
+    from failsoft.runtime.demo import DemoSettings, default_out_dir, run_demo
 
     view = LiveView()
-    settings = DemoSettings(out_dir=out, kill=kill, down_s=down_s, repository=repository)
+    settings = DemoSettings(out_dir=out or default_out_dir(), kill=kill, down_s=down_s, repository=repository)
     summary = run_demo(settings, view)
     print_summary(view, summary)

@@ -21,7 +21,19 @@ def serve(
     port: Annotated[
         int | None, typer.Option(min=0, max=65535, help="Gateway port (0: any free port)")
     ] = None,
-    host: Annotated[str | None, typer.Option(help="Gateway address (default 127.0.0.1)")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Gateway address (default 127.0.0.1; others need --allow-remote-admin)"),
+    ] = None,
+    allow_remote_admin: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote-admin",
+            help="Let --host be a non-loopback address although the token-protected admin API (which "
+            "can kill servers) then speaks plaintext HTTP to the network; put TLS in front "
+            "(config: gateway.allow_remote: true; docs/security.md)",
+        ),
+    ] = False,
     store: Annotated[
         str | None, typer.Option(help="State store: sqlite, sqlite:///PATH or redis://HOST:PORT/DB")
     ] = None,
@@ -36,6 +48,8 @@ def serve(
     cfg = load_config(config)
     if port is not None or host is not None:
         cfg = cfg.with_gateway(**{k: v for k, v in (("port", port), ("host", host)) if v is not None})
+    if allow_remote_admin:
+        cfg = cfg.with_gateway(allow_remote=True)
     if store is not None:
         from failsoft.runtime.config import config_store_url
 

@@ -1,8 +1,9 @@
 """``failsoft simulate EXPERIMENT``: FailLite's experiments on the SimPy simulator.
 
 Writes ``results.csv``, ``summary.json`` and ``EXPERIMENT.png`` into ``--out`` and prints a JSON
-digest (the output paths and each policy's mean metrics) on stdout. A progress bar is drawn on
-stderr when it is a terminal.
+digest (the output paths and each policy's mean metrics) on stdout. Progress goes to stderr: a bar
+per experiment point on a terminal (each fills as its seeds and policies are done), otherwise one
+line per point and seed; at the end, the paths of the files written.
 """
 
 from __future__ import annotations
@@ -10,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from failsoft.cli.progress import progress_bar
 from failsoft.errors import ConfigError
 from failsoft.sim import EXPERIMENTS, SimConfig, get_experiment, load_families, run_experiment, write_outputs
 from failsoft.sim.deploy import DEFAULT_POLICIES, policy_labels
@@ -26,7 +30,7 @@ _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms",
 
 def simulate(
     experiment: Annotated[str, typer.Argument(help=f"One of: {', '.join(EXPERIMENTS)}", show_default=False)],
-    out: Annotated[Path | None, typer.Option(help="Output directory [default: out/sim/EXPERIMENT]")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output directory (default: out/sim/EXPERIMENT)")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..N-1 (clusters, failures, phases)")] = 3,
     policy: Annotated[
         list[str] | None,
@@ -37,11 +41,11 @@ def simulate(
     ] = None,
     requests: Annotated[
         str | None,
-        typer.Option(help="Per-request simulation: off, affected or all [default: per experiment]"),
+        typer.Option(help="Per-request simulation: off, affected or all (default: per experiment)"),
     ] = None,
     load_slots: Annotated[int, typer.Option(min=1, help="Concurrent model loads per server")] = 1,
     charge_plan_time: Annotated[bool, typer.Option(help="Add the planner's wall time to MTTR")] = False,
-    profiles: Annotated[Path | None, typer.Option(help="Profile CSV [default: bundled A2 profiles]")] = None,
+    profiles: Annotated[Path | None, typer.Option(help="Profile CSV (default: bundled A2 profiles)")] = None,
     zoo: Annotated[Path | None, typer.Option(help="Model repository whose measured profiles to use")] = None,
 ) -> None:
     """Run a FailLite experiment (Figs. 7-11, 13) under every policy and seed; write CSV, JSON, PNG."""
@@ -52,13 +56,17 @@ def simulate(
     if unknown:
         raise ConfigError(f"unknown policy {unknown[0]!r} (known: {', '.join(policy_labels())})")
     config = _config(exp.config, requests, load_slots, charge_plan_time)
-    total = row_count(exp, seeds, policies)
-    with _progress(total, f"simulate {exp.name}") as advance:
+    with PointProgress(exp, seeds, policies) as on_row:
         result = run_experiment(
-            exp, families, seeds=seeds, policies=policies, failures=failures, config=config, on_row=advance
+            exp, families, seeds=seeds, policies=policies, failures=failures, config=config, on_row=on_row
         )
     paths = write_outputs(result, out or Path("out") / "sim" / exp.name)
     typer.echo(json.dumps(_digest(summary(result), paths), indent=2))
+    typer.echo(
+        f"simulate {exp.name}: {row_count(exp, seeds, policies)} rows in {result.wall_s:.1f} s; wrote\n"
+        + "\n".join(f"  {path}" for path in paths.values()),
+        err=True,
+    )
 
 
 def _config(base: SimConfig, requests: str | None, load_slots: int, charge: bool) -> SimConfig:
@@ -79,23 +87,39 @@ def _digest(full: dict[str, Any], paths: dict[str, str]) -> dict[str, Any]:
     }
 
 
-class _progress:
-    """A rich progress bar on a terminal's stderr; nothing otherwise."""
+class PointProgress:
+    """Progress of an experiment by point, on stderr: a rich bar per point on a terminal, else one
+    line each time a point is done for one seed (every policy run)."""
 
-    def __init__(self, total: int, title: str) -> None:
-        self.total, self.title = total, title
-        self.bar = None
+    def __init__(self, exp: Any, seeds: int, policies: Sequence[str]) -> None:
+        self.exp, self.seeds, self.policies = exp, seeds, len(policies)
+        self.names = {(p.axis, p.x): p.label or f"{p.axis}={p.x:g}" for p in exp.points}
+        self.done: dict[tuple[str, float], int] = dict.fromkeys(self.names, 0)
+        self.bar: Any = None
+        self.tasks: dict[tuple[str, float], Any] = {}
+        self.started = time.perf_counter()
 
-    def __enter__(self):
-        if not sys.stderr.isatty():
-            return lambda row: None
-        from rich.console import Console
-        from rich.progress import Progress
+    def __enter__(self) -> Callable[[dict[str, Any]], None]:
+        if sys.stderr.isatty():
+            self.bar = progress_bar(stderr=True)
+            self.bar.start()
+            total = self.seeds * self.policies
+            for key, name in self.names.items():
+                self.tasks[key] = self.bar.add_task(f"{self.exp.name} {name}", total=total)
+        return self.on_row
 
-        self.bar = Progress(console=Console(stderr=True), transient=True)
-        self.bar.start()
-        task = self.bar.add_task(self.title, total=self.total)
-        return lambda row: self.bar.advance(task)
+    def on_row(self, row: dict[str, Any]) -> None:
+        key = (row["axis"], row["x"])
+        self.done[key] += 1
+        if self.bar is not None:
+            self.bar.advance(self.tasks[key])
+        elif self.done[key] % self.policies == 0:
+            index = list(self.names).index(key) + 1
+            typer.echo(
+                f"[{index}/{len(self.names)}] {self.exp.name} {self.names[key]}: seed {row['seed'] + 1} of "
+                f"{self.seeds} done ({time.perf_counter() - self.started:.1f} s)",
+                err=True,
+            )
 
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:

@@ -1,16 +1,37 @@
-"""``failsoft status``: servers, sites, apps, routes and backups of a running failsoft."""
+"""``failsoft status``: servers, sites, apps, routes and backups of a running failsoft.
+
+Agents restart by themselves after a crash, so a server that is ``up`` may have failed a minute
+ago: the server table says how often each was restarted and when it last failed, the app table when
+and how each app last failed over. Times are local wall-clock times.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 UrlOpt = Annotated[str | None, typer.Option(help="Gateway URL (default: found in the state directory)")]
+
+
+def _read_token_file(path: str | None) -> str | None:
+    """The token in ``--token-file`` (never a token on the command line: ``ps`` shows argv to all)."""
+    from failsoft.runtime.security import read_token_file
+
+    return None if path is None else read_token_file(path)
+
+
 TokenOpt = Annotated[
-    str | None, typer.Option(help="Admin token (default: $FAILSOFT_ADMIN_TOKEN or the state dir)")
+    str | None,
+    typer.Option(
+        "--token-file",
+        help="File holding the admin token (default: $FAILSOFT_ADMIN_TOKEN, else the state dir's)",
+        callback=_read_token_file,
+    ),
 ]
 ConfigOpt = Annotated[Path | None, typer.Option(help="The config the cluster was started with")]
 StateOpt = Annotated[Path | None, typer.Option(help="The cluster's state directory")]
@@ -36,17 +57,18 @@ def status(
     _print_tables(body)
 
 
+_SERVER_KEYS = ("name", "site", "state", "memory_mb", "used_mb", "models", "restarts", "last_failure")
+
+
 def _contract(body: dict[str, Any]) -> dict[str, Any]:
-    """The status object of DESIGN.md: servers (name, site, state) and apps with routes and backups."""
+    """The status object: servers (name, site, state, memory, failures) and apps with their routes,
+    backups and last failover (``null`` where the gateway does not report them)."""
     return {
         "cluster": body.get("cluster"),
         "policy": body.get("policy"),
         "ready": body.get("ready"),
         "route_version": body.get("version"),
-        "servers": [
-            {k: s.get(k) for k in ("name", "site", "state", "memory_mb", "used_mb", "models")}
-            for s in body["servers"]
-        ],
+        "servers": [{k: s.get(k) for k in _SERVER_KEYS} for s in body["servers"]],
         "apps": [
             {
                 "name": a["name"],
@@ -58,6 +80,7 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
                 "kind": a["kind"],
                 "degraded": a["degraded"],
                 "warm_backups": a["warm_backups"],
+                "last_failover": a.get("last_failover"),
             }
             for a in body["apps"]
         ],
@@ -66,27 +89,44 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
 
 def _print_tables(body: dict[str, Any]) -> None:
     from rich.console import Console
+
+    console = Console() if sys.stdout.isatty() else Console(width=160)  # piped: no wrapped cells
+    console.print(server_table(body))
+    console.print(app_table(body))
+
+
+def server_table(body: dict[str, Any]) -> Any:
+    """Servers: state, memory, models, and how often and when they failed."""
     from rich.table import Table
 
-    console = Console()
     colour = {"up": "green", "suspect": "yellow", "failed": "red", "recovering": "cyan"}
-    servers = Table(
+    table = Table(
         title=f"cluster {body.get('cluster')} (policy {body.get('policy')}, route v{body.get('version')})"
     )
-    for col in ("server", "site", "state", "memory used", "models"):
-        servers.add_column(col)
+    for col in ("server", "site", "state", "memory used", "models", "restarts", "last failure"):
+        table.add_column(col)
     for s in body["servers"]:
         state = s["state"]
-        servers.add_row(
+        restarts = s.get("restarts")
+        table.add_row(
             s["name"],
             s["site"],
             f"[{colour.get(state, 'white')}]{state}[/]",
             f"{s['used_mb']:.1f} / {s['memory_mb']:.0f} MB",
             str(s["models"]),
+            "-" if restarts is None else str(restarts),
+            local_time(s.get("last_failure")),
         )
-    apps = Table(title="apps")
-    for col in ("app", "critical", "primary", "route", "kind", "warm backups"):
-        apps.add_column(col)
+    return table
+
+
+def app_table(body: dict[str, Any]) -> Any:
+    """Apps: primary, current route, warm backups, and their last failover."""
+    from rich.table import Table
+
+    table = Table(title="apps")
+    for col in ("app", "critical", "primary", "route", "kind", "warm backups", "last failover"):
+        table.add_column(col)
     for a in body["apps"]:
         route = a["route"]
         shown = "[red]none[/]" if route is None else f"{route['server']}/{route['variant']}"
@@ -94,6 +134,32 @@ def _print_tables(body: dict[str, Any]) -> None:
             shown += " [yellow](degraded)[/]"
         warm = ", ".join(f"{w['server']}/{w['variant']} ({w['state']})" for w in a["warm_backups"]) or "-"
         primary = f"{a['primary']['server']}/{a['primary']['variant']}"
-        apps.add_row(a["name"], "yes" if a["critical"] else "", primary, shown, a["kind"] or "-", warm)
-    console.print(servers)
-    console.print(apps)
+        table.add_row(
+            a["name"],
+            "yes" if a["critical"] else "",
+            primary,
+            shown,
+            a["kind"] or "-",
+            warm,
+            last_failover(a.get("last_failover")),
+        )
+    return table
+
+
+def last_failover(event: dict[str, Any] | None) -> str:
+    """``14:03:07.123 warm -> c2/cnn_m``, or ``-`` when the app never failed over."""
+    if not event:
+        return "-"
+    where = f"{event.get('server')}/{event.get('variant')}"
+    return f"{local_time(event.get('at'))} {event.get('kind')} -> {where}"
+
+
+def local_time(at: float | None, zone: bool = False) -> str:
+    """A Unix time as local wall-clock time to the millisecond, dated unless it is today (``-`` for
+    none); ``zone`` adds the time zone's name."""
+    if at is None:
+        return "-"
+    moment = datetime.fromtimestamp(at).astimezone()
+    day = "" if moment.date() == datetime.now().astimezone().date() else f"{moment:%Y-%m-%d} "
+    shown = f"{day}{moment:%H:%M:%S}.{moment.microsecond // 1000:03d}"
+    return f"{shown} {moment.tzname()}" if zone else shown

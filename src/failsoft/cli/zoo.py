@@ -101,10 +101,9 @@ def _progress(total: int) -> Iterator[Callable[[Any], None]]:
 
         yield plain
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from failsoft.cli.progress import progress_bar
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("zoo", total=total)
 
         def rich(event: Any) -> None:
@@ -185,7 +184,7 @@ def scenario(
     ] = None,
     families: FamiliesOpt = None,
 ) -> None:
-    """Print the ``families`` section of a scenario JSON, from a repository or a profile CSV."""
+    """Print the 'families' section of a scenario JSON, from a repository or a profile CSV."""
     from failsoft.zoo import ModelRepository, families_from_csv, families_section
 
     names = _selectors(families)

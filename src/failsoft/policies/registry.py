@@ -28,6 +28,7 @@ from failsoft.errors import UnknownNameError
 from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
 from failsoft.policies.failover.faillite import FailLitePolicy
 from failsoft.policies.failover.interface import FailoverPolicy
+from failsoft.policies.queueing import BatchLazyDrop, Edf, Fifo, QueueDiscipline
 
 FAILOVER: Mapping[str, type[FailoverPolicy]] = {
     "faillite": FailLitePolicy,
@@ -36,9 +37,15 @@ FAILOVER: Mapping[str, type[FailoverPolicy]] = {
     "full-cold": FullColdPolicy,
 }
 
+QUEUEING: Mapping[str, type[QueueDiscipline]] = {
+    "fifo": Fifo,
+    "batch-lazy-drop": BatchLazyDrop,
+    "edf": Edf,
+}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
-    "queueing": {},
+    "queueing": QUEUEING,
     "coding": {},
     "adaptation": {},
     "replication": {},

@@ -10,8 +10,15 @@ failsoft's agent is a Ray actor doing the same with :class:`failsoft.zoo.ModelRe
   ``memory_mb`` against the server's configured capacity; a load that would exceed it is refused
   (:class:`~failsoft.errors.CapacityError`) before any byte is read. Loads run in parallel threads;
   a load already done is a no-op, so the controller may safely repeat one.
-* :meth:`Agent.infer` answers with the real model; :meth:`Agent.set_slow` injects latency into
-  inference and, optionally, into model loads (``failsoft chaos slow``).
+  Before a load returns, the model answers a few warm-up inferences (Triton's ``model_warmup``: at
+  batch 1 and at the serving queue's max batch), so the first request routed to it costs the
+  model's usual latency, not a first call's kernel selection and allocations.
+* :meth:`Agent.infer` queues a request on the model's serving queue (:mod:`failsoft.runtime.serving`:
+  one queue and one worker thread per loaded model, batching, deadlines, admission, cancellation by
+  :meth:`Agent.cancel`) and waits for its answer; :meth:`Agent.set_slow` injects latency into every
+  batch and, optionally, into model loads (``failsoft chaos slow``). A model is held by reference
+  while it answers: an unload lets its running batch finish and answers its queued requests
+  :class:`~failsoft.errors.ModelNotLoadedError`, which the gateway retries elsewhere.
 * its sidecar (:mod:`failsoft.runtime.pulse`) pushes a heartbeat datagram to the controller every
   ``interval_s`` while this process is alive, running, and refreshing its liveness stamp from a
   background thread; the datagram carries the server's name and *incarnation*. The incarnation is
@@ -34,16 +41,19 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from failsoft.domain import Server
-from failsoft.errors import CapacityError, ModelNotLoadedError, ServingError
+from failsoft.domain import Server, Variant
+from failsoft.errors import CapacityError, ModelNotLoadedError, OverloadedError, ServingError
+from failsoft.policies import registry
+from failsoft.policies.queueing import QueueParams, ServiceModel
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.pulse import Pulse
+from failsoft.runtime.serving import ServingQueue, calibrated, warm_up, warmup_budget_ms, warmup_sizes
 
 log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
@@ -58,6 +68,8 @@ WEDGE_S = 2.0
 LOAD_NICE = 5
 BACKGROUND_NICE = 15
 MAX_NICE = 19
+UNLOAD_DRAIN_S = 20.0  # an unload waits this long for the model's running batch before returning
+SPARE_SERVING_THREADS = 4  # Ray threads kept free to refuse requests fast when the rest are waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +81,7 @@ class AgentSpec:
     device: str = "auto"
     families: tuple[str, ...] = ()  # the families it may serve (warmed up at start); () = all
     torch_threads: int = 1  # torch's intra-op threads per agent; 0 = one per core of the host
+    queue: QueueParams = field(default_factory=QueueParams)  # each loaded model's serving queue
 
 
 @dataclass(slots=True)
@@ -76,13 +89,14 @@ class _Held:
     model: Any  # failsoft.zoo.LoadedModel
     memory_mb: float
     load_ms: float
+    queue: ServingQueue
 
 
 class Agent:
     """A server's agent. Thread-safe: Ray runs its methods on a pool of threads."""
 
     def __init__(self, spec: AgentSpec) -> None:
-        from failsoft.runtime.cluster import configure_actor_logging
+        from failsoft.runtime.cluster import SERVING_THREADS, configure_actor_logging
         from failsoft.zoo import ModelRepository
 
         configure_actor_logging()
@@ -91,12 +105,15 @@ class Agent:
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self._repo = ModelRepository(spec.repository)
-        self._memory = {(f.name, v.name): v.memory_mb for f in self._repo.families() for v in f.variants}
+        self._profiles = {(f.name, v.name): v for f in self._repo.families() for v in f.variants}
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str], _Held] = {}
         self._loading: dict[tuple[str, str], threading.Event] = {}
         self._reserved_mb = 0.0
+        self._releasing_mb = 0.0  # unloaded models whose last batch is still running
         self._loads_total = 0
+        self._in_flight = 0  # infer calls holding one of Ray's serving threads
+        self._serving_threads = SERVING_THREADS
         self._slow_s = 0.0
         self._slow_load_s = 0.0
         self.warmup_ms = self._warm_up()
@@ -136,10 +153,12 @@ class Agent:
 
         Loads run in a thread of lower CPU priority than inference (answers of recovered apps come
         first on a busy machine), and ``background`` loads (upgrades, warm backups) lower still, so
-        they also yield to the loads that recover apps.
+        they also yield to the loads that recover apps. The model's serving queue starts here, in
+        this thread, whose priority its worker inherits: inference runs at the agent's own.
         """
         key = (app, variant)
-        memory = self._memory_of(family, variant)
+        profile = self._profile_of(family, variant)
+        memory = profile.memory_mb
         step, event = self._reserve(key, family, variant, memory)
         if step != "load":  # already held, or the same load is running in another thread
             event.wait()
@@ -147,7 +166,8 @@ class Agent:
         started = time.perf_counter()
         try:
             nice = BACKGROUND_NICE if background else LOAD_NICE
-            model = _run_at_priority(nice, self._read, family, variant)
+            model, service = _run_at_priority(nice, self._read, family, profile)
+            queue = self._serving_queue(f"{self.server.name}/{app}/{variant}", model, service)
         except BaseException:
             with self._lock:
                 self._reserved_mb -= memory
@@ -156,18 +176,32 @@ class Agent:
         load_ms = (time.perf_counter() - started) * 1000.0
         with self._lock:
             self._reserved_mb -= memory
-            self._held[key] = _Held(model, memory, load_ms)
+            self._held[key] = _Held(model, memory, load_ms, queue)
             self._loads_total += 1
             self._loading.pop(key).set()
         return self._describe(key, cached=False)
 
-    def _read(self, family: str, variant: str) -> Any:
-        """Disk to a first answer (the zoo profiler's definition of a load)."""
+    def _read(self, family: str, profile: Variant) -> tuple[Any, ServiceModel]:
+        """Disk to a warm model: loaded, and answering at its usual speed at every batch size it
+        will serve. Returns the model and its service time, calibrated by the warm-up."""
         if self._slow_load_s > 0:  # injected: a slow disk or a remote repository
             time.sleep(self._slow_load_s)
-        model = self._repo.load(family, variant, None if self.spec.device == "auto" else self.spec.device)
-        model.predict(np.zeros((1, *model.input_shape), dtype=np.float32))
-        return model
+        device = None if self.spec.device == "auto" else self.spec.device
+        model = self._repo.load(family, profile.name, device)
+        service = ServiceModel(profile)
+        sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
+        return model, calibrated(service, warm_up(model.predict, model.input_shape, sizes))
+
+    def _serving_queue(self, name: str, model: Any, service: ServiceModel) -> ServingQueue:
+        params = self.spec.queue
+        discipline = registry.make("queueing", params.discipline, params.max_batch, params.max_queue)
+        queue = ServingQueue(
+            name, model.predict, model.input_shape, discipline, service, delay_s=self._delay_s
+        )
+        return queue.start()
+
+    def _delay_s(self) -> float:
+        return self._slow_s
 
     def _reserve(
         self, key: tuple[str, str], family: str, variant: str, memory: float
@@ -190,17 +224,15 @@ class Agent:
             event = self._loading[key] = threading.Event()
             return "load", event
 
-    def _memory_of(self, family: str, variant: str) -> float:
-        memory = self._memory.get((family, variant))
-        return memory if memory is not None else self._refresh_profile(family, variant)
-
-    def _refresh_profile(self, family: str, variant: str) -> float:
-        variant_profile = self._repo.variant(family, variant)  # ModelNotFoundError names it
-        self._memory[(family, variant)] = variant_profile.memory_mb
-        return variant_profile.memory_mb
+    def _profile_of(self, family: str, variant: str) -> Variant:
+        profile = self._profiles.get((family, variant))
+        if profile is None:  # profiled since this agent started
+            profile = self._profiles[(family, variant)] = self._repo.variant(family, variant)
+        return profile
 
     def _used_mb(self) -> float:
-        return sum(h.memory_mb for h in self._held.values())
+        """Memory of the models held, and of unloaded ones still finishing their last batch."""
+        return sum(h.memory_mb for h in self._held.values()) + self._releasing_mb
 
     def _describe(self, key: tuple[str, str], cached: bool) -> dict[str, Any]:
         with self._lock:
@@ -221,17 +253,40 @@ class Agent:
         }
 
     def unload(self, app: str, variant: str) -> bool:
-        """Drop a model; False when it was not held."""
+        """Drop a model; False when it was not held.
+
+        New requests for it are refused at once and queued ones are answered ModelNotLoadedError;
+        the batch running finishes first (up to :data:`UNLOAD_DRAIN_S`), then the weights are freed.
+        Its memory stays accounted until they are.
+        """
         with self._lock:
             held = self._held.pop((app, variant), None)
-        if held is None:
-            return False
-        held.model.close()
+            if held is None:
+                return False
+            self._releasing_mb += held.memory_mb
+        if held.queue.close(UNLOAD_DRAIN_S):
+            self._release(held)
+        else:  # a batch longer than the drain: free the weights when it ends, not under it
+            log.warning("unload of %s/%s: a batch is still running; freeing it afterwards", app, variant)
+            threading.Thread(target=self._release_after, args=(held,), daemon=True).start()
         return True
+
+    def _release(self, held: _Held) -> None:
+        try:
+            held.model.close()
+        finally:
+            with self._lock:
+                self._releasing_mb -= held.memory_mb
+
+    def _release_after(self, held: _Held) -> None:
+        held.queue.close()
+        self._release(held)
 
     def cancel(self, request_id: str) -> bool:
         """Withdraw a queued request; False when it is not queued (done, running or unknown)."""
-        return False
+        with self._lock:
+            queues = [h.queue for h in self._held.values()]
+        return any(queue.cancel(request_id) for queue in queues)
 
     def infer(
         self,
@@ -240,14 +295,34 @@ class Agent:
         batch: np.ndarray,
         timeout_s: float | None = None,
         request_id: str | None = None,
+        sent_at: float | None = None,
     ) -> np.ndarray:
-        if self._slow_s > 0:
-            time.sleep(self._slow_s)
+        """Answer ``batch`` through the model's serving queue, within ``timeout_s`` (None: no deadline).
+
+        ``sent_at`` (wall-clock seconds) is when the caller sent it: the time the call took to get
+        here is taken off ``timeout_s`` (under a burst, the gateway's event loop and Ray's queues
+        were measured holding calls for a quarter of a second). Refused at once
+        (:class:`~failsoft.errors.OverloadedError`) when the queue cannot answer in time, or when
+        nearly all of Ray's serving threads already wait on answers.
+        """
+        if timeout_s is not None and sent_at is not None:  # clocks of two machines: never below 0
+            timeout_s -= min(max(time.time() - sent_at, 0.0), timeout_s)
         with self._lock:
             held = self._held.get((app, variant))
+            busy = self._in_flight >= self._serving_threads - SPARE_SERVING_THREADS
+            if held is not None and not busy:
+                self._in_flight += 1
         if held is None:
             raise ModelNotLoadedError(f"server {self.server.name!r} does not hold {variant!r} for {app!r}")
-        return held.model.predict(batch)
+        if busy:
+            raise OverloadedError(
+                f"server {self.server.name!r}: {self._in_flight} requests already waiting", 0.05
+            )
+        try:
+            return held.queue.infer(batch, timeout_s, request_id)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
 
     # reports and chaos -----------------------------------------------------------------------
     def holdings(self) -> dict[str, Any]:
@@ -277,14 +352,29 @@ class Agent:
             "slow_load_ms": self._slow_load_s * 1000.0,
             "torch_threads": _torch_threads(),
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
+            "queues": self.queue_stats(),
         }
 
+    def queue_stats(self) -> dict[str, dict[str, Any]]:
+        """Each loaded model's serving queue (``app/variant``): counters, calibration, worker niceness."""
+        with self._lock:
+            held = dict(self._held)
+        return {f"{app}/{variant}": h.queue.stats() for (app, variant), h in sorted(held.items())}
+
     def set_slow(self, ms: float, load_ms: float | None = None) -> None:
-        """Add ``ms`` milliseconds to every inference and, if given, ``load_ms`` to every model load
-        (a slow disk); 0 restores normal speed."""
+        """Add ``ms`` milliseconds to every batch a serving queue runs and, if given, ``load_ms`` to
+        every model load (a slow disk); 0 restores normal speed. Admission counts it in."""
         self._slow_s = max(float(ms), 0.0) / 1000.0
         if load_ms is not None:
             self._slow_load_s = max(float(load_ms), 0.0) / 1000.0
+
+    def shutdown(self) -> None:
+        """Unload every model and stop the heartbeat sidecar (an agent living in a test's process)."""
+        with self._lock:
+            keys = list(self._held)
+        for app, variant in keys:
+            self.unload(app, variant)
+        self._pulse.stop()
 
     def crash(self) -> None:
         """Die at once, like a server losing power (used where the caller cannot signal the process)."""

@@ -14,6 +14,12 @@ agent's process, so:
 Signals are sent from this process when the agent runs on this host (embedded mode); otherwise the
 agent is asked to kill itself. Every injection returns the wall time it happened at, so benchmarks
 can measure detection from the true failure instant.
+
+A hung agent cannot say its PID, so the last one it said is kept; but a PID is only a number the
+kernel hands out again once its process is gone. Before any signal, the process behind a kept PID
+must still be the agent that said it (the same start time and executable, as :mod:`psutil` reads
+them); otherwise the signal is refused with an error naming what runs there now, and nothing is
+sent to an innocent process.
 """
 
 from __future__ import annotations
@@ -24,75 +30,119 @@ import signal
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from failsoft.domain import Server
-from failsoft.errors import ConfigError, ServingError
+from failsoft.errors import ConfigError, ServingError, UnknownNameError
 from failsoft.runtime.cluster import AgentRef
+
+START_TIME_TOLERANCE_S = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class AgentProcess:
+    """An agent's process as it was when it last answered: enough to recognise it later."""
+
+    pid: int
+    host: str
+    started: float | None  # psutil's create_time (None: not on this host, or already gone)
+    exe: str | None
+
+    @classmethod
+    def of(cls, info: dict[str, Any]) -> AgentProcess:
+        pid, host = int(info["pid"]), str(info["hostname"])
+        if host != socket.gethostname():
+            return cls(pid, host, None, None)
+        try:
+            proc = psutil.Process(pid)
+            return cls(pid, host, proc.create_time(), proc.exe())
+        except psutil.Error:
+            return cls(pid, host, None, None)
+
+    @property
+    def local(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def impostor(self) -> str | None:
+        """What now runs under this PID if it is not this agent any more; None if it is (or is gone)."""
+        try:
+            proc = psutil.Process(self.pid)
+            started, exe = proc.create_time(), proc.exe()
+        except psutil.NoSuchProcess:
+            return None  # gone: signalling it is a no-op
+        except psutil.Error as exc:
+            return f"a process that cannot be inspected ({exc})"
+        if self.started is None or abs(started - self.started) > START_TIME_TOLERANCE_S or exe != self.exe:
+            return f"{exe} started at {time.strftime('%H:%M:%S', time.localtime(started))}"
+        return None
 
 
 class Chaos:
     def __init__(self, servers: Sequence[Server], agents: dict[str, AgentRef]) -> None:
         self.servers = {s.name: s for s in servers}
         self.agents = agents
-        self._pids: dict[str, int] = {}
-        self._hosts: dict[str, str] = {}
+        self._procs: dict[str, AgentProcess] = {}
 
     def servers_of(self, server: str | None = None, site: str | None = None) -> list[str]:
         if site is not None:
             names = [s.name for s in self.servers.values() if s.site == site]
             if not names:
                 sites = sorted({s.site for s in self.servers.values()})
-                raise ConfigError(f"unknown site {site!r} (sites: {', '.join(sites)})")
+                raise UnknownNameError(f"unknown site {site!r} (sites: {', '.join(sites)})")
             return names
         if server is None or server not in self.servers:
-            raise ConfigError(f"unknown server {server!r} (servers: {', '.join(self.servers)})")
+            raise UnknownNameError(f"unknown server {server!r} (servers: {', '.join(self.servers)})")
         return [server]
 
     def remember(self, server: str, info: dict[str, Any]) -> None:
-        """Note an agent's PID and host (from its ``info()``): a hung agent cannot tell us later."""
-        self._pids[server], self._hosts[server] = int(info["pid"]), str(info["hostname"])
+        """Note an agent's process (from its ``info()``): a hung agent cannot tell us later."""
+        self._procs[server] = AgentProcess.of(info)
 
     def forget(self, server: str) -> None:
         """The server's agent was replaced: its old PID means nothing now."""
-        self._pids.pop(server, None)
-        self._hosts.pop(server, None)
+        self._procs.pop(server, None)
 
     async def refresh(self, server: str) -> None:
         self.remember(server, await self.agents[server].info(timeout_s=1.0))
 
-    async def _pid(self, server: str) -> int:
+    async def _process(self, server: str) -> AgentProcess:
         try:
             await self.refresh(server)
         except ServingError:
-            if server not in self._pids:
+            if server not in self._procs:
                 raise
-        return self._pids[server]
+        return self._procs[server]
 
     async def kill(self, server: str | None = None, site: str | None = None) -> dict[str, Any]:
         names = self.servers_of(server, site)
-        pids = await asyncio.gather(*(self._pid(n) for n in names))
+        procs = await asyncio.gather(*(self._process(n) for n in names))
+        for name, proc in zip(names, procs, strict=True):
+            self._check(name, proc)  # all or nothing: no site half killed for one stale PID
         killed = []
-        for name, pid in zip(names, pids, strict=True):
+        for name, proc in zip(names, procs, strict=True):
             at = time.time()
-            self._signal(name, pid, signal.SIGKILL)
-            killed.append({"server": name, "pid": pid, "at": at})
+            self._signal(name, proc, signal.SIGKILL)
+            killed.append({"server": name, "pid": proc.pid, "at": at})
         return {"action": "kill", "killed": killed}
 
     async def hang(self, server: str) -> dict[str, Any]:
         (name,) = self.servers_of(server)
-        pid = await self._pid(name)
+        proc = await self._process(name)
         at = time.time()
-        self._signal(name, pid, signal.SIGSTOP)
-        return {"action": "hang", "server": name, "pid": pid, "at": at}
+        self._signal(name, proc, signal.SIGSTOP)
+        return {"action": "hang", "server": name, "pid": proc.pid, "at": at}
 
     async def resume(self, server: str) -> dict[str, Any]:
         (name,) = self.servers_of(server)
-        if name not in self._pids:
+        if name not in self._procs:
             raise ServingError(f"server {name!r} was not hung by this gateway")
+        proc = self._procs[name]
         at = time.time()
-        self._signal(name, self._pids[name], signal.SIGCONT)
-        return {"action": "resume", "server": name, "pid": self._pids[name], "at": at}
+        self._signal(name, proc, signal.SIGCONT)
+        return {"action": "resume", "server": name, "pid": proc.pid, "at": at}
 
     async def slow(self, server: str, ms: float, load_ms: float | None = None) -> dict[str, Any]:
         (name,) = self.servers_of(server)
@@ -102,15 +152,28 @@ class Chaos:
         await self.agents[name].set_slow(ms, load_ms)
         return {"action": "slow", "server": name, "ms": ms, "load_ms": load_ms, "at": time.time()}
 
-    def _signal(self, server: str, pid: int, sig: signal.Signals) -> None:
-        if self._hosts.get(server) not in (None, socket.gethostname()):
+    @staticmethod
+    def _check(server: str, proc: AgentProcess) -> None:
+        """Refuse to signal a PID that now belongs to another process than the server's agent."""
+        if not proc.local:
+            return
+        impostor = proc.impostor()
+        if impostor is not None:
+            raise ServingError(
+                f"server {server!r}: pid {proc.pid} is no longer its agent (it now runs {impostor}); "
+                "refusing to signal it"
+            )
+
+    def _signal(self, server: str, proc: AgentProcess, sig: signal.Signals) -> None:
+        if not proc.local:
             if sig is not signal.SIGKILL:
                 raise ServingError(f"server {server!r} runs on another host: only 'kill' reaches it")
             self.agents[server].crash_nowait()
             return
+        self._check(server, proc)
         try:
-            os.kill(pid, sig)
+            os.kill(proc.pid, sig)
         except ProcessLookupError:
             pass  # already dead: the injection has happened
         except PermissionError as exc:
-            raise ServingError(f"cannot signal server {server!r} (pid {pid}): {exc}") from exc
+            raise ServingError(f"cannot signal server {server!r} (pid {proc.pid}): {exc}") from exc

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,10 @@ NAMESPACE = "failsoft"
 CONTROLLER_NAME = "failsoft-controller"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet an embedded ray.init starts
+# An agent's inference calls wait on its serving queues in threads of their own, so that a backlog
+# of answers never delays a load, an unload, a cancel or a status call (Ray's concurrency groups).
+SERVING_GROUP = "serving"
+SERVING_THREADS = 256
 log = logging.getLogger(__name__)
 
 
@@ -87,9 +92,12 @@ class _ActorRef:
         self._handle = handle
         self.what = what
 
-    async def _call(self, method: str, *args: Any, timeout_s: float | None = 10.0) -> Any:
+    async def _call(
+        self, method: str, *args: Any, timeout_s: float | None = 10.0, group: str | None = None
+    ) -> Any:
         try:
-            ref = getattr(self._handle, method).remote(*args)
+            remote = getattr(self._handle, method)
+            ref = (remote.options(concurrency_group=group) if group else remote).remote(*args)
             return await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout_s)
         except asyncio.CancelledError:
             raise
@@ -133,9 +141,11 @@ class AgentRef(_ActorRef):
         self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
     ) -> Any:
         """Answer ``batch`` within ``timeout_s`` (the request's time left, which the agent's serving
-        queue turns into a deadline on its own clock); ``request_id`` lets :meth:`cancel_nowait`
-        withdraw it from the queue."""
-        return await self._call("infer", app, variant, batch, timeout_s, request_id, timeout_s=timeout_s)
+        queue turns into a deadline on its own clock, less the time the call took to reach it, from
+        the wall-clock time it was sent); ``request_id`` lets :meth:`cancel_nowait` withdraw it from
+        the queue."""
+        args = (app, variant, batch, timeout_s, request_id, time.time())
+        return await self._call("infer", *args, timeout_s=timeout_s, group=SERVING_GROUP)
 
     def cancel_nowait(self, request_id: str) -> None:
         """Withdraw a request from the server's queue (it timed out, moved, or its client left)."""
@@ -360,7 +370,7 @@ class RayCluster:
 
     def _spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
         handle = (
-            ray.remote(cls)
+            ray.remote(concurrency_groups={SERVING_GROUP: SERVING_THREADS})(cls)
             .options(
                 name=agent_name(server),
                 namespace=NAMESPACE,

@@ -36,7 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from failsoft.domain import PolicyParams, Server
 from failsoft.errors import ConfigError
+from failsoft.policies.queueing import QueueParams
 from failsoft.policies.registry import failover_names as policy_names
+from failsoft.policies.registry import names as registered
+from failsoft.runtime.security import MIN_TOKEN_CHARS
 from failsoft.scenario import (  # one-line errors, one service parser
     ServiceSpec,
     _refuse_duplicates,
@@ -111,6 +114,8 @@ class GatewayModel(_Strict):
     max_body_mb: float = Field(default=16.0, gt=0, le=1024)
     max_batch: int = Field(default=64, ge=1, le=4096)
     min_timeout_ms: float = Field(default=2000.0, ge=1)
+    # a non-loopback host exposes the plaintext admin API (it kills processes): only when opted in
+    allow_remote: bool = False
 
 
 class AgentsModel(_Strict):
@@ -119,6 +124,15 @@ class AgentsModel(_Strict):
     device: str = Field(default="auto", pattern="^(auto|cpu|cuda)$")
     drain_ms: float = Field(default=200.0, ge=0)
     torch_threads: int = Field(default=1, ge=0, le=256)
+    queue: QueueParams = Field(default_factory=QueueParams)  # every loaded model's serving queue
+
+    @field_validator("queue")
+    @classmethod
+    def _known_discipline(cls, value: QueueParams) -> QueueParams:
+        if value.discipline not in registered("queueing"):
+            known = ", ".join(registered("queueing"))
+            raise ValueError(f"unknown queue discipline {value.discipline!r} (known: {known})")
+        return value
 
 
 class ConfigModel(_Strict):
@@ -133,7 +147,7 @@ class ConfigModel(_Strict):
     agents: AgentsModel = Field(default_factory=AgentsModel)
     state_dir: str | None = None
     store: str = "sqlite"
-    admin_token: str | None = Field(default=None, min_length=8)
+    admin_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS)
 
     @field_validator("store")
     @classmethod
@@ -185,6 +199,7 @@ class GatewaySettings:
     max_body_bytes: int = 16 * 1024 * 1024
     max_batch: int = 64
     min_timeout_ms: float = 2000.0
+    allow_remote: bool = False  # may bind a non-loopback host (see docs/security.md)
 
     @property
     def url(self) -> str:
@@ -198,6 +213,7 @@ class AgentSettings:
     device: str = "auto"
     drain_ms: float = 200.0
     torch_threads: int = 1  # per agent; 0 = one per core (torch's default)
+    queue: QueueParams = dataclasses.field(default_factory=QueueParams)  # discipline, max_batch, max_queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,9 +315,16 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         replan_delay_s=f.replan_delay_s,
         heartbeat=HeartbeatSettings(h.interval_ms / 1000.0, h.missed),
         gateway=GatewaySettings(
-            g.host, g.port, int(g.max_body_mb * 1024 * 1024), g.max_batch, g.min_timeout_ms
+            g.host,
+            g.port,
+            int(g.max_body_mb * 1024 * 1024),
+            g.max_batch,
+            g.min_timeout_ms,
+            allow_remote=g.allow_remote,
         ),
-        agents=AgentSettings(ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms, ag.torch_threads),
+        agents=AgentSettings(
+            ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms, ag.torch_threads, ag.queue
+        ),
         state_dir=state_dir,
         store_url=spec.store,
         admin_token=spec.admin_token,

@@ -1,22 +1,20 @@
 """The controller: one async Ray actor that detects failures and runs FailLite's two steps (3.4, 4).
 
-It holds the cluster's state (:class:`~failsoft.runtime.state.ClusterState`), receives every agent's
-heartbeat (UDP datagrams stamped on arrival by a thread, :mod:`failsoft.runtime.heartbeat`), and
-drives a control loop that cannot die (:mod:`failsoft.runtime.loop`):
+Its decisions are the orchestration core's (:class:`~failsoft.orchestration.Orchestrator`, shared
+with the simulator); the controller gives the core its inputs and carries out its commands through a
+:class:`~failsoft.runtime.orchestrator.CoreDriver`:
 
-* ``health`` (every few ms): the pure :class:`~failsoft.policies.detection.HeartbeatDetector`
-  decides who is up, suspect, failed or recovering; two missed heartbeats make a failure. Arrival
-  times are the kernel's, so a stalled loop delays verdicts but never fakes a silence;
-* ``failover``: failed servers are handed to the orchestrator, which unroutes their apps at once
-  and plans the failover with the configured policy. While another server is *suspect*, the plan
-  waits (at most one heartbeat interval) so that a site failure is planned as one;
-* ``reconcile`` (every 250 ms): return apps home, retry unrecovered apps, re-plan warm backups;
-* ``gc`` (every 2 s): compare agents' holdings with the state; ``persist``: write the state to
-  the store whenever it changed.
+* heartbeats: UDP datagrams stamped on arrival by the kernel (:mod:`failsoft.runtime.heartbeat`),
+  drained every few milliseconds into :meth:`Orchestrator.heartbeat`, then
+  :meth:`Orchestrator.check_health` (the detector's verdicts, failovers, reconciliation, timers).
+  Arrival times are the kernel's, so a stalled loop delays verdicts but never fakes a silence;
+* routes and events go out by long-poll (:mod:`failsoft.runtime.longpoll`), the state to the store
+  (SQLite or Redis) whenever it changed.
 
-Routes and events go out by long-poll (:mod:`failsoft.runtime.longpoll`). At start the controller
-deploys (primaries, then warm backups from the proactive policy); when Ray restarts it after a
-crash, it resumes from the store instead, keeping every model that healthy servers still hold.
+At start the controller deploys (primaries, then warm backups from the proactive policy); when Ray
+restarts it after a crash, it resumes from the store instead, keeping every model that healthy
+servers still hold. Until it is ready it answers no routing long-poll (a gateway keeps the table it
+has rather than mirroring an empty one).
 """
 
 from __future__ import annotations
@@ -32,63 +30,71 @@ import time
 from pathlib import Path
 from typing import Any
 
-from failsoft.clock import MonotonicClock
-from failsoft.domain import Scenario, ServerState
-from failsoft.errors import FailsoftError
-from failsoft.policies.detection import HealthChange, HeartbeatDetector
+from failsoft.clock import AsyncClock, MonotonicClock
+from failsoft.domain import Scenario
+from failsoft.orchestration import ClusterState, OrchestrationSettings, Orchestrator
 from failsoft.runtime import cluster
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
 from failsoft.runtime.longpoll import EventLog, VersionedValue
 from failsoft.runtime.loop import StepRunner, spawn
-from failsoft.runtime.orchestrator import Orchestrator
+from failsoft.runtime.orchestrator import CoreDriver
 from failsoft.runtime.planner import Planner
-from failsoft.runtime.state import ClusterState
 from failsoft.runtime.store import open_store
 
 log = logging.getLogger(__name__)
 RECONCILE_S = 0.25
 GC_S = 2.0
-DEPLOY_WAIT_S = 180.0
-LONG_AGO_S = 3600.0
 GLOBAL_GRACE = 5.0
 CONTROLLER_NICE = -5
+
+
+def orchestration_settings(config: RuntimeConfig) -> OrchestrationSettings:
+    """The core's settings for a serving config (the simulator's twin takes the same ones)."""
+    hb = config.heartbeat
+    return OrchestrationSettings(
+        heartbeat_interval_s=hb.interval_s,
+        missed_to_fail=hb.missed_to_fail,
+        pause_grace=True,
+        global_grace=GLOBAL_GRACE,
+        load_slots=config.agents.max_parallel_loads,
+        drain_s=config.agents.drain_ms / 1000.0,
+        replan_delay_s=config.replan_delay_s,
+        reconcile_s=RECONCILE_S,
+        gc_s=GC_S,
+    )
 
 
 class Controller:
     """The cluster's brain. Ray runs all its methods on one event loop: no locks around state."""
 
-    def __init__(self, config: RuntimeConfig, deployment: Scenario, heartbeat: HeartbeatEndpoint) -> None:
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        deployment: Scenario,
+        heartbeat: HeartbeatEndpoint,
+        clock: AsyncClock | None = None,
+    ) -> None:
         cluster.configure_actor_logging()
         self.config = config
+        self.clock = clock or MonotonicClock()
         self.state = ClusterState(deployment)
-        self.clock = MonotonicClock()
-        hb = config.heartbeat
-        self.detector = HeartbeatDetector(hb.interval_s, hb.missed_to_fail, pause_grace=True)
-        self.tick_s = min(0.005, hb.interval_s / 4)
+        self.core = Orchestrator(self.state, orchestration_settings(config), self.clock.now())
+        self.tick_s = min(0.005, config.heartbeat.interval_s / 4)
         self.routes = VersionedValue(self.state.routes())
         self.events = EventLog(epoch=self.routes.epoch)
-        self.steps = StepRunner(slow_s=max(hb.interval_s, 0.02))
+        self.steps = StepRunner(slow_s=max(config.heartbeat.interval_s, 0.02))
         self.restarted = cluster.actor_was_restarted()
         self.store = open_store(config.store_url, config.state_dir, config.name)
         self.digest = _digest(config, deployment)
-        self.orch = Orchestrator(
-            self.state,
-            Planner(config.policy),
-            config.agents,
-            self._agent,
-            self._publish,
-            self._emit,
-            config.replan_delay_s,
+        self.planner = Planner(config.policy)
+        self.driver = CoreDriver(
+            self.core, self.planner, self._agent, self._publish, self._emit, self.clock, self._forget_agent
         )
-        self.ready = False
         self.tasks: set[asyncio.Task[Any]] = set()
         self._agents: dict[str, cluster.AgentRef] = {}
-        self._failed_queue: dict[str, float] = {}  # server -> detection wall time
-        self._last_heard: dict[str, float] = {}  # server -> wall time of its last heartbeat
-        self._heard_again: dict[str, float] = {}  # failed server -> wall time it spoke again
-        self._restoring: dict[str, asyncio.Task[Any]] = {}
         self._dirty = asyncio.Event()
+        self._ready = asyncio.Event()
         self._last_check = self.clock.now()
         self.late_ticks = 0
         self.receiver = HeartbeatReceiver(heartbeat, set(self.state.servers))
@@ -96,57 +102,64 @@ class Controller:
         _raise_priority()
         spawn(self._main(), "controller-main", self.tasks)
 
+    @property
+    def ready(self) -> bool:
+        return self.core.ready
+
     # plumbing --------------------------------------------------------------------------------
     def _agent(self, server: str) -> cluster.AgentRef:
         if server not in self._agents:
             self._agents[server] = cluster.find_agent(server)
         return self._agents[server]
 
+    def _forget_agent(self, server: str) -> None:
+        self._agents.pop(server, None)  # a dead actor's handle would keep its name taken
+
     def _publish(self) -> None:
         self.routes.publish(self.state.routes())
+        if self.core.ready:
+            self._ready.set()
         self._dirty.set()
 
-    def _emit(self, event_type: str, **fields: Any) -> None:
+    def _emit(self, event_type: str, fields: dict[str, Any]) -> None:
         event = self.events.append({"type": event_type, "timestamp": time.time(), **fields})
         log.info("event %s", json.dumps(event, default=str))
         self._dirty.set()
+
+    def _feed(self, commands: list[Any]) -> None:
+        if commands:
+            self.driver.feed(commands)
+            self._dirty.set()
 
     # heartbeats ------------------------------------------------------------------------------------
     def _on_beat(self, beat: Beat) -> None:
         rec = self.state.servers[beat.server]
         if rec.incarnation is not None and rec.incarnation != beat.incarnation:
-            self._agents.pop(beat.server, None)  # a new process (maybe a new actor): look it up again
-        if rec.state is None:  # first word from this server
-            self.detector.register(beat.server, beat.arrived)
-            rec.state, rec.incarnation = ServerState.UP, beat.incarnation
-            self._dirty.set()
-            return
-        if rec.incarnation != beat.incarnation and rec.state in (ServerState.UP, ServerState.SUSPECT):
-            # it restarted faster than we noticed: what it held is gone; fail it now, restore next
-            rec.incarnation = beat.incarnation
-            self.detector.forget(beat.server)
-            self.detector.register(beat.server, beat.arrived - LONG_AGO_S)
-            return
-        rec.incarnation = beat.incarnation
-        change = self.detector.heartbeat(beat.server, beat.arrived)
-        if change is not None:
-            self._on_change(change)
+            self._forget_agent(beat.server)  # a new process (maybe a new actor): look it up again
+        self._feed(self.core.heartbeat(beat.server, beat.arrived, beat.incarnation))
 
     # API: gateway, CLI, tests ---------------------------------------------------------------------
     async def wait_routes(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
-        snap = await self.routes.wait_newer(epoch, version, timeout_s)
-        return {**snap, "ready": self.ready}
+        """The routing table once newer than ``(epoch, version)``; never before the controller is
+        ready (deploying or resuming), so that a gateway never mirrors a table without routes."""
+        deadline = self.clock.now() + timeout_s
+        if not self.core.ready:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout_s)
+        left = max(deadline - self.clock.now(), 0.0)
+        snap = await self.routes.wait_newer(epoch, version, left)
+        return {**snap, "ready": self.core.ready}
 
     async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
         return await self.events.wait_after(epoch, seq, timeout_s)
 
     async def wait_ready(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not self.ready and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        return self.ready
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        return self.core.ready
 
     async def status(self) -> dict[str, Any]:
+        self.state.wall_offset = time.time() - self.clock.now()
         body = self.state.status()
         for server in body["servers"]:
             server["pid"] = self.state.servers[server["name"]].pid
@@ -154,11 +167,11 @@ class Controller:
             "cluster": self.config.name,
             "policy": self.config.policy,
             "controller": {"pid": os.getpid(), "restarted": self.restarted, "store": self.store.url},
-            "ready": self.ready,
+            "ready": self.core.ready,
             "epoch": self.routes.epoch,
             "version": self.routes.version,
             **body,
-            "last_plan": self.orch.last_plan,
+            "last_plan": self.core.last_plan,
         }
 
     async def stats(self) -> dict[str, Any]:
@@ -168,7 +181,7 @@ class Controller:
             "heartbeats_rejected": self.receiver.rejected,
             "heartbeat_max_gap_ms": {s: round(g * 1000, 1) for s, g in self.receiver.max_gap_s.items()},
             "late_ticks": self.late_ticks,
-            "operations_running": len(self.orch.ops),
+            "operations_running": len(self.core.ops),
             "route_version": self.routes.version,
             "restarted": self.restarted,
         }
@@ -178,25 +191,16 @@ class Controller:
             "pid": os.getpid(),
             "restarted": self.restarted,
             "epoch": self.routes.epoch,
-            "ready": self.ready,
+            "ready": self.core.ready,
         }
 
     # the loop -----------------------------------------------------------------------------------
     async def _main(self) -> None:
         spawn(self._start(), "controller-start", self.tasks)
         spawn(self._persist_loop(), "controller-persist", self.tasks)
-        next_reconcile = next_gc = 0.0
         while True:
             await self.steps.run("health", self._check_health, slow_s=self.config.heartbeat.interval_s)
-            await self.steps.run("failover", self._start_failovers)
-            now = self.clock.now()
-            if self.ready and now >= next_reconcile:
-                next_reconcile = now + RECONCILE_S
-                await self.steps.run("reconcile", self._reconcile)
-            if self.ready and now >= next_gc:
-                next_gc = now + GC_S
-                spawn(self.steps.run("gc", self.orch.collect_garbage, slow_s=GC_S), "gc", self.tasks)
-            await asyncio.sleep(self.tick_s)
+            await self.clock.sleep(self.tick_s)
 
     def _check_health(self) -> None:
         """Judge every server at ``now`` on every heartbeat that arrived before ``now``.
@@ -206,134 +210,37 @@ class Controller:
         verdict, it never makes a live server look silent.
         """
         now = self.clock.now()
+        self.state.wall_offset = time.time() - now
         for beat in self.receiver.drain():
             self._on_beat(beat)
         lag, self._last_check = now - self._last_check, now
-        if lag > max(self.detector.interval_s, 4 * self.tick_s):
+        if lag > max(self.core.detector.interval_s, 4 * self.tick_s):
             self.late_ticks += 1  # reported in stats(): how often the loop itself was late
-        if self._nobody_heard(now):
-            return
-        for change in self.detector.check(now):
-            self._on_change(change)
-
-    def _nobody_heard(self, now: float) -> bool:
-        """Every live server silent at once, briefly: more likely our own stall than theirs.
-
-        Failures are then held back until the silence exceeds ``GLOBAL_GRACE`` thresholds (a whole
-        cluster going dark is still detected, a little later).
-        """
-        d = self.detector
-        live = [s for s, st in d.states().items() if st in (ServerState.UP, ServerState.SUSPECT)]
-        if len(live) < 2:
-            return False
-        silent = now - max(d.last_heartbeat(s) for s in live)
-        threshold = d.interval_s * d.missed_to_fail
-        return threshold < silent < GLOBAL_GRACE * threshold
-
-    def _on_change(self, change: HealthChange) -> None:
-        rec = self.state.servers[change.server]
-        if change.new is ServerState.FAILED:
-            self._agents.pop(change.server, None)  # a dead actor's handle would keep its name taken
-            task = self._restoring.pop(change.server, None)
-            if task is not None:
-                task.cancel()
-            if rec.state is ServerState.FAILED:  # already known (e.g. read back from the store)
-                return
-            now_wall = time.time()
-            self._failed_queue.setdefault(change.server, now_wall)
-            self._last_heard[change.server] = now_wall - (self.clock.now() - change.last_heartbeat)
-        elif change.new is ServerState.RECOVERING:
-            rec.state = ServerState.RECOVERING
-            self._heard_again[change.server] = time.time()
-            self._restoring[change.server] = spawn(
-                self._restore(change.server), f"restore:{change.server}", self.tasks
-            )
-        elif rec.state is not ServerState.FAILED:
-            rec.state = change.new
-        self._dirty.set()
-
-    def _start_failovers(self) -> None:
-        """Hand queued failures to the orchestrator, once no other server is merely suspect."""
-        if not self._failed_queue:
-            return
-        first = min(self._failed_queue.values())
-        suspects = [s for s, st in self.detector.states().items() if st is ServerState.SUSPECT]
-        if suspects and time.time() - first < self.detector.interval_s:
-            return
-        failed, self._failed_queue = self._failed_queue, {}
-        self.orch.fail_servers(failed, first, {s: self._last_heard.pop(s, first) for s in failed})
-        spawn(self.steps.run("plan", lambda: self.orch.plan_failover(first), slow_s=0.2), "plan", self.tasks)
-
-    async def _restore(self, server: str) -> None:
-        try:
-            await self.orch.clean_returning(server)
-        except FailsoftError as exc:
-            log.warning("restore of %s postponed: %s", server, exc)
-            await asyncio.sleep(1.0)
-            self._restoring.pop(server, None)
-            self.detector.forget(server)
-            self.detector.register(server, self.clock.now() - LONG_AGO_S)
-            self.state.servers[server].state = ServerState.FAILED
-            return
-        self.detector.mark_up(server, self.clock.now())
-        self.state.servers[server].state = ServerState.UP
-        self._restoring.pop(server, None)
-        self.orch.warm_dirty = True
-        # with the failure event's last_heartbeat_at: how long the server was silent (a short
-        # silence of a server that then comes back unchanged is a busy server, not a failed one)
-        heard_again = self._heard_again.pop(server, None)
-        self._emit(
-            "server_up", app=None, server=server, variant=None, accuracy=None, heard_again_at=heard_again
-        )
-        self.orch.reconcile()
-
-    async def _reconcile(self) -> None:
-        if self.orch.reconcile() and not self._failed_queue:
-            await self.orch.plan_failover(time.time())
+        self._feed(self.core.check_health(now))
 
     async def _persist_loop(self) -> None:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            self.state.wall_offset = time.time() - self.clock.now()
             docs = {**self.state.to_docs(), "meta": {"controller": self._meta()}}
             await self.steps.run("persist", lambda docs=docs: asyncio.to_thread(self.store.write, docs))
-            await asyncio.sleep(0.01)
+            await self.clock.sleep(0.01)
 
     def _meta(self) -> dict[str, Any]:
-        return {"digest": self.digest, "version": self.routes.version, "deployed": self.ready}
+        return {"digest": self.digest, "version": self.routes.version, "deployed": self.core.ready}
 
     # start: deploy, or resume after a crash --------------------------------------------------------
     async def _start(self) -> None:
         while True:
             try:
-                resumed = self.restarted and await self._resume()
-                if not resumed:
-                    await self._deploy()
-                self.ready = True
-                self._publish()
-                self._emit("ready", app=None, server=None, variant=None, accuracy=None, resumed=bool(resumed))
+                if not (self.restarted and await self._resume()):
+                    await asyncio.to_thread(self.store.clear)
+                    self._feed(self.core.deploy(self.clock.now()))
                 return
             except Exception:
                 log.exception("controller start failed; retrying in 1 s")
-                await asyncio.sleep(1.0)
-
-    async def _deploy(self) -> None:
-        await asyncio.to_thread(self.store.clear)
-        deadline = time.monotonic() + DEPLOY_WAIT_S
-        while time.monotonic() < deadline and any(r.state is None for r in self.state.servers.values()):
-            await asyncio.sleep(0.05)
-        now = self.clock.now()
-        for name, rec in self.state.servers.items():
-            if rec.state is None:  # never came up: planned around, restored if it ever heartbeats
-                log.warning("server %s did not start in %.0f s: treated as failed", name, DEPLOY_WAIT_S)
-                self.detector.register(name, now - LONG_AGO_S)
-        for name, rec in self.state.apps.items():
-            if self.state.live(rec.home.server):
-                self.orch.return_home(name, event=None)
-        while self.orch.ops:
-            await asyncio.sleep(0.02)
-        await self.orch.replan_warm()
-        self.orch.warm_dirty = False
+                await self.clock.sleep(1.0)
 
     async def _resume(self) -> bool:
         docs = await asyncio.to_thread(self.store.read)
@@ -341,42 +248,11 @@ class Controller:
         if meta.get("digest") != self.digest or not meta.get("deployed"):
             log.warning("no usable state in %s: deploying afresh", self.store.url)
             return False
-        self.state.load_docs(docs)
-        self.routes = VersionedValue(self.state.routes(), version=int(meta.get("version", 0)) + 1)
-        self.events = EventLog(epoch=self.routes.epoch)
-        now = self.clock.now()
-        for name, rec in self.state.servers.items():
-            if rec.state in (ServerState.FAILED, ServerState.RECOVERING):
-                rec.state = ServerState.FAILED
-                self.detector.register(name, now - LONG_AGO_S)
-            elif rec.state is not None:
-                self.detector.register(name, now)
-        await self._verify_holdings()
-        log.info("resumed from %s at route version %d", self.store.url, self.routes.version)
+        self.state.wall_offset = time.time() - self.clock.now()
+        self.routes.version = int(meta.get("version", 0))  # the next publish goes past the stored one
+        self._feed(self.core.resume(docs, self.clock.now()))
+        log.info("resuming from %s at route version %d", self.store.url, self.routes.version)
         return True
-
-    async def _verify_holdings(self) -> None:
-        """Trust the agents, not the store: a route to a model its server no longer holds is dropped."""
-        live = [n for n, r in self.state.servers.items() if r.live]
-        reports = await asyncio.gather(*(self._agent(n).holdings() for n in live), return_exceptions=True)
-        for name, report in zip(live, reports, strict=True):
-            rec = self.state.servers[name]
-            if isinstance(report, BaseException):
-                continue  # the detector will settle it
-            rec.holdings = {(a, v) for a, v in report["models"]}
-            rec.incarnation, rec.pid = report["incarnation"], report.get("pid")
-        for app in self.state.apps.values():
-            r = app.route
-            if (
-                r is not None
-                and self.state.live(r.server)
-                and (app.app.name, r.variant) not in self.state.servers[r.server].holdings
-            ):
-                app.route = None
-        for key, w in list(self.state.warm.items()):
-            if (w.backup.app, w.backup.variant) not in self.state.servers[w.backup.server].holdings:
-                del self.state.warm[key]
-                self.orch.warm_dirty = True
 
 
 def _raise_priority(nice: int = CONTROLLER_NICE) -> None:

@@ -4,7 +4,10 @@ The demo serves :data:`EDGE_YAML` (``examples/edge.yaml``: 6 servers in 3 edge s
 the two digits families, each server running one critical camera app and one OCR app) with the
 FailLite policy, drives client load at every app, kills a server, and shows live which app moved
 where, on which variant, and how long it took; then the server comes back and its apps return.
-It ends with a summary table and a plot of the latency clients saw (PNG).
+It ends with a summary table and a plot of the latency clients saw (PNG, see
+:mod:`failsoft.runtime.demo_plot`), written with the raw data (``failsoft-demo.json``: every
+request, every event) into an output folder: ``--out``, by default ``demo/`` in the state directory
+(``~/.local/state/failsoft/demo``), never the current directory.
 
 Capacities follow the machine: each server's memory is set so that its primaries fill ~70 % of it
 with the memory the local profiles measured (FailLite's testbed runs near 50 % with 20 % headroom;
@@ -14,6 +17,7 @@ first if missing (about a minute on two cores).
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import tempfile
@@ -26,22 +30,24 @@ from typing import Any
 
 import yaml
 
-from failsoft.runtime.config import RuntimeConfig, config_from_dict
+from failsoft.runtime.config import RuntimeConfig, config_from_dict, default_state_dir
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
 
 EDGE_YAML = """\
 # failsoft's demo cluster: 6 edge servers in 3 sites, 12 apps (FailLite 5.2-style, digits families).
-# `failsoft serve examples/edge.yaml` serves it (primaries fill about half of each server with the
-# zoo's measured memory); `failsoft demo` serves it with capacities scaled to this machine's profiles
-# so that primaries fill 70 % of each server, and warm backups must often be smaller variants.
+# `failsoft serve examples/edge.yaml` serves it. Capacities are MB of the zoo's measured memory, with
+# room for CPU and CUDA profiles alike: a server's two primaries take ~20 MB on CPU and ~86 MB with
+# CUDA (each model carries ~33 MB of CUDA workspace), so 128 MB leaves a warm backup room on both.
+# `failsoft demo` serves it with capacities scaled to this machine's profiles so that primaries fill
+# 70 % of each server, and warm backups must often be smaller variants.
 name: edge
 servers:
-  - {name: a1, site: edge-a, memory_mb: 40, compute: 2.0}
-  - {name: a2, site: edge-a, memory_mb: 40, compute: 2.0}
-  - {name: b1, site: edge-b, memory_mb: 40, compute: 2.0}
-  - {name: b2, site: edge-b, memory_mb: 40, compute: 2.0}
-  - {name: c1, site: edge-c, memory_mb: 40, compute: 2.0}
-  - {name: c2, site: edge-c, memory_mb: 40, compute: 2.0}
+  - {name: a1, site: edge-a, memory_mb: 128, compute: 2.0}
+  - {name: a2, site: edge-a, memory_mb: 128, compute: 2.0}
+  - {name: b1, site: edge-b, memory_mb: 128, compute: 2.0}
+  - {name: b2, site: edge-b, memory_mb: 128, compute: 2.0}
+  - {name: c1, site: edge-c, memory_mb: 128, compute: 2.0}
+  - {name: c2, site: edge-c, memory_mb: 128, compute: 2.0}
 apps:
   - {name: cam-1, family: digits_cnn, critical: true, rate_rps: 5, slo_ms: 50,
      primary: {server: a1, variant: cnn_l}}
@@ -77,14 +83,20 @@ RESTORE_WAIT_S = 60.0
 TARGET_UTILIZATION = 0.7
 
 
+def default_out_dir() -> Path:
+    """Where the demo writes its plot and data unless told: ``demo/`` in the state directory."""
+    return default_state_dir() / "demo"
+
+
 @dataclass
 class DemoSettings:
-    out_dir: Path = field(default_factory=Path.cwd)
+    out_dir: Path = field(default_factory=default_out_dir)
     kill: str = "a1"
     warmup_s: float = 4.0
     down_s: float = 8.0
     after_s: float = 5.0
     period_s: float = 0.2
+    watched_period_s: float = 0.04  # the apps on the server to be killed
     repository: Path | None = None
 
 
@@ -128,25 +140,54 @@ def running(config: RuntimeConfig) -> Iterator[Any]:
         session.stop()
 
 
+@dataclass(frozen=True)
+class DemoRun:
+    """What one demo run saw: every client request, the controller's events, the moments, the summary."""
+
+    samples: list[Sample]
+    events: list[dict[str, Any]]
+    marks: dict[str, float]
+    summary: dict[str, Any]
+
+
 def run_demo(settings: DemoSettings, view: Any) -> dict[str, Any]:
-    """The whole demo; ``view`` shows progress (see :mod:`failsoft.cli.demo`). Returns the summary."""
+    """The whole demo; ``view`` shows progress (see :mod:`failsoft.cli.demo`). Returns the summary,
+    with the paths of the plot and of the data it was drawn from."""
     from failsoft.zoo import default_zoo_path
 
     repository = settings.repository or default_zoo_path()
     ensure_zoo(repository, view.say)
     state_dir = Path(tempfile.mkdtemp(prefix="failsoft-demo-"))  # a throwaway store
     try:
-        samples, marks, summary = _run(settings, view, demo_config(repository, state_dir))
+        run = _run(settings, view, demo_config(repository, state_dir))
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
-    summary["plot"] = str(plot(samples, marks, summary, settings.out_dir / "failsoft-demo.png"))
-    return summary
+    return {**run.summary, **write_outputs(run, settings.out_dir)}
 
 
-def _run(
-    settings: DemoSettings, view: Any, config: RuntimeConfig
-) -> tuple[list[Sample], dict[str, float], dict[str, Any]]:
-    """Serve, load, kill, revive: the client samples, the moments, the summary."""
+def write_outputs(run: DemoRun, out_dir: Path) -> dict[str, str]:
+    """The latency plot, and everything it and the summary were made from as one JSON document."""
+    from failsoft.runtime.demo_plot import draw, layout
+
+    affected = [row["app"] for row in run.summary["apps"]]
+    killed = run.summary["killed"]
+    title = f"failsoft demo: client latency through a crash of {killed} (FailLite failover)"
+    plot = draw(
+        layout(run.samples, run.events, run.marks, killed, affected), out_dir / "failsoft-demo.png", title
+    )
+    doc = {
+        "marks": run.marks,
+        "summary": run.summary,
+        "events": run.events,
+        "samples": [s.to_dict() for s in run.samples],
+    }
+    data = out_dir / "failsoft-demo.json"
+    data.write_text(json.dumps(doc, indent=1) + "\n")
+    return {"plot": str(plot), "data": str(data)}
+
+
+def _run(settings: DemoSettings, view: Any, config: RuntimeConfig) -> DemoRun:
+    """Serve, load, kill, revive: the client samples, the events, the moments, the summary."""
     from failsoft.client import Client
 
     view.say(
@@ -158,15 +199,13 @@ def _run(
             a.name: session.prepared.models[a.family].input_shape for a in session.prepared.deployment.apps
         }
         total = settings.warmup_s + settings.down_s + settings.after_s + RESTORE_WAIT_S + 10.0
-        load = LoadProcess(
-            LoadSpec(session.url, shapes, settings.period_s, 5.0, total, max_in_flight=2)
-        ).start()
+        load = LoadProcess(_load_spec(settings, session, shapes, total)).start()
         marks: dict[str, float] = {"start": time.time()}
         view.watch(client, load, marks, settings.warmup_s, "serving")
         marks["kill"] = client.admin("kill", server=settings.kill)["killed"][0]["at"]
         view.watch(client, load, marks, settings.down_s, f"{settings.kill} killed")
+        marks["revive"] = time.time()  # the restart request; the plot marks the server_up event
         session.revive(settings.kill)
-        marks["revive"] = time.time()
         view.watch(
             client, load, marks, settings.after_s, f"{settings.kill} restarting", until=_restored(client)
         )
@@ -174,7 +213,24 @@ def _run(
         report = client.recoveries()
         status = client.status()
         client.close()
-    return samples, marks, summarize(samples, report, status, marks, settings.kill)
+    return DemoRun(samples, report["events"], marks, summarize(samples, report, status, marks, settings.kill))
+
+
+def _load_spec(settings: DemoSettings, session: Any, shapes: dict[str, Any], total_s: float) -> LoadSpec:
+    """Every app asked every ``period_s``, each at its own phase (``stagger``: requests do not queue
+    behind each other in bursts); the apps of the server to be killed more often, so the zoomed plot
+    shows their outage request by request."""
+    watched = [a.name for a in session.prepared.deployment.apps if a.primary.server == settings.kill]
+    return LoadSpec(
+        session.url,
+        shapes,
+        settings.period_s,
+        5.0,
+        total_s,
+        max_in_flight=2,
+        periods=dict.fromkeys(watched, settings.watched_period_s),
+        stagger=True,
+    )
 
 
 def _restored(client: Any) -> Any:
@@ -210,7 +266,7 @@ def summarize(
         "apps": rows,
         "requests": len(samples),
         "failed": sum(1 for s in samples if not s.ok),
-        "accuracy_of_answers": sum(s.correct for s in scored) / len(scored) if scored else None,
+        "accuracy_of_answers": sum(bool(s.correct) for s in scored) / len(scored) if scored else None,
         "degraded_answers": sum(1 for s in samples if s.ok and s.degraded),
         "servers_up_at_end": [s["name"] for s in status["servers"] if s["state"] == "up"],
     }
@@ -237,44 +293,9 @@ def _row(
         # FailLite's MTTR (5.1): detection to the new route published, loading included
         "mttr_ms": failover.get("route_ms"),
         # detection to the first answer on the new route, as the gateway saw it
-        "first_answer_ms": rec.get("mttr_ms"),
+        "first_answer_ms": rec.get("first_answer_ms"),
         # the kill to the first answer a client got
         "client_outage_ms": None if first_ok is None else (first_ok - kill_at) * 1000.0,
         "failed_requests": sum(1 for s in mine if not s.ok),
         "restored": any(e["type"] == "restore" and e["app"] == app for e in events),
     }
-
-
-def plot(samples: list[Sample], marks: dict[str, float], summary: dict[str, Any], path: Path) -> Path:
-    """Client latency over time, affected apps highlighted, kill and return marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t0 = marks["start"]
-    affected = {row["app"] for row in summary["apps"]}
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for group, colour, label in (
-        (False, "#9aa5b1", "other apps"),
-        (True, "#d1495b", "apps on the killed server"),
-    ):
-        pts = [(s.sent - t0, s.latency_ms) for s in samples if (s.app in affected) == group and s.ok]
-        if pts:
-            ax.scatter(*zip(*pts, strict=True), s=6, c=colour, label=label, alpha=0.7)
-    bad = [(s.sent - t0, s.latency_ms) for s in samples if not s.ok]
-    if bad:
-        ax.scatter(*zip(*bad, strict=True), s=14, marker="x", c="black", label="failed requests")
-    ax.axvline(marks["kill"] - t0, color="#d1495b", linestyle="--", label=f"{summary['killed']} killed")
-    if "revive" in marks:
-        ax.axvline(marks["revive"] - t0, color="#2e8540", linestyle="--", label=f"{summary['killed']} back")
-    ax.set_yscale("log")
-    ax.set_xlabel("time since start (s)")
-    ax.set_ylabel("client latency (ms, log)")
-    ax.set_title("failsoft demo: client latency through a server failure (FailLite failover)")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -1,7 +1,7 @@
 """Finding a running gateway and its admin token, for ``failsoft status`` and ``failsoft chaos``.
 
 ``failsoft serve`` writes ``<state_dir>/gateway.json`` (the URL) and keeps the admin token in
-``<state_dir>/admin_token``. A client command looks, in order, at: ``--url`` / ``--token``;
+``<state_dir>/admin_token``. A client command looks, in order, at: ``--url`` / ``--token-file``;
 ``$FAILSOFT_URL`` / ``$FAILSOFT_ADMIN_TOKEN``; the state directory of ``--config`` (or
 ``--state-dir``); else every ``<default state dir>/*/gateway.json``, which must name exactly one.
 """

@@ -34,7 +34,9 @@ from failsoft.domain import Scenario
 from failsoft.errors import ConfigError, FailsoftError, ServingError
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.deployment import resolve
+from failsoft.runtime.gateway.dispatch import check_dispatchable
 from failsoft.runtime.gateway.protocol import ModelMeta
+from failsoft.runtime.security import check_bind, checked_token, read_token_file
 from failsoft.runtime.store import open_store
 
 log = logging.getLogger(__name__)
@@ -117,6 +119,10 @@ class Session:
             cfg.heartbeat.interval_s,
             cfg.agents.device,
             torch_threads=cfg.agents.torch_threads,
+            queue=cfg.agents.queue,
+            # warm up only what this deployment can load here (any app may fail over to any server),
+            # not every family of the repository: a restart imported transformers for nothing
+            families=tuple(f.name for f in p.deployment.families),
         )
         self.agents[server] = self.cluster.spawn_agent(Agent, server, spec, options=options)
 
@@ -147,12 +153,21 @@ class Session:
 
         from failsoft.runtime.chaos import Chaos
         from failsoft.runtime.gateway import Gateway
+        from failsoft.runtime.gateway.server import GatewayServer
 
         p, cfg = self.prepare(), self.config
         chaos = Chaos(cfg.servers, self.agents)
         apps = {a.name: a for a in p.deployment.apps}
         self.gateway = Gateway(
-            cfg.gateway, self.controller, self.agents, chaos, apps, p.models, p.variants, p.admin_token
+            cfg.gateway,
+            self.controller,
+            self.agents,
+            chaos,
+            apps,
+            p.models,
+            p.variants,
+            p.admin_token,
+            services=p.deployment.all_services(),
         )
         for name, agent in self.agents.items():  # PIDs now, while every agent answers
             try:
@@ -168,7 +183,7 @@ class Session:
             ws_ping_interval=20.0,
             timeout_graceful_shutdown=5,
         )
-        self._server = uvicorn.Server(uv)
+        self._server = GatewayServer(uv)  # a Ctrl-C ends serving; it is not raised again
         if background:
             self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
             self._thread.start()
@@ -245,6 +260,9 @@ def prepare(config: RuntimeConfig) -> Prepared:
     """Check the config against the repository and the store, before any process starts."""
     from failsoft.zoo import ModelRepository, default_zoo_path
 
+    g = config.gateway
+    check_bind(g.host, g.port, g.allow_remote)  # no admin API on the network unless opted in
+    token = admin_token(config)
     root = config.repository or default_zoo_path()
     repo = ModelRepository(root)
     if not repo.root.is_dir():
@@ -252,6 +270,7 @@ def prepare(config: RuntimeConfig) -> Prepared:
             f"model repository {str(root)!r} does not exist: build it with 'failsoft zoo build --out {root}'"
         )
     deployment = resolve(config, repo.families(), repository=f"model repository {str(root)!r}")
+    check_dispatchable(deployment.all_services())  # a mode the gateway cannot serve yet: refused now
     models, variants = {}, {}
     for family in deployment.families:
         shapes = {}
@@ -268,18 +287,21 @@ def prepare(config: RuntimeConfig) -> Prepared:
         variants[family.name] = [v.name for v in family.variants]
     with open_store(config.store_url, config.state_dir, config.name):
         pass  # reachable (Redis) and writable (SQLite), or a StoreError now rather than later
-    return Prepared(deployment, models, variants, repo.root, admin_token(config))
+    return Prepared(deployment, models, variants, repo.root, token)
 
 
 def admin_token(config: RuntimeConfig) -> str:
-    """The config's token, else ``$FAILSOFT_ADMIN_TOKEN``, else the state directory's (made once)."""
+    """The config's token, else ``$FAILSOFT_ADMIN_TOKEN``, else the state directory's (made once).
+
+    Each is refused when shorter than ``MIN_TOKEN_CHARS`` (a ConfigError naming where it came from).
+    """
     if config.admin_token:
-        return config.admin_token
+        return checked_token(config.admin_token, f"{config.source}'s admin_token")
     if env := os.environ.get(TOKEN_ENV):
-        return env
+        return checked_token(env, f"${TOKEN_ENV}")
     path = config.state_dir / "admin_token"
     if path.is_file():
-        return path.read_text().strip()
+        return read_token_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(24)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -6,11 +6,9 @@ object driven by SimPy processes, doing the same things with durations from the 
 
 * **memory**: what the loaded models take; a load that would overflow the server's memory fails
   (an out-of-memory load, counted; a correct plan never causes one);
-* **the load path**: a ``PriorityResource`` with ``load_slots`` slots (see
-  :mod:`failsoft.sim.config`). A load holds a slot for its profiled ``load_ms``; recovery loads
-  (priority 0) go before background upgrades (priority 1);
-* **upgrades, one at a time per server**: the lock the progressive plan assumes (a server needs
-  room for every final variant plus the one small variant being replaced);
+* **loads** take the variant's profiled ``load_ms``; which ones run at once and in which order is the
+  orchestration core's per-server load queue (the runtime's), not the agent's. A load waits for the
+  unloads issued to this server before it (``SimConfig.unload_ms``): the memory it needs may be theirs;
 * **heartbeats**: pushed to the controller's detector at ``phase + k * interval`` until the agent
   crashes or the controller no longer listens.
 
@@ -32,7 +30,6 @@ from failsoft.sim.config import SimConfig
 from failsoft.sim.trace import EventLog
 
 _EPS = 1e-6
-RECOVERY, UPGRADE = 0, 1  # load priorities: recovery loads before background upgrades
 
 
 class SimAgent:
@@ -44,8 +41,7 @@ class SimAgent:
         self.models: Counter[tuple[str, str]] = Counter()  # (app, variant) -> copies loaded or loading
         self.used_mb = 0.0
         self.oom_loads = 0
-        self.load_path = simpy.PriorityResource(env, capacity=config.load_slots)
-        self.upgrades = simpy.Resource(env, capacity=1)
+        self.unloaded_at = 0.0  # when the last unload issued here frees its memory
 
     @property
     def name(self) -> str:
@@ -63,28 +59,29 @@ class SimAgent:
                 f"({self.free_mb:.1f} MB free of {self.server.memory_mb:.1f})"
             )
 
-    def load(self, app: str, variant: Variant, priority: int) -> Generator[simpy.Event, Any, bool]:
+    def load(self, app: str, variant: Variant) -> Generator[simpy.Event, Any, bool]:
         """Process: load ``variant`` for ``app``; its value is True once the model is ready."""
-        with self.load_path.request(priority=priority) as slot:
-            yield slot
-            if not self.alive:
-                return False
-            if not self._reserve(app, variant):
-                self.oom_loads += 1
-                self.log.add(self.env.now, "oom", app, self.name, variant.name)
-                return False
-            self.log.add(self.env.now, "load-start", app, self.name, variant.name)
-            yield self.env.timeout(variant.load_ms / 1000.0)
+        if self.unloaded_at > self.env.now:
+            yield self.env.timeout(self.unloaded_at - self.env.now)
+        if not self.alive:
+            return False
+        if not self._reserve(app, variant):
+            self.oom_loads += 1
+            self.log.add(self.env.now, "oom", app, self.name, variant.name)
+            return False
+        self.log.add(self.env.now, "load-start", app, self.name, variant.name)
+        yield self.env.timeout(variant.load_ms / 1000.0)
         if not self.alive:
             return False
         self.log.add(self.env.now, "loaded", app, self.name, variant.name)
         return True
 
     def unload(self, app: str, variant: Variant) -> None:
-        """Free a model's memory (the engine's unload returns at once; see ``SimConfig.unload_ms``)."""
+        """Free a model's memory; loads issued after this wait ``SimConfig.unload_ms`` for it."""
         key = (app, variant.name)
         if not self.alive or self.models[key] == 0:
             return
+        self.unloaded_at = max(self.unloaded_at, self.env.now + self.config.unload_ms / 1000.0)
         self.models[key] -= 1
         self.used_mb -= variant.memory_mb
         self.log.add(self.env.now, "unloaded", app, self.name, variant.name)

@@ -10,7 +10,10 @@ Every duration the simulator uses comes from one of three places:
   controller does (FailLite's checked every 100 ms; ``check_interval_s`` models either);
 * **modelling choices**, named here with their defaults and documented in ``docs/simulator.md``:
   how many model loads one server runs at once (``load_slots``), how long an unload takes, whether
-  the planner's wall time is charged to simulated time, and how requests are simulated.
+  the planner's wall time is charged to simulated time, and how requests are simulated: the serving
+  queue's discipline and batch bound (the runtime's disciplines, by name), and how long a client
+  waits before it gives up (``request_timeout_ms``: a request's deadline; none by default, as
+  FailLite's clients wait through an outage).
 
 Load-path contention. Loads on one server share its disk, PCIe link and the CPU that builds the
 inference session, and the profiled ``load_ms`` was measured with nothing else loading. The
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from failsoft.errors import ConfigError
+from failsoft.policies.queueing import MAX_BATCH
+from failsoft.policies.registry import names as registered
 
 
 class RequestMode(StrEnum):
@@ -46,9 +51,10 @@ class SimConfig:
     missed_to_fail: int = 2  # FailLite 4: failed after two missed heartbeats
     # failsoft's controller checks health every 5 ms (runtime/controller.py); FailLite's every 100 ms (5.1)
     check_interval_s: float = 0.005
-    settle_suspects: bool = True  # on a detection, wait for suspect servers before planning
     notify_ms: float = 10.0  # FailLite 5.8: informing the client of the new location took ~10 ms
     unload_ms: float = 0.0  # not measured; Triton's unload frees memory at once
+    drain_ms: float = 200.0  # a replaced model is unloaded this long after traffic left it (runtime's)
+    horizon_s: float = 60.0  # the controller acts at most this long after the last injected failure
     load_slots: int = 1  # concurrent model loads per server (load-path contention)
     failure_at_s: float = 0.3  # failures are injected here, after a warm-up in steady state
     random_phases: bool = True  # heartbeat and health-check phases drawn per event (else 0)
@@ -57,20 +63,35 @@ class SimConfig:
     requests: RequestMode = RequestMode.AFFECTED
     request_warmup_s: float = 0.3  # arrivals start this long before the failure
     request_window_s: float = 10.0  # ... and stop this long after it
-    max_batch: int = 1  # FailLite profiled batch size 1
-    batch_cost: float = 1.0  # a batch of b takes latency_ms * (1 + batch_cost * (b - 1))
+    max_batch: int = 1  # rows per batch; FailLite profiled batch size 1
+    batch_cost: float = (
+        1.0  # without a batch profile, a batch of b takes latency_ms * (1 + batch_cost * (b - 1))
+    )
+    discipline: str = "fifo"  # the serving queues' discipline (policies.registry, seam "queueing")
+    max_queue: int | None = None  # requests a queue holds before it refuses more; None: unbounded
+    request_timeout_ms: float | None = None  # a client gives up after this (a deadline); None: never
     trace: bool = False  # keep an event log (for tests and debugging)
 
     def __post_init__(self) -> None:
         positive = ("heartbeat_interval_s", "check_interval_s", "failure_at_s", "request_window_s")
+        positive += ("horizon_s",)
         for name in positive:
             _require(name, getattr(self, name), lambda v: v > 0, "must be positive")
-        for name in ("notify_ms", "unload_ms", "request_warmup_s"):
+        for name in ("notify_ms", "unload_ms", "drain_ms", "request_warmup_s"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be zero or positive")
         _require("missed_to_fail", self.missed_to_fail, lambda v: v >= 1, "must be at least 1")
         _require("load_slots", self.load_slots, lambda v: v >= 1, "must be at least 1")
-        _require("max_batch", self.max_batch, lambda v: v >= 1, "must be at least 1")
+        _require("max_batch", self.max_batch, lambda v: 1 <= v <= MAX_BATCH, f"must be in 1..{MAX_BATCH}")
         _require("batch_cost", self.batch_cost, lambda v: 0 < v <= 1, "must be in (0, 1]")
+        if self.max_queue is not None:
+            _require("max_queue", self.max_queue, lambda v: v >= 1, "must be at least 1 (or None)")
+        if self.request_timeout_ms is not None:
+            _require(
+                "request_timeout_ms", self.request_timeout_ms, lambda v: v > 0, "must be positive (or None)"
+            )
+        if self.discipline not in registered("queueing"):
+            known = ", ".join(registered("queueing"))
+            raise ConfigError(f"simulator setting discipline must be one of {known}; got {self.discipline!r}")
         if self.request_warmup_s > self.failure_at_s:
             raise ConfigError(
                 f"request_warmup_s ({self.request_warmup_s}) cannot exceed failure_at_s ({self.failure_at_s})"
@@ -80,10 +101,6 @@ class SimConfig:
         except ValueError:
             known = ", ".join(m.value for m in RequestMode)
             raise ConfigError(f"requests must be one of {known}; got {self.requests!r}") from None
-
-    def batch_service_s(self, latency_ms: float, batch: int) -> float:
-        """Service time of a batch of ``batch`` requests on a variant of batch-1 latency ``latency_ms``."""
-        return latency_ms * (1.0 + self.batch_cost * (batch - 1)) / 1000.0
 
 
 def _require(name: str, value: float, ok, what: str) -> None:

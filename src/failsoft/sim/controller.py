@@ -1,84 +1,104 @@
-"""The SimPy twin of the runtime controller: health checks, policy calls, plan application.
+"""The simulator's driver of the orchestration core: the runtime's controller, on SimPy time.
 
-It does what FailLite's controller does (3.4, 4) and what failsoft's runtime controller does, with
-the *same* policy objects and the *same* failure detector:
+Every decision is the core's (:class:`~failsoft.orchestration.Orchestrator`), the same object the
+runtime's controller drives, with the same policies and the same failure detector; this driver
+carries its commands out on simulated servers and feeds the outcomes back:
 
-1. every ``check_interval_s`` it advances the
-   :class:`~failsoft.policies.detection.HeartbeatDetector` (fed by the agents' heartbeats) to the
-   current simulated time, read through a :class:`~failsoft.sim.clock.SimClock`;
-2. when servers turn ``failed``, it builds a :class:`~failsoft.domain.Scenario` snapshot (each
-   app's ``primary`` is where it is served now, or where its recovery is heading; ``warm`` the live
-   warm backups) and calls ``policy.plan_failover(snapshot, failed)``;
-3. it applies the :class:`~failsoft.domain.FailoverPlan`: first it unloads the ``released`` warm
-   backups, then, per action, a **warm** switch (the client is notified), a **cold** load of the
-   final variant, or a **progressive** load of ``first_variant`` (served, client notified) followed
-   by the upgrade to ``final_variant`` in the background, one upgrade at a time per server, the
-   server switching the app's instance in place and unloading the small variant.
+* heartbeats of the :class:`~failsoft.sim.agent.SimAgent` processes go to
+  :meth:`Orchestrator.heartbeat`; every ``check_interval_s`` (FailLite's controller: 100 ms,
+  failsoft's runtime: 5 ms) :meth:`Orchestrator.check_health` judges them;
+* a ``Load`` is a SimPy process on the server's agent taking the variant's profiled ``load_ms``
+  (after any unload the core issued to that server, which takes ``unload_ms``); which loads run at
+  once, in what order, is the core's per-server load queue (``load_slots`` at a time, by priority);
+* a ``PlanFailover`` runs the policy at once (its measured wall time is charged to simulated time
+  with ``charge_plan_time``);
+* a ``Publish`` switches each changed app's serving instance (the request core), and, where the
+  app moved to another server, tells its client after ``notify_ms`` (FailLite 5.8: ~10 ms);
+* the core's timers (suspect waits, drains, back-offs) become SimPy timeouts.
 
-Correlated failures are planned together: when a check finds failed servers while others are
-*suspect* (one heartbeat missed), the controller re-checks when those suspects must have been heard
-from or failed (``SimConfig.settle_suspects``; at most one heartbeat interval later), so a site
-failure is one plan. Servers detected in a later check trigger another plan over all failed servers;
-apps left unrecovered earlier are affected again and may be recovered then. Such a later plan sees
-apps in recovery at their final variant; the small variant a server still holds until its upgrade
-is invisible to it (a scenario has one placement per app), which may make an upgrade or a new load
-fail for lack of memory (counted as ``oom_loads``). Nothing here decides *where* or *which
-variant*: that is the policy.
+What the simulator does not do (the runtime does): servers coming back (restores), re-planning warm
+backups after a failure, and the periodic inspection of what servers hold. The event ends when the
+core has nothing left to do, or ``horizon_s`` after the failure.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Generator, Mapping
 from typing import Any
 
 import simpy
 
-from failsoft.domain import ActionKind, FailoverAction, FailoverPlan, Placement, ServerState, WarmBackup
-from failsoft.policies.detection import HeartbeatDetector
+from failsoft.domain import ActionKind, Scenario
+from failsoft.orchestration import (
+    ClusterState,
+    Command,
+    Emit,
+    Inspect,
+    Load,
+    OrchestrationSettings,
+    Orchestrator,
+    PlanFailover,
+    Planned,
+    PlanProactive,
+    Publish,
+    Unload,
+)
 from failsoft.policies.failover.interface import FailoverPolicy
-from failsoft.sim.agent import RECOVERY, UPGRADE, SimAgent
-from failsoft.sim.clock import SimClock
+from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import SimConfig
 from failsoft.sim.metrics import Recorder
 from failsoft.sim.requests import RequestCore
 from failsoft.sim.trace import EventLog
 
 Process = Generator[simpy.Event, Any, None]
-_TICK_S = 1e-6  # just past a deadline: the detector fails a server strictly after it
+
+
+def sim_settings(config: SimConfig) -> OrchestrationSettings:
+    """The core's settings for a simulated event: the runtime's rules with the simulator's timing."""
+    return OrchestrationSettings(
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        missed_to_fail=config.missed_to_fail,
+        load_slots=config.load_slots,
+        drain_s=config.drain_ms / 1000.0,
+        replan_warm=False,  # not simulated: an ILP per event would dominate the sweeps
+        reconcile_s=None,  # nothing is lost in simulation: reconcile on changes only
+        gc_s=None,
+    )
 
 
 class SimController:
-    """Cluster state, failure detection and plan application for one simulated event."""
+    """Drives the orchestration core for one simulated failure event."""
 
     def __init__(
         self,
         env: simpy.Environment,
         policy: FailoverPolicy,
-        scenario,
+        scenario: Scenario,
         agents: Mapping[str, SimAgent],
         config: SimConfig,
         recorder: Recorder,
         requests: RequestCore | None,
         log: EventLog,
     ) -> None:
-        self.env, self.policy, self.base, self.agents = env, policy, scenario, agents
+        self.env, self.policy, self.agents = env, policy, agents
         self.config, self.recorder, self.requests, self.log = config, recorder, requests, log
-        self.clock = SimClock(env)
-        self.detector = HeartbeatDetector(config.heartbeat_interval_s, config.missed_to_fail)
-        for name in agents:
-            self.detector.register(name, self.clock.now())
-        self.apps = {a.name: a for a in scenario.apps}  # primary = where served now, or heading
-        self.warm: list[WarmBackup] = list(scenario.warm or ())
-        self.failed: list[str] = []
+        self.state = ClusterState.deployed(scenario)
+        self.core = Orchestrator(self.state, sim_settings(config), env.now)
+        self.core.assume_deployed(env.now)
+        self.client_server = {a.name: a.primary.server for a in scenario.apps if a.primary is not None}
         self.undetected: set[str] = set()  # injected, not yet detected
         self.injecting = True  # failures may still be injected
         self.stopped = False
-        self.work: list[simpy.Process] = []
+        self.inflight = 0  # loads, charged plans and notifications under way
+        self._wakes: set[float] = set()
+        self._changed = env.event()
+        self._end_at = float("inf")
 
-    # heartbeats and health ---------------------------------------------------------------------
+    # heartbeats and health ------------------------------------------------------------------------
     def heartbeat(self, server: str, now: float) -> None:
-        self.detector.heartbeat(server, now)
+        commands = self.core.heartbeat(server, now)
+        if commands:
+            self._run(commands)
 
     def listening(self) -> bool:
         """Whether agents keep pushing heartbeats (they cannot change anything once all is detected)."""
@@ -89,137 +109,139 @@ class SimController:
     def injected(self, servers: list[str], done: bool) -> None:
         self.undetected.update(servers)
         self.injecting = not done
+        if done:
+            self._end_at = self.env.now + self.config.horizon_s
 
     def health_loop(self, phase_s: float) -> Process:
-        """Process: check health every ``check_interval_s``; recover what failed; wait for recoveries."""
+        """Process: check health every ``check_interval_s`` until every failure is detected, then
+        wait until the core has nothing left to do (or the horizon)."""
         interval = self.config.check_interval_s
         k = 0
         while self.injecting or self.undetected:
             k += 1
-            while phase_s + k * interval < self.env.now:  # a charged plan outlasted check periods
+            while phase_s + k * interval < self.env.now:
                 k += 1
             yield self.env.timeout(phase_s + k * interval - self.env.now)
-            failed = self._check()
-            if failed and self.config.settle_suspects:
-                failed += yield from self._settle()
-            if failed:
-                yield from self._on_failed(failed)
-        while pending := [p for p in self.work if p.is_alive]:
-            yield simpy.AllOf(self.env, pending)
+            self._run(self.core.check_health(self.env.now))
+        while not self._done():
+            yield self._changed
 
-    def _check(self) -> list[str]:
-        changes = self.detector.check(self.clock.now())
-        return [c.server for c in changes if c.new is ServerState.FAILED]
-
-    def _settle(self) -> Generator[simpy.Event, Any, list[str]]:
-        """Wait until no server is suspect, so that correlated failures are planned together.
-
-        When a site goes dark its servers stop at once but their last heartbeats straddle the
-        check: some are failed, the rest already suspect. A suspect is failed or heard from within
-        ``missed_to_fail`` intervals of its last heartbeat, so waiting that long (at most one
-        interval past the detection) lets one plan cover them all.
-        """
-        failed: list[str] = []
-        limit = self.config.missed_to_fail * self.config.heartbeat_interval_s
-        while suspects := [s for s, st in self.detector.states().items() if st is ServerState.SUSPECT]:
-            deadline = max(self.detector.last_heartbeat(s) for s in suspects) + limit
-            yield self.env.timeout(max(deadline - self.env.now, 0.0) + _TICK_S)
-            failed += self._check()
-        return failed
+    def _done(self) -> bool:
+        """Nothing can happen any more before the horizon: no process under way, no wake-up due."""
+        return self.inflight == 0 and not self._wakes
 
     def stop(self) -> None:
         self.stopped = True
 
-    # planning ------------------------------------------------------------------------------------
-    def snapshot(self):
-        """The scenario the policy sees: current locations and live warm backups."""
-        return self.base.replace(apps=tuple(self.apps[a.name] for a in self.base.apps), warm=tuple(self.warm))
+    # carrying out commands ---------------------------------------------------------------------------
+    def _run(self, commands: list[Command]) -> None:
+        queue = list(commands)
+        while queue:
+            command = queue.pop(0)
+            if isinstance(command, Load):
+                self.inflight += 1
+                self.env.process(self._load(command))
+            elif isinstance(command, Unload):
+                variant = self.state.variant(command.app, command.variant)
+                self.agents[command.server].unload(command.app, variant)
+            elif isinstance(command, Publish):
+                self._publish(command.apps)
+            elif isinstance(command, Emit):
+                self._record(command)
+            elif isinstance(command, Planned):
+                self._planned(command)
+            elif isinstance(command, PlanFailover):
+                queue.extend(self._plan(command))
+            elif isinstance(command, PlanProactive):
+                plan = self.policy.plan_proactive(command.scenario)
+                queue.extend(self.core.proactive_planned(command.plan_id, plan, self.env.now))
+            elif isinstance(command, Inspect):
+                report = {"models": sorted(self.agents[command.server].models)}
+                queue.extend(self.core.inspected(command.server, command.purpose, report, self.env.now))
+        self._schedule_wake()
+        self._changed.succeed()
+        self._changed = self.env.event()
 
-    def _on_failed(self, servers: list[str]) -> Process:
-        now = self.clock.now()
-        for server in servers:
-            self.recorder.detected(server, now)
-            self.undetected.discard(server)
-            self.log.add(now, "detected", "", server, "")
-        self.failed.extend(servers)
-        down = set(self.failed)
-        self.warm = [b for b in self.warm if b.server not in down]
-        for app in self.apps.values():
-            if app.primary is not None and app.primary.server in down:
-                self.recorder.affected(
-                    app.name, app.primary.server, self.recorder.result.detected_at[app.primary.server]
-                )
-        plan = self.policy.plan_failover(self.snapshot(), self.failed)
-        self.recorder.planned(plan)
-        self.log.add(now, "plan", "", ",".join(plan.failed), plan.policy)
-        if self.config.charge_plan_time:
-            yield self.env.timeout(plan.plan_ms / 1000.0)
-        self._apply(plan)
+    def _load(self, cmd: Load) -> Process:
+        agent = self.agents[cmd.server]
+        variant = self.state.variant(cmd.app, cmd.variant)
+        ok = yield self.env.process(agent.load(cmd.app, variant))
+        self.inflight -= 1
+        error = None if ok else f"load of {cmd.variant} on {cmd.server} failed"
+        info = {"load_ms": variant.load_ms}
+        self._run(self.core.load_done(cmd.load_id, ok, self.env.now, info=info, error=error))
 
-    def _apply(self, plan: FailoverPlan) -> None:
-        for backup in plan.released:  # unload released warm backups before any load
-            self.warm.remove(backup)
-            app = self.base.app(backup.app)
-            self.agents[backup.server].unload(backup.app, self.base.variant_of(app, backup.variant))
-            self.log.add(self.env.now, "release", backup.app, backup.server, backup.variant)
-        delay = self.config.unload_ms / 1000.0 if plan.released else 0.0
-        for action in plan.actions:
-            app = self.apps[action.app]
-            self.apps[action.app] = dataclasses.replace(
-                app, primary=Placement(action.server, action.final_variant)
-            )
-            if action.kind is ActionKind.WARM:
-                self.warm.remove(WarmBackup(action.app, action.first_variant, action.server))
-            self.work.append(self.env.process(self._recover(action, delay)))
+    def _plan(self, cmd: PlanFailover) -> list[Command]:
+        plan = self.policy.plan_failover(cmd.scenario, cmd.failed)
+        if not self.config.charge_plan_time:
+            return self.core.failover_planned(cmd.plan_id, plan, self.env.now)
+        self.inflight += 1
+        self.env.process(self._charged(cmd.plan_id, plan))
+        return []
 
-    # recovery ------------------------------------------------------------------------------------
-    def _recover(self, action: FailoverAction, delay_s: float) -> Process:
-        if delay_s:
-            yield self.env.timeout(delay_s)
-        app = self.base.app(action.app)
-        first = self.base.variant_of(app, action.first_variant)
-        is_final = action.first_variant == action.final_variant
-        stand_in = action.stand_in_server  # where the first variant serves
-        if action.kind is not ActionKind.WARM:
-            loaded = yield self.env.process(self.agents[stand_in].load(app.name, first, RECOVERY))
-            if not loaded:
-                return
-        self._serve(app.name, stand_in, first, is_final)
-        self.work.append(self.env.process(self._notify(app.name, stand_in)))
-        if not is_final:
-            yield from self._upgrade(action, first)
+    def _charged(self, plan_id: int, plan: Any) -> Process:
+        yield self.env.timeout(plan.plan_ms / 1000.0)
+        self.inflight -= 1
+        self._run(self.core.failover_planned(plan_id, plan, self.env.now))
 
-    def _upgrade(self, action: FailoverAction, first) -> Process:
-        agent = self.agents[action.server]
-        final = self.base.variant_of(self.base.app(action.app), action.final_variant)
-        if action.stand_in_server != action.server:
-            # the small variant stands in elsewhere: load the final one, move the route, then free it
-            loaded = yield self.env.process(agent.load(action.app, final, UPGRADE))
-            if not loaded:
-                return
-            self._serve(action.app, action.server, final, True)
-            yield self.env.process(self._notify(action.app, action.server))
-            self.agents[action.stand_in_server].unload(action.app, first)
+    def _schedule_wake(self) -> None:
+        at = self.core.next_wakeup()
+        if at is None or at in self._wakes or at >= self._end_at:
             return
-        with agent.upgrades.request() as turn:
-            yield turn
-            loaded = yield self.env.process(agent.load(action.app, final, UPGRADE))
-            if not loaded:
-                return  # stays on the first variant
-            self._serve(action.app, action.server, final, True)
-            agent.unload(action.app, first)
+        self._wakes.add(at)
+        self.env.process(self._wake(at))
 
-    def _serve(self, app: str, server: str, variant, final: bool) -> None:
-        self.recorder.serving(app, variant.name, self.env.now, final)
-        if self.requests is not None:
-            self.requests.serve(app, server, variant)
-        self.log.add(self.env.now, "serving", app, server, variant.name)
+    def _wake(self, at: float) -> Process:
+        yield self.env.timeout(max(at - self.env.now, 0.0))
+        self._wakes.discard(at)
+        if self.listening():  # the runtime judges health at every tick; a wake-up is one
+            self._run(self.core.check_health(self.env.now))
+        else:
+            self._run(self.core.advance(self.env.now))
+
+    # what the commands mean for the simulated clients and the records ------------------------------
+    def _publish(self, apps: tuple[str, ...]) -> None:
+        now = self.env.now
+        for app in apps:
+            rec = self.state.apps[app]
+            if rec.route is None:
+                continue
+            variant = self.state.variant(app, rec.route.variant)
+            if app in self.recorder.result.apps:
+                self.recorder.serving(app, variant.name, now, final=rec.final is None)
+            if self.requests is not None:
+                self.requests.serve(app, rec.route.server, variant)
+            self.log.add(now, "serving", app, rec.route.server, variant.name)
+            if self.client_server.get(app) != rec.route.server:
+                self.client_server[app] = rec.route.server
+                self.inflight += 1
+                self.env.process(self._notify(app, rec.route.server))
 
     def _notify(self, app: str, server: str) -> Process:
         yield self.env.timeout(self.config.notify_ms / 1000.0)
-        if not self.agents[server].alive:
-            return
-        self.recorder.notified(app, self.env.now)
-        if self.requests is not None:
-            self.requests.notify(app, server)
-        self.log.add(self.env.now, "notified", app, server, "")
+        self.inflight -= 1
+        if self.agents[server].alive:
+            if app in self.recorder.result.apps:
+                self.recorder.notified(app, self.env.now)
+            if self.requests is not None:
+                self.requests.notify(app, server)
+            self.log.add(self.env.now, "notified", app, server, "")
+        self._changed.succeed()
+        self._changed = self.env.event()
+
+    def _record(self, cmd: Emit) -> None:
+        f = cmd.fields
+        if cmd.type == "detected":
+            self.recorder.detected(f["server"], f["detected_at"])
+            self.undetected.discard(f["server"])
+            self.log.add(f["detected_at"], "detected", "", f["server"], "")
+        elif cmd.type == "failure" and f.get("app") is not None:
+            self.recorder.affected(f["app"], f["server"], f["detected_at"])
+        elif cmd.type == "failover" and f["kind"] == "warm" and f.get("app") in self.recorder.result.apps:
+            self.recorder.failover(f["app"], ActionKind.WARM, f["server"])  # switched before any plan
+
+    def _planned(self, cmd: Planned) -> None:
+        self.recorder.planned(cmd.plan, cmd.applied)
+        self.log.add(cmd.at, "plan", "", ",".join(cmd.plan.failed), cmd.plan.policy)
+        for backup in cmd.plan.released:
+            self.log.add(cmd.at, "release", backup.app, backup.server, backup.variant)

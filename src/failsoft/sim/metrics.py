@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from failsoft.domain import ActionKind, FailoverPlan, Scenario
+from failsoft.domain import ActionKind, FailoverAction, FailoverPlan, Scenario
 from failsoft.sim.requests import Request, RequestStats
 from failsoft.sim.trace import Entry
 
@@ -112,12 +112,18 @@ class Recorder:
         primary = self._normalized(app_name, app.primary.variant)
         self.result.apps[app_name] = AppRecord(app_name, app.critical, server, at, primary)
 
-    def planned(self, plan: FailoverPlan) -> None:
+    def planned(self, plan: FailoverPlan, applied: Sequence[FailoverAction] | None = None) -> None:
+        """A plan was made; ``applied`` are the actions carried out (all of them when None)."""
         self.result.plan_ms.append(plan.plan_ms)
         self.result.released_warm += len(plan.released)
-        for action in plan.actions:
+        for action in plan.actions if applied is None else applied:
             record = self.result.apps[action.app]
             record.kind, record.server = action.kind, action.server
+
+    def failover(self, app: str, kind: ActionKind, server: str) -> None:
+        """How the app was recovered (warm switches happen before any plan, at the failure)."""
+        record = self.result.apps[app]
+        record.kind, record.server = kind, server
 
     def serving(self, app: str, variant: str, at: float, final: bool) -> None:
         record = self.result.apps[app]

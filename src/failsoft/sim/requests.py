@@ -2,11 +2,16 @@
 
 Each simulated app has a client issuing requests as a Poisson process at the app's ``rate_rps``.
 The client sends each request to the server it believes serves the app; there, the app's loaded
-model instance queues it and a worker serves it in batches of up to ``max_batch`` requests, a batch
-taking the variant's profiled batch-1 ``latency_ms`` times ``1 + batch_cost * (b - 1)``
-(:meth:`~failsoft.sim.config.SimConfig.batch_service_s`). Instances on one server do not slow each
-other down: the policies keep each server's compute demand (``rate * latency``) within its
-capacity, and the profiles carry no interference measurements.
+model instance has a serving queue run by the *runtime's* queue discipline
+(:mod:`failsoft.policies.queueing`, by name from the registry: ``SimConfig.discipline``): admission
+(a bounded queue, ``max_queue``, refuses what it cannot finish in time), batches of up to
+``max_batch`` rows, lazy drops. A batch takes the variant's measured batch latency
+(:meth:`~failsoft.domain.Variant.latency_at`; without a batch profile, the batch-1 ``latency_ms``
+times ``1 + batch_cost * (b - 1)``). A request's deadline is when its client gives up
+(``request_timeout_ms`` after it was first issued); by default clients never give up, as FailLite's
+wait through an outage, and no request is dropped. Instances on one server do not slow each other
+down: the policies keep each server's compute demand (``rate * latency``) within its capacity, and
+the profiles carry no interference measurements.
 
 Failures, as FailLite's clients see them (5.2): requests sent to, queued at or in service on a
 crashed server are lost and wait at the client, together with new ones, until the controller
@@ -14,13 +19,14 @@ notifies it of the new location; then they are reissued (their latency counts fr
 issue). During a progressive upgrade the server switches the app's instance in place (the client
 is not told): queued requests move to the new instance, a batch in service completes on the old.
 
-Per-request records give latency percentiles, SLO misses (late or never served) and the share served
-by a smaller variant than the primary: the measurements later mechanisms (tail latency, SLO misses)
-build on. Which apps get a request-level simulation is ``SimConfig.requests``.
+Per-request records give latency percentiles, SLO misses (late, dropped or never served) and the
+share served by a smaller variant than the primary: the measurements later mechanisms (tail
+latency, SLO misses) build on. Which apps get a request-level simulation is ``SimConfig.requests``.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +36,8 @@ import numpy as np
 import simpy
 
 from failsoft.domain import Scenario, Variant
+from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
+from failsoft.policies.registry import make as make_policy
 from failsoft.sim.config import SimConfig
 
 
@@ -39,6 +47,8 @@ class Request:
     issued_at: float
     done_at: float | None = None
     variant: str | None = None
+    deadline_s: float = math.inf  # when its client gives up
+    dropped: bool = False  # refused or dropped by a serving queue: its client got an error
 
 
 @dataclass
@@ -47,12 +57,13 @@ class RequestStats:
 
     latencies_ms: list[float] = field(default_factory=list)
     late: int = 0  # served after the app's SLO
-    unserved: int = 0  # never served before the simulation ended
+    unserved: int = 0  # never served before the simulation ended (dropped ones apart)
+    dropped: int = 0  # refused or dropped by a serving queue (only with deadlines or a bound)
     degraded: int = 0  # served by a variant other than the primary's
 
     @property
     def total(self) -> int:
-        return len(self.latencies_ms) + self.unserved
+        return len(self.latencies_ms) + self.unserved + self.dropped
 
     @staticmethod
     def pooled(stats: Sequence[RequestStats]) -> dict[str, float]:
@@ -70,41 +81,66 @@ class RequestStats:
             "req_p50_ms": pct(50),
             "req_p99_ms": pct(99),
             "req_unserved": float(sum(s.unserved for s in stats)),
-            "req_slo_miss_pct": 100.0 * sum(s.late + s.unserved for s in stats) / total if total else 0.0,
+            "req_dropped": float(sum(s.dropped for s in stats)),
+            "req_slo_miss_pct": (
+                100.0 * sum(s.late + s.unserved + s.dropped for s in stats) / total if total else 0.0
+            ),
             "req_degraded_pct": 100.0 * sum(s.degraded for s in stats) / served if served else 0.0,
         }
 
 
 class _Instance:
-    """One model loaded for one app on one server: a FIFO queue and a batching worker."""
+    """One model loaded for one app on one server: a serving queue and its batching worker."""
 
     def __init__(self, core: RequestCore, app: str, server: str, variant: Variant) -> None:
         self.core, self.app, self.server, self.variant = core, app, server, variant
-        self.store: simpy.Store = simpy.Store(core.env)
+        self.service = ServiceModel(variant, core.config.batch_cost)
+        self.queue: list[Queued] = []  # arrival order; each item's key is its Request
         self.batch: list[Request] = []
+        self.busy_until = 0.0
         self.retired = False
         self.started = False
+        self.wakeup: simpy.Event | None = None
         self.handoff: Callable[[list[Request]], None] = core.client_pending
         self.process = core.env.process(self.run())
 
     def put(self, request: Request) -> None:
-        self.store.put(request)
+        now = self.core.env.now
+        item = Queued(request, now, request.deadline_s)
+        bounded = request.deadline_s < math.inf or self.core.config.max_queue is not None
+        if (
+            bounded
+            and not self.core.discipline.admit(self.queue, item, now, self.busy_until, self.service).admitted
+        ):
+            request.dropped = True  # the runtime answers 503; the client does not retry by itself
+            return
+        self.queue.append(item)
+        if self.wakeup is not None and not self.wakeup.triggered:
+            self.wakeup.succeed()
 
     def run(self) -> Generator[simpy.Event, Any, None]:
-        env, config = self.core.env, self.core.config
+        env, discipline = self.core.env, self.core.discipline
         self.started = True
         while not self.retired:
-            with self.store.get() as get:
+            if not self.queue:
+                self.wakeup = env.event()
                 try:
-                    first = yield get
+                    yield self.wakeup
                 except simpy.Interrupt:
-                    if get.triggered:  # an item was handed over in the instant we were stopped
-                        self.handoff([get.value])
-                    return
-            more = min(config.max_batch - 1, len(self.store.items))
-            self.batch = [first] + [self.store.items.pop(0) for _ in range(more)]
+                    return  # stopped: stop() handed the queue over
+                continue
+            decision = discipline.next_batch(self.queue, env.now, self.service)
+            taken = {id(item) for item in decision.run + decision.drop}
+            self.queue = [item for item in self.queue if id(item) not in taken]
+            for item in decision.drop:
+                item.key.dropped = True
+            if not decision.run:
+                continue
+            self.batch = [item.key for item in decision.run]
+            service_s = self.service.batch_s(decision.rows)
+            self.busy_until = env.now + service_s
             try:
-                yield env.timeout(config.batch_service_s(self.variant.latency_ms, len(self.batch)))
+                yield env.timeout(service_s)
             except simpy.Interrupt:
                 return  # crashed: the batch was handed to the client by stop()
             for request in self.batch:
@@ -114,8 +150,8 @@ class _Instance:
     def stop(self, handoff: Callable[[list[Request]], None], crashed: bool) -> None:
         """Stop serving: queued requests (and, on a crash, the batch in service) go to ``handoff``."""
         self.retired, self.handoff = True, handoff
-        queued = list(self.store.items)
-        self.store.items.clear()
+        queued = [item.key for item in self.queue]
+        self.queue = []
         lost = (self.batch if crashed else []) + queued
         if self.started and (crashed or not self.batch):
             self.process.interrupt()  # an unstarted worker sees ``retired`` and exits at once
@@ -129,6 +165,9 @@ class RequestCore:
         self, env: simpy.Environment, scenario: Scenario, apps: Iterable[str], config: SimConfig, seed: str
     ) -> None:
         self.env, self.scenario, self.config, self.seed = env, scenario, config, seed
+        self.discipline: QueueDiscipline = make_policy(
+            "queueing", config.discipline, config.max_batch, config.max_queue
+        )
         self.apps = set(apps)
         self.route: dict[str, str] = {}  # app -> server its client sends to
         self.pending: dict[str, list[Request]] = {a: [] for a in self.apps}
@@ -146,11 +185,13 @@ class RequestCore:
 
     def _arrivals(self, name: str, start_s: float, end_s: float) -> Generator[simpy.Event, Any, None]:
         rate = self.scenario.app(name).rate_rps
+        timeout_ms = self.config.request_timeout_ms
         rng = random.Random(f"{self.seed}/requests/{name}")
         t = start_s + rng.expovariate(rate)
         while t < end_s:
             yield self.env.timeout(t - self.env.now)
-            request = Request(name, self.env.now)
+            deadline = math.inf if timeout_ms is None else self.env.now + timeout_ms / 1000.0
+            request = Request(name, self.env.now, deadline_s=deadline)
             self.issued.append(request)
             self._send(request)
             t += rng.expovariate(rate)
@@ -203,6 +244,9 @@ class RequestCore:
         stats = RequestStats()
         for request in self.issued:
             app = self.scenario.app(request.app)
+            if request.dropped:
+                stats.dropped += 1
+                continue
             if request.done_at is None:
                 stats.unserved += 1
                 continue

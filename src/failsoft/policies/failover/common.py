@@ -89,14 +89,16 @@ def warm_switches(
         if not options:
             rest.append(app)
             continue
-        best = max(
-            options,
-            key=lambda b: (
-                scenario.variant_of(app, b.variant).accuracy,
-                ledger.free(b.server).memory_mb,
-                b.server,
-            ),
-        )
+        best = options[0]
+        if len(options) > 1:  # the ledger only breaks ties between backups
+            best = max(
+                options,
+                key=lambda b: (
+                    scenario.variant_of(app, b.variant).accuracy,
+                    ledger.free(b.server).memory_mb,
+                    b.server,
+                ),
+            )
         actions.append(FailoverAction(app.name, ActionKind.WARM, best.server, best.variant, best.variant))
     return actions, rest
 

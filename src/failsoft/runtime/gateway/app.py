@@ -1,73 +1,77 @@
 """The HTTP gateway: KServe v2 inference, events, metrics and token-protected admin, on FastAPI.
 
-Endpoints (DESIGN "HTTP"):
+Endpoints:
 
 * ``GET /v2/health/live``, ``GET /v2/health/ready`` (ready once the controller has deployed),
-  ``GET /v2/models/{app}``, ``GET /v2/models/{app}/ready``, ``POST /v2/models/{app}/infer``;
-* ``POST /v2/repository/index`` (Triton's repository extension): every app with its state;
+  ``GET /v2/models/{name}``, ``GET /v2/models/{name}/ready``, ``POST /v2/models/{name}/infer``;
+  ``name`` names a *service*: an app served alone is a service of the app's name;
+* ``POST /v2/repository/index`` (Triton's repository extension): every service with its state;
 * ``GET /v2/events`` (websocket, optional ``?app=NAME``): the controller's events as JSON;
 * ``GET /metrics``: Prometheus text (:mod:`failsoft.runtime.gateway.metrics`);
-* ``/admin/status``, ``/admin/recoveries``, ``/admin/chaos/{kill,hang,resume,slow}``: need
-  ``Authorization: Bearer <token>``.
+* ``/admin/...`` (:mod:`failsoft.runtime.gateway.admin`): need ``Authorization: Bearer <token>``.
 
-The gateway is stateless: routes come from the controller by long-poll. A bad request gets a 4xx
-with ``{"error": ...}`` naming the problem; an app with no route before the deadline gets 503 with
-``Retry-After``; nothing a client sends produces a 5xx or stops the gateway.
+A request is served by its service's dispatcher (:mod:`failsoft.runtime.gateway.dispatch`): the
+gateway validates it, gives it a deadline and an id, and maps what the dispatcher raises to HTTP by
+class (:func:`failsoft.errors.http_status`). The gateway is stateless: routes come from the
+controller by long-poll. A bad request gets a 4xx with ``{"error": ...}`` naming the problem; a
+service with no route before the deadline gets 503 with ``Retry-After``; nothing a client sends
+produces a 5xx or stops the gateway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-import secrets
+import math
 import time
-from collections.abc import AsyncIterator, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import App
 from failsoft.errors import (
-    ConfigError,
-    DeadlineExceededError,
     FailsoftError,
     InvalidRequestError,
-    NoRouteError,
+    OverloadedError,
     ServerUnavailableError,
+    UnknownNameError,
+    http_status,
 )
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
-from failsoft.runtime.gateway.events import EventHub
+from failsoft.runtime.gateway import admin
+from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
+from failsoft.runtime.gateway.dispatch import Request as Work
+from failsoft.runtime.gateway.events import EventHub, Feed
+from failsoft.runtime.gateway.link import ControllerLink
 from failsoft.runtime.gateway.metrics import GatewayMetrics
 from failsoft.runtime.gateway.protocol import ModelMeta, infer_response, model_metadata, parse_infer_request
-from failsoft.runtime.gateway.router import Answer, RouteMirror, Router
+from failsoft.runtime.gateway.routes import RouteMirror
+from failsoft.services import Service, with_singles
 
 log = logging.getLogger(__name__)
 STATS_POLL_S = 2.0
+CLIENT_LEFT = 499  # nginx's code for a request whose client closed the connection first
 
 
-class KillBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    server: str | None = None
-    site: str | None = None
+@dataclass(frozen=True, slots=True)
+class Served:
+    """A name the gateway serves: its service, dispatcher, and the member app whose model it takes."""
 
-
-class ServerBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    server: str
-
-
-class SlowBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    server: str
-    ms: float = Field(ge=0, le=600_000)
-    load_ms: float | None = Field(default=None, ge=0, le=600_000)
+    service: Service
+    dispatcher: Dispatcher
+    lead: App
 
 
 class Gateway:
@@ -83,15 +87,21 @@ class Gateway:
         models: dict[str, ModelMeta],
         variants: dict[str, list[str]],
         admin_token: str,
+        services: Sequence[Service] | None = None,
+        clock: AsyncClock | None = None,
     ) -> None:
         self.settings, self.controller, self.chaos = settings, controller, chaos
         self.apps, self.models, self.variants = apps, models, variants
         self.admin_token = admin_token
+        self.clock = clock or MonotonicClock()
+        self.link = ControllerLink()
         self.metrics = GatewayMetrics()
-        self.mirror = RouteMirror(controller)
-        self.router = Router(self.mirror, self._agent)
+        self.mirror = RouteMirror(controller, self.clock, self.link)
         self._agents = agents
-        self.hub = EventHub(controller, self.metrics.on_event)
+        services = with_singles(services or (), apps)
+        dispatchers = build_dispatchers(services, DispatchContext(self.mirror, self._agent, self.clock))
+        self.served = {s.name: Served(s, dispatchers[s.name], apps[s.members[0]]) for s in services}
+        self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
         self.controller_stats: dict[str, Any] | None = None
         self.app = self._build()
 
@@ -108,9 +118,12 @@ class Gateway:
 
     async def _poll_stats(self) -> None:
         while True:
-            with contextlib.suppress(FailsoftError):
+            try:
                 self.controller_stats = await self.controller.stats()
-            await asyncio.sleep(STATS_POLL_S)
+                self.link.ok("stats poll")
+            except FailsoftError as exc:
+                self.link.failed("stats poll", exc)
+            await self.clock.sleep(STATS_POLL_S)
 
     # helpers -------------------------------------------------------------------------------------
     def _agent(self, server: str) -> AgentRef:
@@ -119,21 +132,23 @@ class Gateway:
             raise ServerUnavailableError(f"server {server!r} has no agent at the moment")
         return agent
 
-    def _app(self, name: str) -> App:
-        app = self.apps.get(name)
-        if app is None:
-            raise InvalidRequestError(f"unknown app {name!r} (apps: {', '.join(sorted(self.apps))})", 404)
-        return app
+    def _served(self, name: str) -> Served:
+        served = self.served.get(name)
+        if served is None:
+            names = sorted(self.served)
+            known = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+            raise UnknownNameError(f"unknown app {name!r}: no service of that name (services: {known})")
+        return served
 
     def _timeout_s(self, app: App, asked: float | None) -> float:
         if asked is not None:
             return asked
         return max(app.slo_ms or 0.0, self.settings.min_timeout_ms) / 1000.0
 
-    async def _body(self, request: Request) -> bytes:
-        limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+    async def read_body(self, request: Request, limit: int) -> bytes:
+        """The request's body, refused (413) past ``limit`` bytes, whatever Content-Length claims."""
+        declared = _byte_count(request.headers.get("content-length"), "Content-Length")
+        if declared is not None and declared > limit:
             raise InvalidRequestError(f"request body of {declared} bytes exceeds the limit of {limit}", 413)
         chunks, size = [], 0
         async for chunk in request.stream():
@@ -143,60 +158,43 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _check_admin(self, request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {self.admin_token}".encode()):
-            raise InvalidRequestError("admin endpoints need 'Authorization: Bearer <token>'", 401)
-
     async def infer(self, name: str, request: Request) -> Response:
         started = time.perf_counter()
         answer: Answer | None = None
-        code = 200
+        code, label = 200, "-"
         try:
-            app = self._app(name)
-            req = parse_infer_request(
-                await self._body(request),
-                name,
-                self.models[app.family],
-                self.settings.max_batch,
-                _header_length(request),
+            served = self._served(name)
+            label = name
+            header_length = _byte_count(
+                request.headers.get("inference-header-content-length"), "Inference-Header-Content-Length"
             )
-            answer = await self.router.infer(name, req.batch, self._timeout_s(app, req.timeout_s))
-            route = answer.route
-            parameters = {
-                "variant": route.variant,
-                "server": route.server,
-                "degraded": route.degraded,
-                "reconstructed": False,
-                "accuracy": route.accuracy,
-                "kind": route.kind,
-                "attempts": answer.attempts,
-            }
-            return JSONResponse(infer_response(name, answer.outputs, req.request_id, parameters))
+            body = await self.read_body(request, self.settings.max_body_bytes)
+            meta = self.models[served.lead.family]
+            req = parse_infer_request(body, name, meta, self.settings.max_batch, header_length)
+            deadline = self.clock.now() + self._timeout_s(served.lead, req.timeout_s)
+            work = Work(name, req.batch, deadline, uuid.uuid4().hex)
+            answer = await _unless_the_client_leaves(request, served.dispatcher.dispatch(work))
+            if answer is None:
+                code = CLIENT_LEFT
+                return Response(status_code=CLIENT_LEFT)  # nobody reads it
+            return _json(infer_response(name, answer.outputs, req, answer.parameters()))
         except FailsoftError as exc:
-            code = _status_of(exc)
+            code = http_status(exc)
+            raise
+        except asyncio.CancelledError:  # the gateway stops
+            code = CLIENT_LEFT
+            raise
+        except Exception:
+            code = 500
             raise
         finally:
-            self.metrics.observe(
-                name if name in self.apps else "-", code, time.perf_counter() - started, answer
-            )
+            self.metrics.observe(label, code, time.perf_counter() - started, answer if code == 200 else None)
 
     def repository_index(self) -> list[dict[str, Any]]:
-        out = []
-        for name in self.apps:
-            route = self.mirror.route(name)
-            out.append(
-                {
-                    "name": name,
-                    "version": None if route is None else route.variant,
-                    "state": "READY" if route is not None else "UNAVAILABLE",
-                    "reason": "" if route is not None else "no live server holds it",
-                    "server": None if route is None else route.server,
-                    "kind": None if route is None else route.kind,
-                    "degraded": bool(route and route.degraded),
-                }
-            )
-        return out
+        return [
+            {"name": name, "mode": s.service.mode.value, **s.dispatcher.describe()}
+            for name, s in self.served.items()
+        ]
 
     # the ASGI app --------------------------------------------------------------------------------
     def _build(self) -> FastAPI:
@@ -204,7 +202,7 @@ class Gateway:
         _install_error_handlers(api)
         self._inference_routes(api)
         self._observability_routes(api)
-        self._admin_routes(api)
+        admin.install(api, self)
         return api
 
     def _inference_routes(self, api: FastAPI) -> None:
@@ -213,7 +211,7 @@ class Gateway:
             return {
                 "name": "failsoft",
                 "version": "0.1.0",
-                "extensions": ["model_repository", "failsoft_events"],
+                "extensions": ["model_repository", "binary_tensor_data", "classification", "failsoft_events"],
             }
 
         @api.get("/v2/health/live")
@@ -229,13 +227,12 @@ class Gateway:
 
         @api.get("/v2/models/{name}")
         async def metadata(name: str) -> dict[str, Any]:
-            app = self._app(name)
-            return model_metadata(name, app.family, self.models[app.family], self.variants[app.family])
+            lead = self._served(name).lead
+            return model_metadata(name, lead.family, self.models[lead.family], self.variants[lead.family])
 
         @api.get("/v2/models/{name}/ready")
         async def model_ready(name: str) -> Response:
-            self._app(name)
-            ok = self.mirror.route(name) is not None
+            ok = self._served(name).dispatcher.ready()
             return JSONResponse({"name": name, "ready": ok}, 200 if ok else 503)
 
         @api.post("/v2/models/{name}/infer")
@@ -253,107 +250,107 @@ class Gateway:
 
         @api.get("/metrics")
         async def metrics() -> Response:
-            body = self.metrics.render(self.mirror.version, self.controller_stats)
+            body = self.metrics.render(self.mirror.version, self.link.connected, self.controller_stats)
             return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def _stream_events(self, ws: WebSocket) -> None:
-        only = ws.query_params.get("app")
-        await ws.accept()
-        queue = self.hub.subscribe()
+        """Send events until the client leaves (watched, so a quiet stream notices at once), the
+        subscriber falls behind, or the gateway stops."""
+        feed = self.hub.subscribe()
+        if feed is None:
+            await _refuse(ws, f"too many event subscribers (limit {self.hub.max_subscribers}); retry later")
+            return
         try:
-            while True:
-                event = await queue.get()
-                if only is None or event.get("app") in (None, only):
-                    await ws.send_json(event)
-        except (WebSocketDisconnect, RuntimeError):
-            pass
+            await ws.accept()
+            async with anyio.create_task_group() as tasks:  # the first to end ends the other
+
+                async def watch() -> None:
+                    await _until_closed(ws)
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(watch)
+                await _send_events(ws, feed, ws.query_params.get("app"))
+                tasks.cancel_scope.cancel()
         finally:
-            self.hub.unsubscribe(queue)
-
-    def _admin_routes(self, api: FastAPI) -> None:
-        def guarded(path: str, method: str = "POST") -> Callable[[Any], Any]:
-            def wrap(fn: Any) -> Any:
-                async def endpoint(request: Request) -> Any:
-                    self._check_admin(request)
-                    body = await request.body() if method == "POST" else b""
-                    return await fn(body)
-
-                api.add_api_route(path, endpoint, methods=[method], name=fn.__name__)
-                return fn
-
-            return wrap
-
-        @guarded("/admin/status", "GET")
-        async def status(_: bytes) -> dict[str, Any]:
-            body = await self.controller.status()
-            body["gateway"] = {"route_version": self.mirror.version, "connected": self.mirror.connected}
-            return body
-
-        @guarded("/admin/recoveries", "GET")
-        async def recoveries(_: bytes) -> dict[str, Any]:
-            return {"recoveries": self.metrics.recovery_log, "events": list(self.hub.recent)}
-
-        @guarded("/admin/chaos/kill")
-        async def kill(body: bytes) -> dict[str, Any]:
-            req = _parse(KillBody, body)
-            if (req.server is None) == (req.site is None):
-                raise InvalidRequestError("name exactly one of 'server' or 'site'")
-            return await self.chaos.kill(req.server, req.site)
-
-        @guarded("/admin/chaos/hang")
-        async def hang(body: bytes) -> dict[str, Any]:
-            return await self.chaos.hang(_parse(ServerBody, body).server)
-
-        @guarded("/admin/chaos/resume")
-        async def resume(body: bytes) -> dict[str, Any]:
-            return await self.chaos.resume(_parse(ServerBody, body).server)
-
-        @guarded("/admin/chaos/slow")
-        async def slow(body: bytes) -> dict[str, Any]:
-            req = _parse(SlowBody, body)
-            return await self.chaos.slow(req.server, req.ms, req.load_ms)
+            self.hub.unsubscribe(feed)
 
 
-def _header_length(request: Request) -> int | None:
-    value = request.headers.get("inference-header-content-length")
+async def _unless_the_client_leaves(request: Request, dispatched: Awaitable[Answer]) -> Answer | None:
+    """The answer, or None when the client disconnected first: the dispatch is then cancelled, which
+    withdraws its calls from the servers' queues (nobody would read the answer)."""
+    answer, error = None, None
+    async with anyio.create_task_group() as tasks:
+
+        async def watch() -> None:
+            # the body is read: the next message is the disconnect (or comes after the response)
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(watch)
+        try:
+            answer = await dispatched
+        except Exception as exc:  # raised past the group, not wrapped in an ExceptionGroup
+            error = exc
+        tasks.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return answer
+
+
+async def _send_events(ws: WebSocket, feed: Feed, only: str | None) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        while (event := await feed.get()) is not None:
+            if only is None or event.get("app") in (None, only):
+                await ws.send_json(event)
+        await ws.close(code=1013, reason="this subscriber did not keep up with the events")
+
+
+async def _until_closed(ws: WebSocket) -> None:
+    """Return when the client closes the websocket (it sends nothing else that matters)."""
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while (await ws.receive())["type"] != "websocket.disconnect":
+            pass
+
+
+async def _refuse(ws: WebSocket, message: str) -> None:
+    """Refuse a websocket before its handshake: HTTP 503 with a JSON error where the server can."""
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        await ws.send_denial_response(JSONResponse({"error": message}, 503, headers={"Retry-After": "1"}))
+    else:
+        await ws.close(code=1013, reason=message)
+
+
+def _byte_count(value: str | None, header: str) -> int | None:
+    """A header that counts bytes: ASCII digits only (``"²".isdigit()`` is true, ``int("²")`` fails)."""
     if value is None:
         return None
-    if not value.isdigit():
-        raise InvalidRequestError(f"Inference-Header-Content-Length must be a number of bytes, got {value!r}")
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:
+        raise InvalidRequestError(f"{header} must be a number of bytes, got {value[:40]!r}")
     return int(value)
 
 
-def _parse(model: type[BaseModel], body: bytes) -> Any:
-    from pydantic import ValidationError
-
-    from failsoft.scenario import describe_validation_error
-
-    try:
-        return model.model_validate_json(body or b"{}")
-    except ValidationError as exc:
-        raise InvalidRequestError(f"bad admin request: {describe_validation_error(exc, None)}") from exc
+def _json(content: Any) -> Response:
+    """JSON that may hold NaN or Infinity (a model's outputs can), written as Python's json writes them."""
+    return Response(json.dumps(content, separators=(",", ":")), media_type="application/json")
 
 
-def _status_of(exc: FailsoftError) -> int:
-    if isinstance(exc, InvalidRequestError):
-        return exc.status
-    if isinstance(exc, ConfigError):
-        return 404 if "unknown" in str(exc) else 400
-    if isinstance(exc, (NoRouteError, ServerUnavailableError)):
-        return 503
-    if isinstance(exc, DeadlineExceededError):
-        return 504
-    return 500
+def _error_response(exc: FailsoftError) -> JSONResponse:
+    status = http_status(exc)
+    headers = None
+    if isinstance(exc, OverloadedError):
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
+    elif status == 503:
+        headers = {"Retry-After": "1"}
+    if status >= 500:
+        log.warning("request failed: %s", exc)
+    return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
 
 
 def _install_error_handlers(api: FastAPI) -> None:
     @api.exception_handler(FailsoftError)
     async def failsoft_error(_: Request, exc: FailsoftError) -> JSONResponse:
-        status = _status_of(exc)
-        headers = {"Retry-After": "1"} if status == 503 else None
-        if status >= 500:
-            log.warning("request failed: %s", exc)
-        return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
+        return _error_response(exc)
 
     @api.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

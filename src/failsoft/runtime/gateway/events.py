@@ -6,12 +6,15 @@ fans each event out to every ``/v2/events`` websocket subscriber. Event types:
 * ``failure``: a server failed (one event per app it served: ``app``, ``server``, ``variant`` it
   served, ``accuracy``, ``detected_at``);
 * ``failover``: the app is served again, at ``server`` on ``variant`` (``kind``: warm, progressive or
-  cold; ``route_ms``: detection to route published, load time included);
+  cold; ``route_ms``: detection to route published, load time included: FailLite's MTTR);
 * ``upgrade``: a progressive failover switched to its final variant;
 * ``restore``: the app is back on its primary;
 * also ``unrecovered``, ``server_up`` and ``ready``.
 
-A subscriber too slow to keep up (its queue full) is dropped rather than slowing the others.
+The hub holds at most ``max_subscribers`` subscribers (the gateway refuses more with 503); a
+subscriber too slow to keep up (its queue full) is dropped rather than slowing the others (its queue
+then holds only ``None``: the gateway closes that websocket), and one whose client left is removed
+at once (the gateway watches each websocket for its close).
 """
 
 from __future__ import annotations
@@ -20,29 +23,50 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from failsoft.runtime.cluster import ControllerRef
+from failsoft.clock import AsyncClock
+from failsoft.runtime.gateway.link import ControllerLink
+
+if TYPE_CHECKING:
+    from failsoft.runtime.cluster import ControllerRef
 
 log = logging.getLogger(__name__)
 QUEUE_SIZE = 1000
+MAX_SUBSCRIBERS = 256
+POLL_S = 10.0
+STREAM = "event long-poll"
+Feed = asyncio.Queue[dict[str, Any] | None]  # a subscriber's events; None: it was dropped
 
 
 class EventHub:
-    def __init__(self, controller: ControllerRef, on_event: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(
+        self,
+        controller: ControllerRef,
+        on_event: Callable[[dict[str, Any]], None],
+        clock: AsyncClock,
+        link: ControllerLink | None = None,
+        max_subscribers: int = MAX_SUBSCRIBERS,
+    ) -> None:
         self.controller = controller
         self.on_event = on_event
+        self.clock = clock
+        self.link = link or ControllerLink()
+        self.max_subscribers = max_subscribers
         self.epoch = ""
         self.seq = 0
         self.recent: deque[dict[str, Any]] = deque(maxlen=QUEUE_SIZE)
-        self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
+        self._subscribers: set[Feed] = set()
 
-    def subscribe(self) -> asyncio.Queue[dict[str, Any]]:
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=QUEUE_SIZE)
+    def subscribe(self) -> Feed | None:
+        """A queue of the events to come; None when the hub is full."""
+        if len(self._subscribers) >= self.max_subscribers:
+            return None
+        queue: Feed = asyncio.Queue(maxsize=QUEUE_SIZE)
         self._subscribers.add(queue)
         return queue
 
-    def unsubscribe(self, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    def unsubscribe(self, queue: Feed) -> None:
         self._subscribers.discard(queue)
 
     @property
@@ -60,21 +84,19 @@ class EventHub:
                 queue.put_nowait(event)
             except asyncio.QueueFull:
                 log.warning("dropping a websocket subscriber that does not keep up")
-                self._subscribers.discard(queue)
+                self._drop(queue)
+
+    def _drop(self, queue: Feed) -> None:
+        self._subscribers.discard(queue)
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)  # tells its websocket to close
 
     async def run(self) -> None:
-        backoff = 0.02
         while True:
-            try:
-                batch = await self.controller.wait_events(self.epoch, self.seq, 10.0)
-                backoff = 0.02
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.debug("event long-poll failed: %s", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-                continue
+            batch = await self.link.retry(
+                STREAM, lambda: self.controller.wait_events(self.epoch, self.seq, POLL_S), self.clock
+            )
             self.epoch, self.seq = batch["epoch"], batch["seq"]
             for event in batch["events"]:
                 self.publish(event)

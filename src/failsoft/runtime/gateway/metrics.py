@@ -1,21 +1,31 @@
 """Prometheus metrics of the gateway, in base units (seconds), on ``GET /metrics``.
 
-* ``failsoft_requests_total{app, variant, code}`` and ``failsoft_request_latency_seconds{app, variant}``;
+* ``failsoft_requests_total{app, variant, code}``: every infer request by the HTTP status it got
+  (``app`` is the service named in the URL, ``-`` for a name the gateway does not serve; ``code``
+  499 when the client left before the answer), and ``failsoft_request_latency_seconds{app, variant}``;
 * ``failsoft_request_retries_total{app}``: requests moved to a newer route (a failover under them);
 * ``failsoft_server_failures_total{server}``, ``failsoft_failovers_total{app, kind}``,
   ``failsoft_upgrades_total{app}``, ``failsoft_restores_total{app}``;
-* ``failsoft_recoveries_total{app}`` and ``failsoft_mttr_seconds{kind}``: an app recovered when it
-  answers again on a new route after a failure; its MTTR as FailLite defines it (5.1) runs from the
-  failure's detection to that first answer, load time included;
-* ``failsoft_route_version`` and ``failsoft_controller_step_seconds{step, stat}`` (the control
-  loop's step durations, read from the controller).
+* ``failsoft_mttr_seconds{kind}``: FailLite's MTTR (5.1), from a failure's detection to the new
+  route published, load time included (the ``failover`` event's ``route_ms``);
+* ``failsoft_recoveries_total{app}`` and ``failsoft_first_answer_seconds{kind}``: an app recovered
+  when it answers again on a new route after a failure; detection to that first answer;
+* ``failsoft_route_version``, ``failsoft_controller_connected`` (0 while a stream to the controller
+  fails) and ``failsoft_controller_step_seconds{step, stat}`` (the control loop's step durations,
+  read from the controller).
+
+``/admin/recoveries`` lists the last :data:`RECOVERY_LOG_SIZE` recoveries; what the gateway
+remembers to count each failure and recovery once is one entry per server and per app, so nothing
+here grows with uptime.
 
 Each gateway has its own registry, so several can live in one process (tests).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,10 +33,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from failsoft.runtime.gateway.router import Answer
+from failsoft.runtime.gateway.dispatch import Answer
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-MTTR_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+MTTR_BUCKETS = (0.001, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RECOVERY_LOG_SIZE = 1000
 
 
 class _ControllerSteps(Collector):
@@ -47,7 +58,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
-            "failsoft_requests", "Inference requests", ["app", "variant", "code"], registry=r
+            "failsoft_requests", "Inference requests by status code", ["app", "variant", "code"], registry=r
         )
         self.latency = Histogram(
             "failsoft_request_latency_seconds",
@@ -70,63 +81,79 @@ class GatewayMetrics:
         )
         self.mttr = Histogram(
             "failsoft_mttr_seconds",
-            "Failure detection to first answer on the new route",
+            "MTTR (FailLite): failure detection to the new route published, load time included",
+            ["kind"],
+            buckets=MTTR_BUCKETS,
+            registry=r,
+        )
+        self.first_answer = Histogram(
+            "failsoft_first_answer_seconds",
+            "Failure detection to the first answer on the new route",
             ["kind"],
             buckets=MTTR_BUCKETS,
             registry=r,
         )
         self.route_version = Gauge("failsoft_route_version", "Routing table version", registry=r)
+        self.connected = Gauge(
+            "failsoft_controller_connected", "1 while every stream to the controller answers", registry=r
+        )
         self.steps = _ControllerSteps()
         r.register(self.steps)
-        self.recovery_log: list[dict[str, Any]] = []
-        self._seen_recoveries: set[tuple[str, float]] = set()
-        self._seen_failures: set[tuple[str, float]] = set()
+        self.recovery_log: deque[dict[str, Any]] = deque(maxlen=RECOVERY_LOG_SIZE)
+        # detection time of the last recovery (per app) and failure (per server) counted
+        self._recovered: dict[str, float] = {}
+        self._failed: dict[str, float] = {}
 
     def observe(self, app: str, code: int, seconds: float, answer: Answer | None) -> None:
-        variant = answer.route.variant if answer else "-"
+        variant = answer.variant if answer else "-"
         self.requests.labels(app, variant, str(code)).inc()
         if answer is None:
             return
         self.latency.labels(app, variant).observe(seconds)
         if answer.attempts > 1:
             self.retries.labels(app).inc()
-        route = answer.route
-        if route.detected_at is not None and (app, route.detected_at) not in self._seen_recoveries:
-            self._seen_recoveries.add((app, route.detected_at))
-            mttr = answer.answered_at - route.detected_at
-            self.recoveries.labels(app).inc()
-            self.mttr.labels(route.kind).observe(max(mttr, 0.0))
-            self.recovery_log.append(
-                {
-                    "app": app,
-                    "server": route.server,
-                    "variant": route.variant,
-                    "kind": route.kind,
-                    "detected_at": route.detected_at,
-                    "route_ms": None
-                    if route.route_at is None
-                    else (route.route_at - route.detected_at) * 1000,
-                    "mttr_ms": mttr * 1000.0,
-                    "answered_at": answer.answered_at,
-                }
-            )
+        if answer.detected_at is not None and answer.detected_at > self._recovered.get(app, -math.inf):
+            self._recovered[app] = answer.detected_at
+            self._recovery(app, answer, time.time())
+
+    def _recovery(self, app: str, answer: Answer, answered_at: float) -> None:
+        detected_at = answer.detected_at or answered_at
+        first = max(answered_at - detected_at, 0.0)
+        self.recoveries.labels(app).inc()
+        self.first_answer.labels(answer.kind).observe(first)
+        self.recovery_log.append(
+            {
+                "app": app,
+                "server": answer.server,
+                "variant": answer.variant,
+                "kind": answer.kind,
+                "detected_at": detected_at,
+                "mttr_ms": None if answer.route_at is None else (answer.route_at - detected_at) * 1000,
+                "first_answer_ms": first * 1000.0,
+                "answered_at": answered_at,
+            }
+        )
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind, app = event.get("type"), event.get("app")
         if kind == "failure" and event.get("server"):
-            key = (event["server"], float(event.get("detected_at") or event.get("timestamp") or time.time()))
-            if key not in self._seen_failures:
-                self._seen_failures.add(key)
-                self.failures.labels(event["server"]).inc()
+            server = event["server"]
+            detected = float(event.get("detected_at") or event.get("timestamp") or time.time())
+            if detected > self._failed.get(server, -math.inf):  # once per failure, replays ignored
+                self._failed[server] = detected
+                self.failures.labels(server).inc()
         elif kind == "failover" and app:
             self.failovers.labels(app, event.get("kind", "?")).inc()
+            if event.get("route_ms") is not None:
+                self.mttr.labels(event.get("kind", "?")).observe(max(float(event["route_ms"]) / 1000, 0.0))
         elif kind == "upgrade" and app:
             self.upgrades.labels(app).inc()
         elif kind == "restore" and app:
             self.restores.labels(app).inc()
 
-    def render(self, route_version: int, controller_stats: dict[str, Any] | None) -> bytes:
+    def render(self, route_version: int, connected: bool, controller_stats: dict[str, Any] | None) -> bytes:
         self.route_version.set(route_version)
+        self.connected.set(1 if connected else 0)
         if controller_stats is not None:
             self.steps.stats = controller_stats
         return generate_latest(self.registry)

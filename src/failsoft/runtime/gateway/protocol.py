@@ -9,16 +9,29 @@ A request names one input tensor with its shape, datatype and (row-major, flat o
 Large tensors may travel as raw bytes instead (Triton's binary tensor extension): the body is the
 JSON header, whose length the ``Inference-Header-Content-Length`` HTTP header gives, followed by the
 FP32 data, and the input says ``"parameters": {"binary_data_size": BYTES}`` instead of ``data``.
+
+The answer has one output, ``output``: the logits (FP32, ``[N, classes]``). Triton's *classification
+extension* asks for the top classes instead: ``"outputs": [{"name": "output", "parameters":
+{"classification": K}}]``
+answers, per row, the K highest-scoring classes as a BYTES tensor of shape ``[N, K]`` whose elements
+are ``"score:index"`` strings, highest score first (Triton's format: the score printed with six
+decimals, then the class index; failsoft's models have no labels, so there is no third field).
+A requested output may also say ``"binary_data": true`` (tritonclient's default); the answer is
+JSON all the same, which tritonclient reads.
+
 Everything a client can get wrong is refused here with an :class:`~failsoft.errors.InvalidRequestError`
 that says what is wrong (the gateway turns it into a 4xx ``{"error": ...}``), before any server sees
-the request: malformed JSON, a missing or extra input, a datatype other than FP32, a shape that is
-not the app's, more rows than ``max_batch``, data that does not fill the shape or is not numbers.
+the request: malformed or too deeply nested JSON, a missing or extra input, a datatype other than
+FP32, a shape that is not the app's, more rows than ``max_batch``, data that does not fill the shape
+or is not finite numbers, an output or classification count the app does not have. Messages quote
+the bad value in a shortened form (a client's 10 MB list is not echoed back).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +40,11 @@ import numpy as np
 from failsoft.errors import InvalidRequestError
 
 MAX_TIMEOUT_S = 600.0
+OUTPUT = "output"
+OUTPUT_PARAMETERS = ("classification", "binary_data")
+_REPR = reprlib.Repr()  # Python 3.11's takes no arguments
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 6, 6
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +61,12 @@ class InferRequest:
     request_id: str | None
     input_name: str
     timeout_s: float | None
+    classification: int | None = None  # top-K classes asked for instead of the logits
+
+
+def show(value: Any) -> str:
+    """A value as an error message may quote it: short, and safe for any nesting depth."""
+    return _REPR.repr(value)
 
 
 def parse_infer_request(
@@ -59,23 +83,29 @@ def parse_infer_request(
     tensor = inputs[0]
     name = tensor.get("name", "input")
     if not isinstance(name, str):
-        raise InvalidRequestError("input 'name' must be a string")
+        raise InvalidRequestError(f"input 'name' must be a string, got {show(name)}")
     datatype = tensor.get("datatype")
     if datatype != "FP32":
         raise InvalidRequestError(
-            f"input {name!r}: datatype {datatype!r} is not supported by app {app!r} (use FP32)"
+            f"input {show(name)}: datatype {show(datatype)} is not supported by app {app!r} (use FP32)"
         )
     shape = _shape(tensor.get("shape"), name, app, meta, max_batch)
-    params = tensor.get("parameters") or {}
-    if isinstance(params, dict) and "binary_data_size" in params:
+    params = tensor.get("parameters")
+    if params is not None and not isinstance(params, dict):
+        raise InvalidRequestError(f"input {show(name)}: 'parameters' must be an object, got {show(params)}")
+    if params and "binary_data_size" in params:
         batch = _binary(binary, params["binary_data_size"], shape, name)
     else:
         batch = _data(tensor.get("data"), shape, name)
     request_id = data.get("id")
-    if request_id is not None and not isinstance(request_id, (str, int)):
-        raise InvalidRequestError("'id' must be a string")
+    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
+        raise InvalidRequestError(f"'id' must be a string, got {show(request_id)}")
     return InferRequest(
-        batch, None if request_id is None else str(request_id), name, _timeout(data.get("parameters"))
+        batch,
+        None if request_id is None else str(request_id),
+        name,
+        _timeout(data.get("parameters")),
+        _classification(data.get("outputs"), app, meta),
     )
 
 
@@ -84,7 +114,9 @@ def _decode(body: bytes, header_length: int | None) -> tuple[dict[str, Any], byt
     binary = b""
     if header_length is not None:
         if not 0 < header_length <= len(body):
-            raise InvalidRequestError(f"Inference-Header-Content-Length {header_length} exceeds the body")
+            raise InvalidRequestError(
+                f"Inference-Header-Content-Length {header_length} is outside the body of {len(body)} bytes"
+            )
         body, binary = body[:header_length], body[header_length:]
     try:
         data = json.loads(body)
@@ -92,8 +124,12 @@ def _decode(body: bytes, header_length: int | None) -> tuple[dict[str, Any], byt
         raise InvalidRequestError(
             f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from exc
+    except RecursionError as exc:
+        raise InvalidRequestError("malformed JSON: nested too deeply") from exc
     except UnicodeDecodeError as exc:
         raise InvalidRequestError("the body is not UTF-8 JSON") from exc
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise InvalidRequestError(f"malformed JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidRequestError(f"expected a JSON object, got {type(data).__name__}")
     return data, binary
@@ -102,77 +138,142 @@ def _decode(body: bytes, header_length: int | None) -> tuple[dict[str, Any], byt
 def _shape(shape: Any, name: str, app: str, meta: ModelMeta, max_batch: int) -> tuple[int, ...]:
     want = f"[N, {', '.join(map(str, meta.input_shape))}]"
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise InvalidRequestError(f"input {name!r}: 'shape' must be a list of integers, like {want}")
+        raise InvalidRequestError(
+            f"input {show(name)}: 'shape' must be a list of integers, like {want}; got {show(shape)}"
+        )
     if len(shape) != len(meta.input_shape) + 1 or tuple(shape[1:]) != meta.input_shape:
         raise InvalidRequestError(
-            f"input {name!r}: shape {shape} does not match app {app!r}, which takes {want}"
+            f"input {show(name)}: shape {show(shape)} does not match app {app!r}, which takes {want}"
         )
     if not 1 <= shape[0] <= max_batch:
-        raise InvalidRequestError(f"input {name!r}: batch size {shape[0]} is outside 1..{max_batch}")
+        raise InvalidRequestError(f"input {show(name)}: batch size {shape[0]} is outside 1..{max_batch}")
     return tuple(shape)
 
 
 def _data(data: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     if not isinstance(data, list):
-        raise InvalidRequestError(f"input {name!r}: 'data' must be a list of numbers")
+        raise InvalidRequestError(f"input {show(name)}: 'data' must be a list of numbers")
     try:
-        arr = np.asarray(data, dtype=np.float32)
-    except (ValueError, TypeError) as exc:
-        raise InvalidRequestError(f"input {name!r}: 'data' must hold numbers only") from exc
+        with np.errstate(over="ignore"):  # beyond FP32 becomes inf, refused below
+            arr = np.asarray(data, dtype=np.float32)
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise InvalidRequestError(f"input {show(name)}: 'data' must hold numbers only") from exc
     expected = math.prod(shape)
     if arr.size != expected:
         raise InvalidRequestError(
-            f"input {name!r}: 'data' has {arr.size} values, shape {list(shape)} needs {expected}"
+            f"input {show(name)}: 'data' has {arr.size} values, shape {list(shape)} needs {expected}"
         )
-    return arr.reshape(shape)
+    return _finite(arr.reshape(shape), name)
 
 
 def _binary(binary: bytes, size: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     expected = math.prod(shape) * 4
-    if size != expected or len(binary) != expected:
+    if isinstance(size, bool) or size != expected or len(binary) != expected:
         raise InvalidRequestError(
-            f"input {name!r}: binary data of {len(binary)} bytes (binary_data_size {size!r}); "
+            f"input {show(name)}: binary data of {len(binary)} bytes (binary_data_size {show(size)}); "
             f"shape {list(shape)} in FP32 needs {expected}"
         )
-    return np.frombuffer(binary, dtype="<f4").reshape(shape)
+    return _finite(np.frombuffer(binary, dtype="<f4").reshape(shape), name)
+
+
+def _finite(batch: np.ndarray, name: str) -> np.ndarray:
+    if not np.isfinite(batch).all():
+        raise InvalidRequestError(
+            f"input {show(name)}: data holds values that are not finite in FP32 "
+            "(NaN, Infinity, or beyond ±3.4e38)"
+        )
+    return batch
 
 
 def _timeout(parameters: Any) -> float | None:
     if parameters is None:
         return None
     if not isinstance(parameters, dict):
-        raise InvalidRequestError("'parameters' must be an object")
+        raise InvalidRequestError(f"'parameters' must be an object, got {show(parameters)}")
     if "timeout_ms" in parameters:
         value, scale, unit = parameters["timeout_ms"], 1000.0, "timeout_ms"
     elif "timeout" in parameters:
         value, scale, unit = parameters["timeout"], 1.0, "timeout"
     else:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0 < value / scale <= MAX_TIMEOUT_S
-    ):
+    seconds = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            seconds = float(value) / scale
+        except OverflowError:  # an integer beyond any float
+            seconds = math.inf
+    if not 0 < seconds <= MAX_TIMEOUT_S:
+        limit = MAX_TIMEOUT_S * scale
+        raise InvalidRequestError(f"parameters.{unit} must be a number in (0, {limit:g}] ({show(value)})")
+    return seconds
+
+
+def _classification(outputs: Any, app: str, meta: ModelMeta) -> int | None:
+    """The K of Triton's classification extension, or None for the logits."""
+    if outputs is None or outputs == []:
+        return None
+    if not isinstance(outputs, list) or len(outputs) != 1 or not isinstance(outputs[0], dict):
         raise InvalidRequestError(
-            f"parameters.{unit} must be a number of seconds in (0, {MAX_TIMEOUT_S:g}] ({value!r})"
+            f"app {app!r} has one output, {OUTPUT!r}: 'outputs' must be a list of one object"
         )
-    return value / scale
+    name, params = outputs[0].get("name"), outputs[0].get("parameters")
+    if name != OUTPUT:
+        raise InvalidRequestError(
+            f"requested output {show(name)} is not an output of app {app!r} (its output: {OUTPUT!r})"
+        )
+    if params is None:
+        return None
+    if not isinstance(params, dict):
+        raise InvalidRequestError(f"output {OUTPUT!r}: 'parameters' must be an object, got {show(params)}")
+    unknown = sorted(str(p) for p in params if p not in OUTPUT_PARAMETERS)
+    if unknown:
+        raise InvalidRequestError(
+            f"output {OUTPUT!r}: unsupported parameter {show(unknown[0])} "
+            f"(supported: {', '.join(OUTPUT_PARAMETERS)})"
+        )
+    if not isinstance(params.get("binary_data", False), bool):
+        raise InvalidRequestError(f"output {OUTPUT!r}: binary_data must be true or false")
+    k = params.get("classification")
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= meta.num_classes:
+        raise InvalidRequestError(
+            f"output {OUTPUT!r}: classification must be an integer in 1..{meta.num_classes} "
+            f"(app {app!r} has {meta.num_classes} classes), got {show(k)}"
+        )
+    return k
+
+
+def classify(logits: np.ndarray, k: int) -> list[list[str]]:
+    """Per row, the ``k`` highest-scoring classes as Triton writes them: ``"score:index"``, best first
+    (ties: the lower index first)."""
+    rows = np.atleast_2d(np.asarray(logits, dtype=np.float32))
+    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    return [[f"{row[i]:f}:{i}" for i in top] for row, top in zip(rows, order, strict=True)]
 
 
 def infer_response(
-    app: str, outputs: np.ndarray, request_id: str | None, parameters: dict[str, Any]
+    app: str, outputs: np.ndarray, request: InferRequest, parameters: dict[str, Any]
 ) -> dict[str, Any]:
     out = np.asarray(outputs, dtype=np.float32)
+    if request.classification is not None:
+        top = classify(out, request.classification)
+        tensor = {
+            "name": OUTPUT,
+            "datatype": "BYTES",
+            "shape": [len(top), request.classification],
+            "data": [s for row in top for s in row],
+        }
+    else:
+        tensor = {"name": OUTPUT, "datatype": "FP32", "shape": list(out.shape), "data": out.ravel().tolist()}
     body: dict[str, Any] = {
         "model_name": app,
         "model_version": parameters.get("variant"),
-        "outputs": [
-            {"name": "logits", "datatype": "FP32", "shape": list(out.shape), "data": out.ravel().tolist()}
-        ],
+        "outputs": [tensor],
         "parameters": parameters,
     }
-    if request_id is not None:
-        body["id"] = request_id
+    if request.request_id is not None:
+        body["id"] = request.request_id
     return body
 
 
@@ -182,5 +283,5 @@ def model_metadata(app: str, family: str, meta: ModelMeta, variants: list[str]) 
         "versions": variants,
         "platform": f"failsoft/{family}",
         "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, *meta.input_shape]}],
-        "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, meta.num_classes]}],
+        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, meta.num_classes]}],
     }

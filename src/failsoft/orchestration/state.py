@@ -16,6 +16,12 @@ life cycle (:class:`~failsoft.domain.BackupState`: loading, then warm).
 read, where an app's ``primary`` is the capacity it takes now: its upgrade target when one is under
 way, else its route, else its home (an app without a route thus counts as affected by its home
 server's failure, and is planned again). The state serialises to the store's documents and back.
+
+Times. The orchestration core runs on the clock its driver gives it (monotonic seconds in the
+runtime, simulated seconds in the simulator); every time kept here is on that clock. What leaves the
+core for people and other processes (the routing table, status, stored documents) is wall-clock
+time: :attr:`ClusterState.wall_offset` (wall minus core time, kept fresh by the runtime's driver; 0
+in the simulator) converts.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from failsoft.domain import App, BackupState, Placement, Scenario, Server, ServerState, Variant, WarmBackup
+from failsoft.services import Service
 
 
 class RouteKind(StrEnum):
@@ -44,29 +51,32 @@ class AppRecord:
     route: Placement | None = None
     kind: RouteKind = RouteKind.PRIMARY
     final: Placement | None = None
-    detected_at: float | None = None  # wall time of the failure the current route answers
-    route_at: float | None = None  # wall time the current route was published
+    detected_at: float | None = None  # core time of the failure the current route answers
+    route_at: float | None = None  # core time the current route was published
+    last_failover: dict[str, Any] | None = None  # {"at" (core time), "kind", "server", "variant"}
 
     @property
     def home(self) -> Placement:
         assert self.app.primary is not None
         return self.app.primary
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self, wall: float) -> dict[str, Any]:
         return {
             "route": _placement_doc(self.route),
             "kind": self.kind.value,
             "final": _placement_doc(self.final),
-            "detected_at": self.detected_at,
-            "route_at": self.route_at,
+            "detected_at": _shift(self.detected_at, wall),
+            "route_at": _shift(self.route_at, wall),
+            "last_failover": _shift_at(self.last_failover, wall),
         }
 
-    def load_doc(self, doc: dict[str, Any]) -> None:
+    def load_doc(self, doc: dict[str, Any], wall: float) -> None:
         self.route = _placement(doc.get("route"))
         self.kind = RouteKind(doc.get("kind", "primary"))
         self.final = _placement(doc.get("final"))
-        self.detected_at = doc.get("detected_at")
-        self.route_at = doc.get("route_at")
+        self.detected_at = _shift(doc.get("detected_at"), -wall)
+        self.route_at = _shift(doc.get("route_at"), -wall)
+        self.last_failover = _shift_at(doc.get("last_failover"), -wall)
 
 
 @dataclass
@@ -75,19 +85,21 @@ class ServerRecord:
     state: ServerState | None = None  # None: not heard from yet
     incarnation: str | None = None
     holdings: set[tuple[str, str]] = field(default_factory=set)  # (app, variant)
-    failed_at: float | None = None
+    failed_at: float | None = None  # core time of the last detected failure
     pid: int | None = None  # of the agent's process, as last reported (not persisted)
+    restarts: int = 0  # new agent processes seen after the first one
 
     @property
     def live(self) -> bool:
         return self.state in LIVE
 
-    def to_doc(self) -> dict[str, Any]:
+    def to_doc(self, wall: float) -> dict[str, Any]:
         return {
             "state": self.state.value if self.state else None,
             "incarnation": self.incarnation,
             "holdings": sorted([a, v] for a, v in self.holdings),
-            "failed_at": self.failed_at,
+            "failed_at": _shift(self.failed_at, wall),
+            "restarts": self.restarts,
         }
 
 
@@ -106,6 +118,31 @@ class ClusterState:
         self.servers = {s.name: ServerRecord(s) for s in deployment.servers}
         self.apps = {a.name: AppRecord(a) for a in deployment.apps}
         self.warm: dict[tuple[str, str], WarmRecord] = {}  # (app, server)
+        self.wall_offset = 0.0  # wall-clock seconds minus core seconds (see the module docstring)
+
+    @classmethod
+    def deployed(cls, deployment: Scenario) -> ClusterState:
+        """A cluster in steady state: every server up, every app at home, the deployment's warm
+        backups loaded (the simulator starts here; the runtime gets here by deploying)."""
+        state = cls(deployment)
+        for rec in state.servers.values():
+            rec.state = ServerState.UP
+        for name, rec in state.apps.items():
+            rec.route = rec.home
+            state.servers[rec.home.server].holdings.add((name, rec.home.variant))
+        for backup in deployment.warm or ():
+            state.warm[(backup.app, backup.server)] = WarmRecord(backup, BackupState.WARM)
+            state.servers[backup.server].holdings.add((backup.app, backup.variant))
+        return state
+
+    @property
+    def services(self) -> dict[str, Service]:
+        """Every service by name (apps in none are served alone)."""
+        return {s.name: s for s in self.deployment.all_services()}
+
+    def wall(self, t: float | None) -> float | None:
+        """A core time as wall-clock time."""
+        return _shift(t, self.wall_offset)
 
     # lookups ---------------------------------------------------------------------------------
     def variant(self, app: str, variant: str) -> Variant:
@@ -134,11 +171,15 @@ class ClusterState:
     def snapshot(self, with_warm: bool = True, live_only: bool = False) -> Scenario:
         """The scenario policies plan on.
 
-        ``with_warm=False`` leaves warm backups to the policy (proactive planning); ``live_only``
-        keeps only live servers and the apps placed on them (warm backups are planned there only).
+        ``with_warm=False`` leaves warm backups to the policy (proactive planning), except pinned
+        ones, which are a mechanism's and stay: their memory and compute are taken off their servers'
+        capacity. ``live_only`` keeps only live servers and the apps placed on them (warm backups are
+        planned there only).
         """
-        apps = tuple(dataclasses.replace(r.app, primary=self._reserved(r)) for r in self.apps.values())
+        apps = tuple(self._as_placed(r) for r in self.apps.values())
         servers = self.deployment.servers
+        if not with_warm:
+            servers = self._less_pinned(servers)
         if live_only:
             servers = tuple(s for s in servers if self.live(s.name))
             apps = tuple(a for a in apps if a.primary is not None and self.live(a.primary.server))
@@ -150,6 +191,31 @@ class ClusterState:
                 if w.state is BackupState.WARM and self.live(w.backup.server)
             )
         return self.deployment.replace(servers=servers, apps=apps, warm=warm)
+
+    def _less_pinned(self, servers: tuple[Server, ...]) -> tuple[Server, ...]:
+        taken: dict[str, tuple[float, float]] = {}
+        for w in self.warm.values():
+            if w.backup.pinned:
+                app = self.apps[w.backup.app].app
+                d = self.variant(app.name, w.backup.variant).demand(app.rate_rps)
+                m, c = taken.get(w.backup.server, (0.0, 0.0))
+                taken[w.backup.server] = (m + d.memory_mb, c + d.compute)
+        if not taken:
+            return servers
+        return tuple(
+            dataclasses.replace(
+                s,
+                memory_mb=max(s.memory_mb - taken[s.name][0], 0.0),
+                compute=max(s.compute - taken[s.name][1], 0.0),
+            )
+            if s.name in taken
+            else s
+            for s in servers
+        )
+
+    def _as_placed(self, rec: AppRecord) -> App:
+        reserved = self._reserved(rec)
+        return rec.app if reserved == rec.app.primary else dataclasses.replace(rec.app, primary=reserved)
 
     def _reserved(self, rec: AppRecord) -> Placement:
         if rec.final is not None and self.live(rec.final.server):
@@ -177,8 +243,8 @@ class ClusterState:
                 "kind": rec.kind.value,
                 "degraded": served.memory_mb < home.memory_mb or served.accuracy < home.accuracy,
                 "accuracy": served.accuracy,
-                "detected_at": rec.detected_at,
-                "route_at": rec.route_at,
+                "detected_at": self.wall(rec.detected_at),
+                "route_at": self.wall(rec.route_at),
             }
         return entry
 
@@ -197,6 +263,8 @@ class ClusterState:
                     "memory_mb": rec.server.memory_mb,
                     "used_mb": round(used, 3),
                     "models": len(rec.holdings),
+                    "restarts": rec.restarts,
+                    "last_failure": self.wall(rec.failed_at),
                 }
             )
         apps = []
@@ -221,38 +289,56 @@ class ClusterState:
                         {"server": w.backup.server, "variant": w.backup.variant, "state": w.state.value}
                         for w in self.warm_of(name)
                     ],
+                    "last_failover": _shift_at(rec.last_failover, self.wall_offset),
                 }
             )
         return {"servers": servers, "apps": apps}
 
     # persistence -----------------------------------------------------------------------------
     def to_docs(self) -> dict[str, dict[str, dict[str, Any]]]:
+        wall = self.wall_offset
         return {
-            "apps": {n: r.to_doc() for n, r in self.apps.items()},
-            "servers": {n: r.to_doc() for n, r in self.servers.items()},
+            "apps": {n: r.to_doc(wall) for n, r in self.apps.items()},
+            "servers": {n: r.to_doc(wall) for n, r in self.servers.items()},
             "warm": {
-                f"{a}@{s}": {"app": a, "server": s, "variant": w.backup.variant, "state": w.state.value}
+                f"{a}@{s}": {
+                    "app": a,
+                    "server": s,
+                    "variant": w.backup.variant,
+                    "state": w.state.value,
+                    "pinned": w.backup.pinned,
+                }
                 for (a, s), w in self.warm.items()
             },
         }
 
     def load_docs(self, docs: dict[str, dict[str, dict[str, Any]]]) -> None:
         """Restore what a previous controller persisted (entries for unknown apps/servers are dropped)."""
+        wall = self.wall_offset
         for name, doc in docs.get("apps", {}).items():
             if name in self.apps:
-                self.apps[name].load_doc(doc)
+                self.apps[name].load_doc(doc, wall)
         for name, doc in docs.get("servers", {}).items():
             if name in self.servers:
                 rec = self.servers[name]
                 rec.state = ServerState(doc["state"]) if doc.get("state") else None
                 rec.incarnation = doc.get("incarnation")
                 rec.holdings = {(a, v) for a, v in doc.get("holdings", [])}
-                rec.failed_at = doc.get("failed_at")
+                rec.failed_at = _shift(doc.get("failed_at"), -wall)
+                rec.restarts = int(doc.get("restarts", 0))
         self.warm = {}
         for doc in docs.get("warm", {}).values():
             if doc["app"] in self.apps and doc["server"] in self.servers:
-                backup = WarmBackup(doc["app"], doc["variant"], doc["server"])
+                backup = WarmBackup(doc["app"], doc["variant"], doc["server"], bool(doc.get("pinned")))
                 self.warm[(backup.app, backup.server)] = WarmRecord(backup, BackupState(doc["state"]))
+
+
+def _shift(t: float | None, by: float) -> float | None:
+    return None if t is None else t + by
+
+
+def _shift_at(doc: dict[str, Any] | None, by: float) -> dict[str, Any] | None:
+    return None if doc is None else {**doc, "at": _shift(doc.get("at"), by)}
 
 
 def _placement_doc(p: Placement | None) -> dict[str, str] | None:

@@ -1,0 +1,53 @@
+"""The orchestration core, shared by the runtime and the simulator (sans-I/O).
+
+* :mod:`~failsoft.orchestration.state`: the controller's picture of the cluster, and the snapshot
+  of it that policies plan on;
+* :mod:`~failsoft.orchestration.core`: :class:`Orchestrator`, every decision from a silent server to
+  every app served again, as inputs in and :mod:`~failsoft.orchestration.commands` out;
+* :mod:`~failsoft.orchestration.operations` and :mod:`~failsoft.orchestration.warm`: its per-app
+  operations and warm-backup re-planning;
+* :mod:`~failsoft.orchestration.loads`: per-server load slots by priority.
+
+Nothing here imports Ray, SimPy, FastAPI or torch, reads a clock or touches the network: a test
+checks the import boundary. The drivers are :mod:`failsoft.runtime.orchestrator` (asyncio, Ray) and
+:mod:`failsoft.sim.controller` (SimPy).
+"""
+
+from failsoft.orchestration.commands import (
+    Command,
+    Emit,
+    Inspect,
+    InspectPurpose,
+    Load,
+    PlanFailover,
+    Planned,
+    PlanProactive,
+    Publish,
+    Unload,
+)
+from failsoft.orchestration.core import OrchestrationSettings, Orchestrator, Phase
+from failsoft.orchestration.loads import LoadQueue, Priority
+from failsoft.orchestration.state import AppRecord, ClusterState, RouteKind, ServerRecord, WarmRecord
+
+__all__ = [
+    "AppRecord",
+    "ClusterState",
+    "Command",
+    "Emit",
+    "Inspect",
+    "InspectPurpose",
+    "Load",
+    "LoadQueue",
+    "OrchestrationSettings",
+    "Orchestrator",
+    "Phase",
+    "PlanFailover",
+    "PlanProactive",
+    "Planned",
+    "Priority",
+    "Publish",
+    "RouteKind",
+    "ServerRecord",
+    "Unload",
+    "WarmRecord",
+]

@@ -1,0 +1,79 @@
+"""Per-server load slots with priorities: which load starts first when a failover needs many.
+
+FailLite's progressive failover (3.3) serves every recovered app as soon as possible on a small
+variant, then upgrades in the background. On a server receiving many apps, the order of loads is
+therefore part of the MTTR: a :class:`LoadQueue` lets at most ``slots`` loads run at once per server
+and starts waiting loads by priority (lowest first, then arrival), so the first variants of critical
+apps go before the others, and upgrades last. It is pure bookkeeping (the core asks it which loads
+may start; the driver runs them), so the runtime and the simulator queue loads identically.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from enum import IntEnum
+
+
+class Priority(IntEnum):
+    CRITICAL = 0  # first (or cold) variant of a critical app's failover
+    FAILOVER = 1  # first (or cold) variant of any other app's failover; repairs
+    PRIMARY = 2  # deploy, return home
+    WARM = 3  # warm backups
+    UPGRADE = 4  # progressive upgrades to the final variant
+
+
+class LoadQueue:
+    """Load slots of every server: admitted loads, and waiting ones by (priority, arrival)."""
+
+    def __init__(self, servers: list[str], slots: int) -> None:
+        if slots < 1:
+            raise ValueError(f"a server needs at least one load slot, got {slots}")
+        self.slots = slots
+        self._running: dict[str, set[int]] = {s: set() for s in servers}
+        self._waiting: dict[str, list[tuple[int, int, int]]] = {s: [] for s in servers}
+        self._server_of: dict[int, str] = {}
+        self._arrival = itertools.count()
+
+    def submit(self, server: str, load_id: int, priority: int) -> bool:
+        """Queue a load; True when it may start now."""
+        self._server_of[load_id] = server
+        if len(self._running[server]) < self.slots and not self._waiting[server]:
+            self._running[server].add(load_id)
+            return True
+        heapq.heappush(self._waiting[server], (priority, next(self._arrival), load_id))
+        return False
+
+    def finish(self, load_id: int) -> list[int]:
+        """A load ended (or was withdrawn): the loads that may start now on its server."""
+        server = self._server_of.pop(load_id, None)
+        if server is None:
+            return []
+        running, waiting = self._running[server], self._waiting[server]
+        if load_id in running:
+            running.discard(load_id)
+        else:  # withdrawn while waiting
+            self._waiting[server] = [w for w in waiting if w[2] != load_id]
+            heapq.heapify(self._waiting[server])
+            return []
+        started = []
+        while waiting and len(running) < self.slots:
+            _, _, nxt = heapq.heappop(waiting)
+            running.add(nxt)
+            started.append(nxt)
+        return started
+
+    def clear(self, server: str) -> list[int]:
+        """The server failed: forget its loads (running and waiting); their ids."""
+        gone = list(self._running[server]) + [w[2] for w in self._waiting[server]]
+        self._running[server] = set()
+        self._waiting[server] = []
+        for load_id in gone:
+            self._server_of.pop(load_id, None)
+        return gone
+
+    def running(self, server: str) -> int:
+        return len(self._running[server])
+
+    def waiting(self, server: str) -> int:
+        return len(self._waiting[server])

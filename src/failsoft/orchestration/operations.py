@@ -1,0 +1,304 @@
+"""Per-app operations: recover, upgrade, go home, repair. At most one per app at a time.
+
+An operation is a small state machine the core advances as its loads finish:
+
+* **recover** (a progressive or cold action of a failover plan, FailLite 3.3): load the first
+  variant on its stand-in server, route to it (the app is recovered: MTTR stops here); when the plan
+  was progressive, wait until every app of the same failover is served, then *upgrade*;
+* **upgrade**: take the final server's upgrade turn (one upgrade at a time per server), load the
+  final variant in the background, switch the route, unload the stand-in after a drain period;
+* **home**: load the app's home variant on its returning server and move its traffic back;
+* **repair**: reload a routed model a server lost (found by the periodic inspection).
+
+A failure of any server an operation works with cancels it; its load is orphaned (what it loads
+anyway is unloaded when nobody needs it). A failed load backs the app off (0.5 s, doubling to 30 s)
+before it is planned again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from failsoft.domain import ActionKind, FailoverAction, Placement
+from failsoft.orchestration.loads import Priority
+from failsoft.orchestration.state import RouteKind
+
+if TYPE_CHECKING:
+    from failsoft.orchestration.core import Orchestrator
+
+
+class OpKind(StrEnum):
+    RECOVER = "recover"
+    UPGRADE = "upgrade"
+    HOME = "home"
+    REPAIR = "repair"
+
+
+@dataclass(eq=False)
+class Group:
+    """The apps of one failover still to be served: their upgrades wait until it is empty."""
+
+    waiting: set[str]
+    parked: list[Op] = field(default_factory=list)  # operations whose upgrade waits for the group
+
+
+@dataclass(eq=False)
+class Op:
+    app: str
+    kind: OpKind
+    servers: frozenset[str]  # a failure of any of them cancels the operation
+    load_id: int | None = None
+    action: FailoverAction | None = None  # recover
+    detected_at: float | None = None  # recover: the failure its route answers
+    group: Group | None = None  # recover: its failover's group
+    current: Placement | None = None  # upgrade: serving now
+    goal: Placement | None = None  # upgrade, home, repair: where it goes
+    event: str | None = None  # home: the event to emit ("restore"), None when deploying
+    has_turn: bool = False  # upgrade: holds its server's upgrade turn
+
+
+class Operations:
+    """The per-app operations of :class:`~failsoft.orchestration.core.Orchestrator` (a mixin)."""
+
+    # starting ----------------------------------------------------------------------------------
+    def _start(self: Orchestrator, op: Op, now: float) -> None:
+        self._cancel_op(op.app, now)
+        self.ops[op.app] = op
+        if op.kind is OpKind.RECOVER:
+            self._recover_first(op)
+        elif op.kind is OpKind.UPGRADE:
+            self._take_turn(op, now)
+        else:
+            assert op.goal is not None
+            priority = Priority.PRIMARY if op.kind is OpKind.HOME else Priority.FAILOVER
+            op.load_id = self._load(op.app, op.goal.server, op.goal.variant, priority)
+
+    def recover(
+        self: Orchestrator, action: FailoverAction, detected_at: float, group: Group, now: float
+    ) -> None:
+        rec = self.state.apps[action.app]
+        # the app's capacity is reserved where it is heading from now on: a plan made while its first
+        # load runs must neither count it as affected again nor give that memory to another app
+        rec.final = Placement(action.server, action.final_variant)
+        servers = frozenset({action.server, action.stand_in_server})
+        self._start(
+            Op(action.app, OpKind.RECOVER, servers, action=action, detected_at=detected_at, group=group), now
+        )
+
+    def resume_upgrade(self: Orchestrator, app: str, now: float) -> None:
+        """An upgrade not under way (a previous controller left it half done): start it."""
+        rec = self.state.apps[app]
+        if rec.final is None or rec.route is None or not self.state.live(rec.final.server):
+            rec.final = None
+            return
+        op = Op(
+            app,
+            OpKind.UPGRADE,
+            frozenset({rec.final.server, rec.route.server}),
+            current=rec.route,
+            goal=rec.final,
+        )
+        self._start(op, now)
+
+    def return_home(self: Orchestrator, app: str, now: float, event: str | None = "restore") -> None:
+        home = self.state.apps[app].home
+        self._start(Op(app, OpKind.HOME, frozenset({home.server}), goal=home, event=event), now)
+
+    def repair(self: Orchestrator, app: str, where: Placement, now: float) -> None:
+        self._start(Op(app, OpKind.REPAIR, frozenset({where.server}), goal=where), now)
+
+    # cancelling ---------------------------------------------------------------------------------
+    def _cancel_op(self: Orchestrator, app: str, now: float) -> None:
+        op = self.ops.pop(app, None)
+        if op is None:
+            return
+        if op.load_id is not None:
+            self._orphan(op.load_id)
+        self._release_turn(op, now)
+        self._leave_group(op, now)
+        self._attention.add(app)
+
+    def _end(self: Orchestrator, op: Op) -> None:
+        if self.ops.get(op.app) is op:
+            del self.ops[op.app]
+        self._attention.add(op.app)
+
+    # loads finishing ----------------------------------------------------------------------------
+    def _op_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+        op.load_id = None
+        if op.kind is OpKind.RECOVER:
+            self._first_loaded(op, ok, info, now)
+        elif op.kind is OpKind.UPGRADE:
+            self._final_loaded(op, ok, info, now)
+        elif op.kind is OpKind.HOME:
+            self._home_loaded(op, ok, info, now)
+        else:
+            self._repaired(op, ok, now)
+
+    # recover ------------------------------------------------------------------------------------
+    def _recover_first(self: Orchestrator, op: Op) -> None:
+        action = op.action
+        assert action is not None
+        critical = self.state.apps[op.app].app.critical
+        priority = Priority.CRITICAL if critical else Priority.FAILOVER
+        op.load_id = self._load(op.app, action.stand_in_server, action.first_variant, priority)
+
+    def _first_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+        action, rec = op.action, self.state.apps[op.app]
+        assert action is not None and op.detected_at is not None
+        if not ok:
+            rec.final = None
+            self._back_off(op.app, now)
+            self._leave_group(op, now)
+            self._end(op)
+            return
+        self.backoff.pop(op.app, None)
+        kind = RouteKind.PROGRESSIVE if action.kind is ActionKind.PROGRESSIVE else RouteKind.COLD
+        stand_in = Placement(action.stand_in_server, action.first_variant)
+        self._set_route(rec, stand_in, kind, op.detected_at, now)
+        self._publish()
+        self._failover_event(
+            op.app, kind.value, op.detected_at, now,
+            load_ms=info.get("load_ms"), final_variant=action.final_variant, final_server=action.server,
+        )  # fmt: skip
+        self._leave_group(op, now)
+        if rec.final is None or rec.final == stand_in:
+            rec.final = None
+            self._end(op)
+            return
+        op.kind, op.current, op.goal = OpKind.UPGRADE, stand_in, rec.final
+        op.servers = frozenset({rec.final.server, stand_in.server})
+        if op.group is not None and op.group.waiting:
+            op.group.parked.append(op)  # no upgrade competes with another app's recovery
+        else:
+            self._take_turn(op, now)
+
+    def _leave_group(self: Orchestrator, op: Op, now: float) -> None:
+        group = op.group
+        if group is None or op.app not in group.waiting:
+            return
+        group.waiting.discard(op.app)
+        if group.waiting:
+            return
+        parked, group.parked = group.parked, []
+        for waiting in parked:
+            if self.ops.get(waiting.app) is waiting:
+                self._take_turn(waiting, now)
+
+    # upgrade -------------------------------------------------------------------------------------
+    def _take_turn(self: Orchestrator, op: Op, now: float) -> None:
+        assert op.goal is not None
+        server = op.goal.server
+        if server in self.upgrading:
+            self.upgrade_queue.setdefault(server, []).append(op)
+            return
+        self.upgrading[server] = op.app
+        op.has_turn = True
+        op.load_id = self._load(op.app, server, op.goal.variant, Priority.UPGRADE)
+
+    def _release_turn(self: Orchestrator, op: Op, now: float) -> None:
+        if op.goal is None:
+            return
+        server = op.goal.server
+        queue = self.upgrade_queue.get(server, [])
+        if op in queue:
+            queue.remove(op)
+        if not op.has_turn:
+            return
+        op.has_turn = False
+        if self.upgrading.get(server) == op.app:
+            del self.upgrading[server]
+        while queue:
+            nxt = queue.pop(0)
+            if self.ops.get(nxt.app) is nxt:
+                self._take_turn(nxt, now)
+                return
+
+    def _final_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+        rec = self.state.apps[op.app]
+        self._release_turn(op, now)
+        assert op.goal is not None and op.current is not None
+        if not ok:
+            rec.final = None  # stays on what serves it now
+            self._end(op)
+            return
+        self._set_route(rec, op.goal, rec.kind, rec.detected_at, now)
+        rec.final = None
+        self._publish()
+        self._emit(
+            "upgrade", op.app, op.goal,
+            previous={"server": op.current.server, "variant": op.current.variant},
+            previous_variant=op.current.variant, load_ms=info.get("load_ms"),
+        )  # fmt: skip
+        self._drain(op.app, op.current, now)
+        self._end(op)
+
+    # home and repair -----------------------------------------------------------------------------
+    def _home_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+        rec = self.state.apps[op.app]
+        if not ok:
+            self._back_off(op.app, now)
+            self._end(op)
+            return
+        self.backoff.pop(op.app, None)
+        old, home = rec.route, rec.home
+        self._set_route(rec, home, RouteKind.PRIMARY, None, now)
+        rec.final = None
+        self._publish()
+        if op.event:
+            self._emit(
+                op.event, op.app, home,
+                previous=None if old is None else {"server": old.server, "variant": old.variant},
+                reloaded=not info.get("cached", False), load_ms=info.get("load_ms"),
+            )  # fmt: skip
+        self.warm_dirty = True
+        if old is not None and old != home and (op.app, old.server) not in self.state.warm:
+            self._drain(op.app, old, now)
+        self._end(op)
+
+    def _repaired(self: Orchestrator, op: Op, ok: bool, now: float) -> None:
+        rec = self.state.apps[op.app]
+        if not ok and rec.route == op.goal:
+            self._set_route(rec, None, rec.kind, rec.detected_at, now)
+            self._publish()
+        self._end(op)
+
+    # helpers ------------------------------------------------------------------------------------
+    def _back_off(self: Orchestrator, app: str, now: float) -> None:
+        """An operation of ``app`` failed: plan it again later, backing off up to the maximum."""
+        _, failures = self.backoff.get(app, (0.0, 0))
+        s = self.settings
+        until = now + min(s.backoff_max_s, s.backoff_base_s * 2**failures)
+        self.backoff[app] = (until, failures + 1)
+        self._wake_at(until, ("attend", app))
+
+    def _backing_off(self: Orchestrator, app: str, now: float) -> bool:
+        until, _ = self.backoff.get(app, (0.0, 0))
+        return now < until
+
+    def _drain(self: Orchestrator, app: str, where: Placement, now: float) -> None:
+        """Unload ``where`` once the requests still on their way to it are answered (drain period)."""
+        self._wake_at(now + self.settings.drain_s, ("drain", (app, where.server, where.variant)))
+
+    def _failover_event(
+        self: Orchestrator, app: str, kind: str, detected_at: float, now: float, **extra: Any
+    ) -> None:
+        rec = self.state.apps[app]
+        where = rec.route
+        self._emit(
+            "failover",
+            app,
+            where,
+            kind=kind,
+            detected_at=detected_at,
+            route_ms=_ms(now - detected_at),
+            **extra,
+        )
+        if where is not None:
+            rec.last_failover = {"at": now, "kind": kind, "server": where.server, "variant": where.variant}
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000.0, 3)

@@ -1,0 +1,264 @@
+"""Serving-queue disciplines: which queued requests run next as one batch, which are dropped, and
+which new requests a bounded queue refuses (issue "one serving core": a queue per loaded model).
+
+Every loaded model has one queue and one worker that runs one batch at a time. Whenever the worker
+is free it asks the discipline :meth:`QueueDiscipline.next_batch`: given the queued requests (each
+with its arrival time, deadline and number of rows), the time now and the model's batch service
+time, it returns the batch to run and the requests to drop. Before a request is queued, the
+discipline's :meth:`QueueDiscipline.admit` estimates when it would finish (the work ahead of it,
+packed into batches, from the same service time) and refuses it, with a ``retry_after_s`` estimate,
+when it cannot finish before its deadline or the queue is at its hard bound: a client gets a fast
+"try later" instead of a wait that ends in a timeout.
+
+Three disciplines (registered in :mod:`failsoft.policies.registry` under the ``queueing`` seam):
+
+==================  ======================  ==================================================
+name                service order           dropped (never run)
+==================  ======================  ==================================================
+``fifo``            arrival                 requests already past their deadline
+``batch-lazy-drop`` arrival                 requests that cannot finish in time even alone,
+                                            when they come up (Clockwork, Jellyfish 4.3)
+``edf``             earliest deadline       as ``batch-lazy-drop``
+==================  ======================  ==================================================
+
+A batch holds at most ``max_batch`` *rows* (one row per request for single-input clients, so
+``max_batch`` requests); a request with more rows than that runs alone. ``fifo`` fills a batch in
+arrival order. The two lazy disciplines (Clockwork's and Jellyfish's fixed-size batching with lazy
+dropping) also stop growing a batch before it would make any of its members miss its deadline: the
+request that does not fit waits for the next batch rather than spoiling this one.
+
+Service time comes from measured profiles: :class:`ServiceModel` is the variant's batch latency
+(:meth:`~failsoft.domain.Variant.latency_at`, the zoo's per-batch profile, or the ``batch_cost``
+formula without one), times a ``scale`` the runtime learns from the batches it runs, plus a fixed
+``overhead_ms`` per batch (an injected slowdown). Everything here is pure: time is passed in, nothing
+sleeps, locks or starts a thread; the runtime's agents and the simulator call the same objects.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar
+
+from annotated_types import Ge, Le
+
+from failsoft.bounds import STRICT, check_bounds
+from failsoft.domain import Variant
+
+MIN_RETRY_S = 0.001  # a refusal never says "retry now": the queue was just measured full
+MAX_BATCH = 64  # rows; the zoo profiles batches up to 16, larger ones are extrapolated
+
+
+@dataclass(frozen=True, slots=True)
+class QueueParams:
+    """A serving queue's settings (config ``agents.queue``); bounds are checked where it is built."""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
+
+    discipline: str = "fifo"
+    max_batch: Annotated[int, Ge(1), Le(MAX_BATCH)] = 8
+    max_queue: Annotated[int, Ge(1), Le(65_536)] = 256
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A queued request as the discipline sees it; ``key`` is the caller's handle on it."""
+
+    key: Any = field(compare=False)
+    arrival_s: float
+    deadline_s: float  # math.inf: no deadline
+    rows: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What the worker does next: run ``run`` as one batch, answer ``drop`` as missed."""
+
+    run: tuple[Queued, ...] = ()
+    drop: tuple[Queued, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return sum(q.rows for q in self.run)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A queue's answer to a new request: ``finish_s`` is the estimate it was judged by."""
+
+    admitted: bool
+    finish_s: float
+    retry_after_s: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceModel:
+    """Seconds a batch of ``rows`` takes on one loaded model: a measured profile, calibrated.
+
+    ``scale`` corrects the profile for this machine as it is now (1.0: as profiled); ``overhead_ms``
+    is added to every batch (an injected slowdown).
+    """
+
+    variant: Variant
+    batch_cost: float = 1.0
+    scale: float = 1.0
+    overhead_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.scale > 0 and self.overhead_ms >= 0 and 0 < self.batch_cost <= 1):
+            raise ValueError(
+                f"service model of {self.variant.name!r}: scale must be > 0, overhead_ms >= 0 and "
+                f"batch_cost in (0, 1]; got {self.scale!r}, {self.overhead_ms!r}, {self.batch_cost!r}"
+            )
+
+    def profile_ms(self, rows: int) -> float:
+        """The profile's milliseconds for ``rows``, uncalibrated."""
+        return self.variant.latency_at(rows, self.batch_cost)
+
+    def batch_s(self, rows: int) -> float:
+        return (self.overhead_ms + self.scale * self.profile_ms(rows)) / 1000.0
+
+
+class QueueDiscipline(ABC):
+    """A serving queue's policy: the next batch, lazy drops, admission. Pure and stateless.
+
+    ``name`` is the one the registry lists it under. Callers pass the queue in arrival order; the
+    discipline never mutates it.
+    """
+
+    name: ClassVar[str]
+    lazy_drop: ClassVar[bool]  # drop a request that cannot finish in time even alone, at dequeue
+
+    def __init__(self, max_batch: int = 8, max_queue: int | None = 256) -> None:
+        if not 1 <= max_batch <= MAX_BATCH:
+            raise ValueError(f"{self.name}: max_batch must be in 1..{MAX_BATCH}; got {max_batch!r}")
+        if max_queue is not None and max_queue < 1:
+            raise ValueError(f"{self.name}: max_queue must be at least 1 (or None); got {max_queue!r}")
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+
+    @classmethod
+    def from_params(cls, params: QueueParams) -> QueueDiscipline:
+        return cls(params.max_batch, params.max_queue)
+
+    @abstractmethod
+    def order(self, queue: Sequence[Queued]) -> Sequence[Queued]:
+        """The queue in service order."""
+
+    def ahead(self, queue: Sequence[Queued], item: Queued) -> list[Queued]:
+        """The queued requests that would be served before ``item``."""
+        return list(queue)
+
+    # the worker's decision ---------------------------------------------------------------------
+    def next_batch(self, queue: Sequence[Queued], now_s: float, service: ServiceModel) -> Batch:
+        """The batch to run now and the requests to drop (both possibly empty only if ``queue`` is).
+
+        Requests are taken in service order: a hopeless one (see :meth:`hopeless`) is dropped; the
+        others join the batch until it is full (``max_batch`` rows; the first always joins) or, for
+        the lazy disciplines, until one more would make a member miss its deadline.
+        """
+        run: list[Queued] = []
+        drop: list[Queued] = []
+        rows, deadline = 0, math.inf
+        for item in self.order(queue):
+            if self.hopeless(item, now_s, service):
+                drop.append(item)
+                continue
+            if run and not self._fits(rows, deadline, item, now_s, service):
+                break
+            run.append(item)
+            rows, deadline = rows + item.rows, min(deadline, item.deadline_s)
+        return Batch(tuple(run), tuple(drop))
+
+    def hopeless(self, item: Queued, now_s: float, service: ServiceModel) -> bool:
+        """True when nobody can use ``item``'s answer any more (lazy: it cannot even finish in time)."""
+        if self.lazy_drop:
+            return now_s + service.batch_s(item.rows) > item.deadline_s
+        return now_s >= item.deadline_s
+
+    def _fits(self, rows: int, deadline: float, item: Queued, now_s: float, service: ServiceModel) -> bool:
+        if rows + item.rows > self.max_batch:
+            return False
+        if not self.lazy_drop:
+            return True
+        return now_s + service.batch_s(rows + item.rows) <= min(deadline, item.deadline_s)
+
+    # admission -----------------------------------------------------------------------------------
+    def admit(
+        self, queue: Sequence[Queued], item: Queued, now_s: float, free_at_s: float, service: ServiceModel
+    ) -> Admission:
+        """Take ``item`` only if it can finish before its deadline and the queue has room.
+
+        ``free_at_s`` is when the batch running now is expected to end (``now_s`` or earlier when
+        idle). The estimate packs the work ahead of ``item`` into full batches, which is what a busy
+        queue runs; ``retry_after_s`` is when that work ahead will have drained.
+        """
+        start = max(now_s, free_at_s)
+        ahead = [q.rows for q in self.ahead(queue, item)]
+        finish = start + self.drain_s([*ahead, item.rows], service)
+        if self.max_queue is not None and len(queue) >= self.max_queue:
+            first = self.drain_s([q.rows for q in self.order(queue)], service, batches=1)
+            return self._refuse(finish, start + first - now_s, f"queue full ({len(queue)} queued)")
+        if finish > item.deadline_s:
+            late_ms = (finish - item.deadline_s) * 1000.0
+            reason = f"cannot finish before its deadline ({len(ahead)} queued ahead, {late_ms:.0f} ms late)"
+            return self._refuse(finish, start + self.drain_s(ahead, service) - now_s, reason)
+        return Admission(True, finish)
+
+    @staticmethod
+    def _refuse(finish: float, retry_after_s: float, reason: str) -> Admission:
+        return Admission(False, finish, max(retry_after_s, MIN_RETRY_S), reason)
+
+    def drain_s(self, rows: Iterable[int], service: ServiceModel, batches: int | None = None) -> float:
+        """Seconds to serve requests of ``rows`` in order, packed into batches of ``max_batch`` rows
+        (the first ``batches`` batches only, when given)."""
+        total, current, done = 0.0, 0, 0
+        for r in rows:
+            if current and current + r > self.max_batch:
+                total, current, done = total + service.batch_s(current), 0, done + 1
+                if batches is not None and done >= batches:
+                    return total
+            current += r
+        return total + (service.batch_s(current) if current else 0.0)
+
+
+class Fifo(QueueDiscipline):
+    """Arrival order, batches of up to ``max_batch`` rows; only requests already past their deadline
+    are dropped (their callers have given up)."""
+
+    name = "fifo"
+    lazy_drop = False
+
+    def order(self, queue: Sequence[Queued]) -> Sequence[Queued]:
+        return queue
+
+
+class BatchLazyDrop(QueueDiscipline):
+    """Fixed-size batching with lazy dropping, as Clockwork and Jellyfish (4.3) do: arrival order;
+    a request that cannot finish before its deadline, given the batch's service time, is dropped
+    when it comes up instead of being run; a batch grows only while all its members still make it."""
+
+    name = "batch-lazy-drop"
+    lazy_drop = True
+
+    def order(self, queue: Sequence[Queued]) -> Sequence[Queued]:
+        return queue
+
+
+class Edf(QueueDiscipline):
+    """Earliest deadline first (ties by arrival), with the same lazy drop and batch bound."""
+
+    name = "edf"
+    lazy_drop = True
+
+    def order(self, queue: Sequence[Queued]) -> Sequence[Queued]:
+        return sorted(queue, key=lambda q: q.deadline_s)  # stable: arrival order breaks ties
+
+    def ahead(self, queue: Sequence[Queued], item: Queued) -> list[Queued]:
+        return [q for q in self.order(queue) if q.deadline_s <= item.deadline_s]

@@ -1,0 +1,120 @@
+"""The gateway's admin API: bearer-token protected, size-limited, and every action logged.
+
+``GET /admin/status`` and ``GET /admin/recoveries`` read; ``POST /admin/chaos/{kill,hang,resume,slow}``
+inject failures. Every request must carry ``Authorization: Bearer <token>`` (compared in constant
+time); a refused one is logged at WARNING with the peer's address, an accepted action at INFO with
+who (the peer) and what (the path and its request), reads at DEBUG. Bodies are JSON objects of at
+most :data:`ADMIN_BODY_BYTES`.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from failsoft.errors import InvalidRequestError
+from failsoft.runtime.gateway.protocol import show
+
+if TYPE_CHECKING:
+    from failsoft.runtime.gateway.app import Gateway
+
+log = logging.getLogger(__name__)
+ADMIN_BODY_BYTES = 16 * 1024
+
+
+class KillBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server: str | None = None
+    site: str | None = None
+
+
+class ServerBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server: str
+
+
+class SlowBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server: str
+    ms: float = Field(ge=0, le=600_000)
+    load_ms: float | None = Field(default=None, ge=0, le=600_000)
+
+
+def peer(request: Request) -> str:
+    client = request.client
+    return "unknown peer" if client is None else f"{client.host}:{client.port}"
+
+
+def parse(model: type[BaseModel], body: bytes) -> Any:
+    from failsoft.scenario import describe_validation_error
+
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        raise InvalidRequestError(f"bad admin request: {describe_validation_error(exc, None)}") from exc
+
+
+def check_token(request: Request, token: str) -> None:
+    given = request.headers.get("authorization", "")
+    if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        what = f"{request.method} {request.url.path}"
+        log.warning("admin %s refused: no valid token, from %s", what, peer(request))
+        raise InvalidRequestError("admin endpoints need 'Authorization: Bearer <token>'", 401)
+
+
+def install(api: FastAPI, gateway: Gateway) -> None:
+    """Add the admin routes of ``gateway`` to ``api``."""
+
+    def guarded(path: str, method: str = "POST") -> Callable[[Any], Any]:
+        def wrap(fn: Callable[[bytes], Awaitable[Any]]) -> Any:
+            async def endpoint(request: Request) -> Any:
+                check_token(request, gateway.admin_token)
+                body = await gateway.read_body(request, ADMIN_BODY_BYTES) if method == "POST" else b""
+                level = logging.INFO if method == "POST" else logging.DEBUG
+                what = show(body.decode("utf-8", "replace"))
+                log.log(level, "admin %s %s by %s: %s", method, path, peer(request), what)
+                return await fn(body)
+
+            api.add_api_route(path, endpoint, methods=[method], name=fn.__name__)
+            return fn
+
+        return wrap
+
+    @guarded("/admin/status", "GET")
+    async def status(_: bytes) -> dict[str, Any]:
+        body = await gateway.controller.status()
+        body["gateway"] = {
+            "route_version": gateway.mirror.version,
+            "connected": gateway.link.connected,
+            "event_subscribers": gateway.hub.subscribers,
+        }
+        return body
+
+    @guarded("/admin/recoveries", "GET")
+    async def recoveries(_: bytes) -> dict[str, Any]:
+        return {"recoveries": list(gateway.metrics.recovery_log), "events": list(gateway.hub.recent)}
+
+    @guarded("/admin/chaos/kill")
+    async def kill(body: bytes) -> dict[str, Any]:
+        req = parse(KillBody, body)
+        if (req.server is None) == (req.site is None):
+            raise InvalidRequestError("name exactly one of 'server' or 'site'")
+        return await gateway.chaos.kill(req.server, req.site)
+
+    @guarded("/admin/chaos/hang")
+    async def hang(body: bytes) -> dict[str, Any]:
+        return await gateway.chaos.hang(parse(ServerBody, body).server)
+
+    @guarded("/admin/chaos/resume")
+    async def resume(body: bytes) -> dict[str, Any]:
+        return await gateway.chaos.resume(parse(ServerBody, body).server)
+
+    @guarded("/admin/chaos/slow")
+    async def slow(body: bytes) -> dict[str, Any]:
+        req = parse(SlowBody, body)
+        return await gateway.chaos.slow(req.server, req.ms, req.load_ms)

@@ -1,0 +1,130 @@
+"""The dispatch seam: how the gateway turns one request to a service into one answer.
+
+A *service* (:mod:`failsoft.services`) groups member apps under a *mode*; each mode has one
+dispatcher class (:mod:`failsoft.runtime.gateway.dispatch`), which serves a request over the
+service's members. The contract, and who calls what, when:
+
+* **At start-up** the gateway builds one dispatcher per service: ``cls(service, context)``. The
+  :class:`DispatchContext` is all a dispatcher may touch: the mirror of the routing table (each
+  member app's current route, and waits for changes), the agents by server, and the clock.
+* **Per request** the gateway calls :meth:`Dispatcher.dispatch` once, on its event loop, many
+  requests at a time. The request carries its batch (validated already), its deadline on the
+  context's clock, and an id unique in this gateway. The coroutine returns an :class:`Answer`, or
+  raises a :class:`~failsoft.errors.FailsoftError`, which the gateway maps to HTTP by class
+  (:func:`~failsoft.errors.http_status`): no route before the deadline
+  (:class:`~failsoft.errors.NoRouteError`, 503), a route but no answer in time
+  (:class:`~failsoft.errors.DeadlineExceededError`, 504), a queue that refused the work
+  (:class:`~failsoft.errors.OverloadedError`, 503 with ``Retry-After``).
+* **Cancellation.** The gateway cancels the coroutine when its client leaves or the gateway stops.
+  A dispatcher then withdraws what it sent (:meth:`AgentRef.cancel_nowait` with the id it used), as
+  it does when a request times out or moves to a newer route: no server keeps working for nobody.
+* :meth:`Dispatcher.ready` and :meth:`Dispatcher.describe` answer ``/v2/models/{name}/ready`` and
+  ``/v2/repository/index``; they are cheap reads of the mirror, called at any time.
+
+A dispatcher is *mechanism* (STYLE 10): deadlines, retries, backoff, cancellation, fan-out and
+reconstruction. Decisions that a paper makes (which worker a client is mapped to, which variant a
+coded group runs, when to drop) are policies, taken from :mod:`failsoft.policies` by name and
+called as pure functions; a dispatcher never hard-codes one.
+
+An :class:`Answer` says who served the request and how; the infer response's ``parameters`` carry
+its fields (:meth:`Answer.parameters`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from failsoft.clock import AsyncClock
+from failsoft.services import Service, ServiceMode
+
+if TYPE_CHECKING:
+    from failsoft.runtime.cluster import AgentRef
+    from failsoft.runtime.gateway.routes import RouteMirror
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchContext:
+    """What a dispatcher may use. ``agents(server)`` raises ServerUnavailableError when the server
+    has no agent at the moment (it is being replaced)."""
+
+    routes: RouteMirror
+    agents: Callable[[str], AgentRef]
+    clock: AsyncClock
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One infer request to a service: a validated batch, a deadline on the context's clock, and an
+    id unique in this gateway (a dispatcher derives one id per call it makes from it)."""
+
+    service: str
+    batch: Any
+    deadline: float
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """Who served a request, and how.
+
+    ``server`` and ``variant`` answered it; ``degraded``: a smaller variant than the primary's stood
+    in; ``reconstructed``: the output was decoded (ParM) rather than computed by the model asked;
+    ``dropped``: the request was dropped to keep others within their SLO (``outputs`` is then
+    None); ``accuracy`` is the answering variant's; ``kind`` the route's (primary, warm,
+    progressive, cold); ``attempts`` the calls made (more than one when a failover happened under
+    the request). ``detected_at`` and ``route_at`` (wall clock) are set when the route that answered
+    is a failover's: when its failure was detected and when the route was published.
+    """
+
+    outputs: Any
+    server: str
+    variant: str
+    degraded: bool
+    accuracy: float
+    kind: str
+    attempts: int
+    reconstructed: bool = False
+    dropped: bool = False
+    detected_at: float | None = None
+    route_at: float | None = None
+
+    def parameters(self) -> dict[str, Any]:
+        """The infer response's ``parameters``."""
+        return {
+            "variant": self.variant,
+            "server": self.server,
+            "degraded": self.degraded,
+            "reconstructed": self.reconstructed,
+            "dropped": self.dropped,
+            "accuracy": self.accuracy,
+            "kind": self.kind,
+            "attempts": self.attempts,
+        }
+
+
+class Dispatcher(ABC):
+    """Serves the requests of one service; one subclass per :class:`~failsoft.services.ServiceMode`."""
+
+    mode: ClassVar[ServiceMode]
+
+    def __init__(self, service: Service, context: DispatchContext) -> None:
+        if service.mode is not self.mode:
+            raise ValueError(f"{type(self).__name__} serves {self.mode.value} services, not {service.mode}")
+        self.service = service
+        self.context = context
+
+    @abstractmethod
+    async def dispatch(self, request: Request) -> Answer:
+        """Answer ``request`` before its deadline, or raise the FailsoftError that says why not."""
+
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether a request sent now could be served (``/v2/models/{name}/ready``)."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The service's entry in ``/v2/repository/index`` beside its name: ``state`` (READY or
+        UNAVAILABLE), ``reason``, and what the mode can say about where it is served."""

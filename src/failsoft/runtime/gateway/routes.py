@@ -1,0 +1,105 @@
+"""The gateway's mirror of the controller's routing table, kept fresh by long-poll (STYLE 9).
+
+The controller publishes the table (app -> server and variant) under an epoch and a version; the
+mirror asks "wake me when you have something newer than what I hold" and updates the moment a route
+changes. Dispatchers read member routes here and wait on :meth:`RouteMirror.wait_route_change` when
+a route is missing or moved. Every wait runs on the injected clock; the controller being away is
+reported by the :class:`~failsoft.runtime.gateway.link.ControllerLink` and the last table keeps
+serving meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from failsoft.clock import AsyncClock
+from failsoft.runtime.gateway.link import ControllerLink
+from failsoft.runtime.longpoll import wait_event
+
+if TYPE_CHECKING:
+    from failsoft.runtime.cluster import ControllerRef
+
+POLL_S = 10.0
+STREAM = "route long-poll"
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where an app is served now; ``detected_at`` and ``route_at`` (wall clock) mark a failover route."""
+
+    server: str
+    variant: str
+    kind: str
+    degraded: bool
+    accuracy: float
+    detected_at: float | None
+    route_at: float | None
+
+    @classmethod
+    def from_entry(cls, entry: dict[str, Any] | None) -> Route | None:
+        if entry is None:
+            return None
+        return cls(
+            entry["server"],
+            entry["variant"],
+            entry["kind"],
+            bool(entry["degraded"]),
+            float(entry["accuracy"]),
+            entry.get("detected_at"),
+            entry.get("route_at"),
+        )
+
+
+class RouteMirror:
+    """The routing table as last heard from the controller; waits for changes on the injected clock."""
+
+    def __init__(
+        self, controller: ControllerRef, clock: AsyncClock, link: ControllerLink | None = None
+    ) -> None:
+        self.controller = controller
+        self.clock = clock
+        self.link = link or ControllerLink()
+        self.epoch = ""
+        self.version = -1
+        self.ready = False
+        self.routes: dict[str, Route | None] = {}
+        self._changed = asyncio.Event()
+
+    def route(self, app: str) -> Route | None:
+        return self.routes.get(app)
+
+    def update(self, snap: dict[str, Any]) -> None:
+        """Take a snapshot ``{"epoch", "version", "ready", "value": {app: {"route": entry}}}``."""
+        self.epoch, self.version, self.ready = snap["epoch"], snap["version"], bool(snap.get("ready"))
+        self.routes = {name: Route.from_entry(e["route"]) for name, e in snap["value"].items()}
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Long-poll forever; while the controller is away keep the last table (it may restart)."""
+        while True:
+            snap = await self.link.retry(
+                STREAM, lambda: self.controller.wait_routes(self.epoch, self.version, POLL_S), self.clock
+            )
+            if (snap["epoch"], snap["version"], bool(snap.get("ready"))) != (
+                self.epoch,
+                self.version,
+                self.ready,
+            ):
+                self.update(snap)
+
+    async def wait_change(self, timeout_s: float) -> bool:
+        """Wait for the next table update; False when ``timeout_s`` passed first."""
+        return await wait_event(self._changed, timeout_s, self.clock)
+
+    async def wait_route_change(self, app: str, route: Route | None, timeout_s: float) -> bool:
+        """Wait until ``app``'s route is no longer ``route``; False when ``timeout_s`` passed first."""
+        deadline = self.clock.now() + timeout_s
+        while self.route(app) == route:
+            left = deadline - self.clock.now()
+            if left <= 0:
+                return False
+            await self.wait_change(left)
+        return True

@@ -1,0 +1,394 @@
+"""Serving queues: one queue and one worker thread per loaded model, in the agent.
+
+Ray runs an agent's methods on a pool of threads; without a queue, every request would call the
+model at once, with no order, no batching, no deadline and no bound. Instead, :meth:`Agent.infer
+<failsoft.runtime.agent.Agent.infer>` hands its rows to the model's :class:`ServingQueue` and waits:
+
+* **deadlines** travel with requests: the caller's time left (``timeout_s``) becomes a deadline on
+  this process's monotonic clock, the moment the request arrives;
+* **admission**: the queue's discipline (:mod:`failsoft.policies.queueing`) estimates when a new
+  request would finish behind the work already queued and refuses it at once, with
+  :class:`~failsoft.errors.OverloadedError` and a ``retry_after_s`` estimate, when it cannot finish
+  before its deadline or the queue holds ``max_queue`` requests (the gateway answers 503 with
+  ``Retry-After``, never a wait that ends in a timeout);
+* **batching**: the worker asks the discipline for the next batch, concatenates its rows, runs one
+  ``predict`` and splits the outputs back; requests the discipline drops (past their deadline, or,
+  for the lazy disciplines, unable to make it) are answered
+  :class:`~failsoft.errors.DeadlineExceededError` without running;
+* **cancellation**: :meth:`ServingQueue.cancel` withdraws a queued request (its caller timed out or
+  moved to another server); its waiting thread is released at once;
+* **unload**: :meth:`ServingQueue.close` refuses new requests and answers the queued ones
+  :class:`~failsoft.errors.ModelNotLoadedError` (the gateway's router retries those on the app's
+  next route, within their deadline); the batch running completes on the model, which the queue
+  holds by reference: nothing unloads a model from under a running batch.
+
+Service times are the variant's measured batch profile, calibrated as the queue runs: after every
+batch the ratio of measured to profiled time updates ``scale`` (an exponentially weighted mean), so
+estimates follow the machine as it is now (a noisy neighbour, a GPU that is not the profiled one).
+An injected slowdown (``failsoft chaos slow``) delays every batch and is added to the estimates.
+
+The worker thread inherits the CPU priority of the thread that calls :meth:`ServingQueue.start`:
+agents start it from one of Ray's threads, at the agent's own niceness, never from a load thread
+(which runs lower). :func:`warm_up` is what an agent runs before a load returns (Triton's
+``model_warmup``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    FailsoftError,
+    ModelNotLoadedError,
+    OverloadedError,
+    ServingError,
+)
+from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
+
+log = logging.getLogger(__name__)
+LEARN = 0.2  # weight of the latest batch in the service-time calibration
+# A queue plans to answer this long before the caller's deadline: the answer still has to travel
+# back (Ray's return, the gateway's event loop). Measured: without it, the last batch admitted under
+# a burst on the 2-core machine reached the gateway 1-20 ms after its deadline (504s).
+ANSWER_MARGIN_S = 0.025
+RATIO_BOUNDS = (1e-3, 1e3)  # one freak measurement never makes the estimate zero or absurd
+WARMUP_ROUNDS = 2  # after the first answer: (max batch, batch 1), this many times
+WARMUP_MIN_BUDGET_MS = 200.0  # warm-up may always take this long (profiled) ...
+WARMUP_LOAD_SHARE = 0.5  # ... or this share of the variant's profiled load time, if more
+
+Predict = Callable[[np.ndarray], np.ndarray]
+
+
+class _Ticket:
+    """One request: its rows, its place in the discipline's view, and the future its caller waits on."""
+
+    __slots__ = ("future", "item", "request_id", "rows")
+
+    def __init__(self, rows: np.ndarray, request_id: str | None) -> None:
+        self.rows = rows
+        self.request_id = request_id
+        self.item: Queued | None = None
+        self.future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
+
+
+@dataclasses.dataclass(slots=True)
+class QueueCounters:
+    """What a queue did since it started (requests, except ``batches`` and ``rows``)."""
+
+    served: int = 0
+    batches: int = 0
+    rows: int = 0
+    refused: int = 0
+    dropped: int = 0
+    cancelled: int = 0
+    expired: int = 0  # the caller's deadline passed while it waited
+    failed: int = 0
+
+
+class ServingQueue:
+    """One loaded model's queue and worker. Thread-safe; ``start`` once, ``close`` once."""
+
+    def __init__(
+        self,
+        name: str,
+        predict: Predict,
+        input_shape: Sequence[int],
+        discipline: QueueDiscipline,
+        service: ServiceModel,
+        *,
+        delay_s: Callable[[], float] = lambda: 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        learn: float = LEARN,
+        margin_s: float = ANSWER_MARGIN_S,
+    ) -> None:
+        self.name = name
+        self._predict = predict  # held by reference until the worker exits
+        self._input_shape = tuple(input_shape)
+        self.discipline = discipline
+        self._service = service
+        self._delay_s = delay_s
+        self._clock = clock
+        self._learn = learn
+        self._margin_s = margin_s
+        self._fixed_ms = 0.0  # learned cost of a batch outside predict: hand-offs, copies, timers
+        self._cond = threading.Condition()
+        self._queue: list[_Ticket] = []  # arrival order
+        self._by_id: dict[str, _Ticket] = {}
+        self._running_until: float | None = None  # estimated end of the batch in flight
+        self._closed = False
+        self.counters = QueueCounters()
+        self._thread = threading.Thread(target=self._work, name=f"serve-{name}", daemon=True)
+
+    # life cycle ---------------------------------------------------------------------------------
+    def start(self) -> ServingQueue:
+        """Start the worker: it runs at the CPU priority of the calling thread."""
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float | None = None) -> bool:
+        """Refuse new requests, answer queued ones ModelNotLoadedError, let the running batch finish.
+
+        Returns True once the worker has exited (within ``timeout_s``): the model is then free to close.
+        """
+        with self._cond:
+            self._closed = True
+            queued, self._queue, self._by_id = self._queue, [], {}
+            self._cond.notify_all()
+        for ticket in queued:
+            ticket.future.set_exception(ModelNotLoadedError(f"{self.name}: unloaded while queued"))
+        if self._thread.ident is None:  # never started
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def worker_native_id(self) -> int | None:
+        return self._thread.native_id
+
+    # requests ------------------------------------------------------------------------------------
+    def infer(self, batch: Any, timeout_s: float | None = None, request_id: str | None = None) -> np.ndarray:
+        """Queue ``batch``, wait for its answer; ``timeout_s`` None: no deadline."""
+        ticket = self.submit(batch, timeout_s, request_id)
+        return self.wait(ticket)
+
+    def submit(self, batch: Any, timeout_s: float | None = None, request_id: str | None = None) -> _Ticket:
+        """Queue ``batch`` (admission decides), returning the ticket to :meth:`wait` on."""
+        ticket = _Ticket(self._rows_of(batch), request_id)
+        if timeout_s is not None and timeout_s <= self._margin_s:
+            raise DeadlineExceededError(f"{self.name}: the request arrived with no time left")
+        with self._cond:
+            if self._closed:
+                raise ModelNotLoadedError(f"{self.name}: not loaded (unloaded)")
+            now = self._clock()
+            deadline = math.inf if timeout_s is None else now + timeout_s - self._margin_s
+            ticket.item = Queued(ticket, now, deadline, len(ticket.rows))
+            verdict = self.discipline.admit(
+                [t.item for t in self._queue if t.item is not None],
+                ticket.item,
+                now,
+                self._running_until if self._running_until is not None else now,
+                self.service,
+            )
+            if not verdict.admitted:
+                self.counters.refused += 1
+                retry = verdict.retry_after_s
+                message = f"{self.name}: overloaded, {verdict.reason}; retry in {retry * 1000:.0f} ms"
+                raise OverloadedError(message, retry)
+            self._queue.append(ticket)
+            if request_id is not None:
+                self._by_id[request_id] = ticket
+            self._cond.notify_all()
+        return ticket
+
+    def wait(self, ticket: _Ticket) -> np.ndarray:
+        """The answer; at the ticket's deadline the request is withdrawn and DeadlineExceededError."""
+        assert ticket.item is not None
+        left = ticket.item.deadline_s + self._margin_s - self._clock()  # the caller's own deadline
+        try:
+            return ticket.future.result(timeout=None if math.isinf(left) else max(left, 0.0))
+        except concurrent.futures.TimeoutError:
+            self._withdraw(ticket)
+            with self._cond:
+                self.counters.expired += 1
+            raise DeadlineExceededError(f"{self.name}: no answer before the request's deadline") from None
+
+    def cancel(self, request_id: str) -> bool:
+        """Withdraw a queued request; False when it is not queued here (done, running or unknown)."""
+        with self._cond:
+            ticket = self._by_id.get(request_id)
+        if ticket is None or not self._withdraw(ticket):
+            return False
+        with self._cond:
+            self.counters.cancelled += 1
+        ticket.future.set_exception(DeadlineExceededError(f"{self.name}: request {request_id!r} cancelled"))
+        return True
+
+    def _withdraw(self, ticket: _Ticket) -> bool:
+        with self._cond:
+            if ticket not in self._queue:
+                return False
+            self._queue.remove(ticket)
+            if ticket.request_id is not None and self._by_id.get(ticket.request_id) is ticket:
+                del self._by_id[ticket.request_id]
+            return True
+
+    def _rows_of(self, batch: Any) -> np.ndarray:
+        arr = np.asarray(batch)
+        if arr.dtype.kind not in "fiu":
+            raise ConfigError(f"{self.name}: expected a float32 batch, got dtype {arr.dtype}")
+        if arr.ndim != len(self._input_shape) + 1 or tuple(arr.shape[1:]) != self._input_shape:
+            want = ", ".join(map(str, self._input_shape))
+            raise ConfigError(f"{self.name} expects a batch of shape (N, {want}), got {tuple(arr.shape)}")
+        if arr.shape[0] == 0:
+            raise ConfigError(f"{self.name}: empty batch")
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    # the worker ----------------------------------------------------------------------------------
+    @property
+    def service(self) -> ServiceModel:
+        """The service-time model now: the calibrated profile, plus a batch's measured fixed cost and
+        any injected delay."""
+        overhead_ms = max(self._delay_s(), 0.0) * 1000.0 + self._fixed_ms
+        service = self._service
+        return (
+            service
+            if overhead_ms == service.overhead_ms
+            else dataclasses.replace(service, overhead_ms=overhead_ms)
+        )
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                run, drop = self._take(self._clock())
+            for ticket in drop:
+                ticket.future.set_exception(
+                    DeadlineExceededError(
+                        f"{self.name}: dropped, it could not be answered before its deadline"
+                    )
+                )
+            if run:
+                self._run(run)
+
+    def _take(self, now: float) -> tuple[list[_Ticket], list[_Ticket]]:
+        """Under the lock: the discipline's next batch, removed from the queue."""
+        service = self.service
+        batch = self.discipline.next_batch([t.item for t in self._queue if t.item is not None], now, service)
+        run = [item.key for item in batch.run]
+        drop = [item.key for item in batch.drop]
+        taken = {id(t) for t in run} | {id(t) for t in drop}
+        self._queue = [t for t in self._queue if id(t) not in taken]
+        for ticket in run + drop:
+            if ticket.request_id is not None and self._by_id.get(ticket.request_id) is ticket:
+                del self._by_id[ticket.request_id]
+        self.counters.dropped += len(drop)
+        if run:
+            self._running_until = now + service.batch_s(batch.rows)
+        return run, drop
+
+    def _run(self, run: list[_Ticket]) -> None:
+        taken = time.perf_counter()
+        delay = self._delay_s()
+        if delay > 0:  # injected slowdown: the whole batch waits
+            time.sleep(delay)
+        rows = run[0].rows if len(run) == 1 else np.concatenate([t.rows for t in run])
+        started = time.perf_counter()
+        try:
+            out = self._predict(rows)
+        except Exception as exc:
+            error = (
+                exc
+                if isinstance(exc, FailsoftError)
+                else ServingError(f"{self.name}: inference failed: {exc}")
+            )
+            for ticket in run:
+                ticket.future.set_exception(error)
+            with self._cond:
+                self.counters.failed += len(run)
+                self._running_until = None
+            return
+        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        bounds = np.cumsum([len(t.rows) for t in run])[:-1]
+        for ticket, part in zip(run, np.split(out, bounds), strict=True):
+            ticket.future.set_result(part)
+        cycle_ms = (time.perf_counter() - taken) * 1000.0
+        with self._cond:
+            self.counters.served += len(run)
+            self.counters.batches += 1
+            self.counters.rows += len(rows)
+            self._running_until = None
+            self._calibrate(len(rows), elapsed_ms, max(cycle_ms - elapsed_ms - delay * 1000.0, 0.0))
+
+    def _calibrate(self, rows: int, predict_ms: float, fixed_ms: float) -> None:
+        """Per-row cost (``scale`` of the profile) from predict's time; fixed cost from the rest."""
+        profiled = self._service.profile_ms(rows)
+        if self._learn <= 0 or profiled <= 0:
+            return
+        ratio = min(max(predict_ms / profiled, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+        scale = (1 - self._learn) * self._service.scale + self._learn * ratio
+        self._service = dataclasses.replace(self._service, scale=scale)
+        self._fixed_ms = (1 - self._learn) * self._fixed_ms + self._learn * fixed_ms
+
+    # reports -------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            counters = dataclasses.asdict(self.counters)
+            queued = len(self._queue)
+            scale = self._service.scale
+        nice = None
+        if self._thread.native_id is not None and self._thread.is_alive():
+            try:
+                nice = os.getpriority(os.PRIO_PROCESS, self._thread.native_id)
+            except OSError:
+                nice = None
+        return {
+            **counters,
+            "queued": queued,
+            "discipline": self.discipline.name,
+            "max_batch": self.discipline.max_batch,
+            "scale": scale,
+            "fixed_ms": self._fixed_ms,
+            "nice": nice,
+        }
+
+
+def warmup_sizes(service: ServiceModel, max_batch: int, budget_ms: float) -> tuple[int, ...]:
+    """Batch sizes of the warm-up inferences, in order.
+
+    Batch 1 first (the first answer, which every load has always paid); then the queue's max batch and
+    batch 1 again, :data:`WARMUP_ROUNDS` times, each only while the profiled cost of all of them stays
+    within ``budget_ms``: a GPU selects kernels per batch shape (seconds, on a first call), while
+    on a CPU a large model's max batch costs seconds that a failover cannot spend.
+    """
+    sizes, spent = [1], service.batch_s(1) * 1000.0
+    for rows in [max_batch, 1] * WARMUP_ROUNDS:
+        cost = service.batch_s(rows) * 1000.0
+        if spent + cost <= budget_ms:
+            sizes.append(rows)
+            spent += cost
+    return tuple(sizes)
+
+
+def warmup_budget_ms(load_ms: float) -> float:
+    return max(WARMUP_MIN_BUDGET_MS, WARMUP_LOAD_SHARE * load_ms)
+
+
+def warm_up(predict: Predict, input_shape: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, float]]:
+    """Run the warm-up inferences (zeros, as Triton's ``zero_data``); (rows, ms) of each."""
+    timings = []
+    for rows in sizes:
+        started = time.perf_counter()
+        predict(np.zeros((rows, *input_shape), dtype=np.float32))
+        timings.append((rows, (time.perf_counter() - started) * 1000.0))
+    return timings
+
+
+def calibrated(service: ServiceModel, timings: Sequence[tuple[int, float]]) -> ServiceModel:
+    """``service`` scaled to the warm-up's measurements, leaving out each size's first (cold) run."""
+    seen: set[int] = set()
+    ratios = []
+    for rows, ms in timings:
+        if rows in seen and service.profile_ms(rows) > 0:
+            ratios.append(min(max(ms / service.profile_ms(rows), RATIO_BOUNDS[0]), RATIO_BOUNDS[1]))
+        seen.add(rows)
+    return dataclasses.replace(service, scale=statistics.median(ratios)) if ratios else service

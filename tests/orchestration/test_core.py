@@ -1,0 +1,324 @@
+"""The orchestration core on its own: inputs with explicit times in, commands out.
+
+The cluster: ``s0`` serves apps A (critical), B and C on ``big``; A has a warm ``small`` backup on
+``s1``; ``s2`` is empty. Loads are finished by hand, so every step of a failover, its order and its
+timing is checked exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from failsoft.domain import (
+    App,
+    BackupState,
+    Family,
+    Placement,
+    PolicyParams,
+    Scenario,
+    Server,
+    Variant,
+    WarmBackup,
+)
+from failsoft.orchestration import (
+    ClusterState,
+    Emit,
+    Inspect,
+    InspectPurpose,
+    Load,
+    OrchestrationSettings,
+    Orchestrator,
+    PlanFailover,
+    Planned,
+    PlanProactive,
+    Priority,
+    Publish,
+    Unload,
+)
+from failsoft.policies.registry import get_failover_policy
+
+SMALL = Variant("small", 100, 0.70, 200, 5)
+BIG = Variant("big", 300, 0.80, 1000, 10)
+HB = 0.020  # heartbeat interval
+
+
+def cluster(s1_mb: float = 400, s2_mb: float = 450, warm: bool = True) -> Scenario:
+    servers = (Server("s0", "a", 1000, 10), Server("s1", "b", s1_mb, 10), Server("s2", "b", s2_mb, 10))
+    apps = tuple(App(n, "fam", Placement("s0", "big"), n == "A", 1.0, 100.0) for n in "ABC")
+    backups = (WarmBackup("A", "small", "s1"),) if warm else ()
+    return Scenario(servers, (Family("fam", (SMALL, BIG)),), apps, PolicyParams(), backups)
+
+
+class Harness:
+    """Feeds the core and keeps what it asked for; plans with the real faillite policy."""
+
+    def __init__(self, scenario: Scenario, policy: str = "faillite", **settings: object) -> None:
+        base = {"replan_warm": False, "reconcile_s": None, "gc_s": None, "load_slots": 1, "drain_s": 0.2}
+        self.settings = OrchestrationSettings(**(base | settings))  # type: ignore[arg-type]
+        self.state = ClusterState.deployed(scenario)
+        self.core = Orchestrator(self.state, self.settings, 0.0)
+        self.policy = get_failover_policy(policy)
+        self.commands: list[object] = []
+        self.loads: dict[int, Load] = {}
+        self.take(self.core.assume_deployed(0.0))
+
+    def take(self, commands: list[object]) -> list[object]:
+        self.commands += commands
+        for c in commands:
+            if isinstance(c, Load):
+                self.loads[c.load_id] = c
+        return commands
+
+    def beat_until(self, t_end: float, silent: tuple[str, ...] = (), silent_from: float = 0.0) -> None:
+        """Every server heartbeats every 20 ms up to ``t_end``; ``silent`` ones stop at ``silent_from``."""
+        k = 0
+        while k * HB <= t_end + 1e-9:
+            t = k * HB
+            for server in self.state.servers:
+                if server not in silent or t < silent_from:
+                    self.take(self.core.heartbeat(server, t))
+            k += 1
+
+    def check(self, t: float) -> list[object]:
+        return self.take(self.core.check_health(t))
+
+    def plan(self, t: float) -> list[object]:
+        (request,) = [c for c in self.commands if isinstance(c, PlanFailover)][-1:]
+        plan = self.policy.plan_failover(request.scenario, request.failed)
+        return self.take(self.core.failover_planned(request.plan_id, plan, t))
+
+    def finish(self, app: str, variant: str, t: float, ok: bool = True) -> list[object]:
+        (load,) = [c for c in self.loads.values() if c.app == app and c.variant == variant]
+        del self.loads[load.load_id]
+        return self.take(self.core.load_done(load.load_id, ok, t, info={"load_ms": 1.0}))
+
+    def of(self, kind: type, commands: list[object] | None = None) -> list:
+        return [c for c in (self.commands if commands is None else commands) if isinstance(c, kind)]
+
+    def events(self, event_type: str) -> list[dict]:
+        return [c.fields for c in self.of(Emit) if c.type == event_type]
+
+    def fail_s0(self, at: float = 0.105) -> list[object]:
+        """s0 goes silent after its heartbeat at 0.06; checks every 5 ms until one declares it failed."""
+        self.beat_until(at, silent=("s0",), silent_from=0.07)
+        out: list[object] = []
+        t = 0.0025  # checks half-way between heartbeats, as the simulator's fixed phases do
+        while t <= at + 1e-9:
+            out += self.check(t)
+            t = round(t + 0.005, 6)
+        return out
+
+
+def test_a_crash_switches_warm_apps_at_once_and_asks_for_one_plan_for_the_rest():
+    h = Harness(cluster())
+    out = h.fail_s0()
+    assert h.core.state.servers["s0"].state.value == "failed"
+    detected = h.events("detected")[0]["detected_at"]
+    assert detected == pytest.approx(0.1025)  # the first check more than 2 x 20 ms after 0.06
+    assert {e["app"] for e in h.events("failure")} == {"A", "B", "C"}
+    (failover,) = h.events("failover")
+    assert failover | {"route_ms": 0.0} == failover and failover["kind"] == "warm"
+    assert (failover["app"], failover["server"], failover["variant"]) == ("A", "s1", "small")
+    assert h.state.apps["A"].route == Placement("s1", "small")
+    (request,) = h.of(PlanFailover, out)
+    assert request.failed == ("s0",) and {
+        a.name for a in request.scenario.apps if a.primary.server == "s0"
+    } == {
+        "B",
+        "C",
+    }
+    assert h.of(Publish, out)  # the gateway learns the warm route in the same step
+
+
+def test_a_plan_is_carried_out_by_priority_then_the_upgrade_waits_for_the_whole_failover():
+    h = Harness(cluster())
+    h.fail_s0()
+    out = h.plan(0.11)
+    (planned,) = h.of(Planned, out)
+    actions = {a.app: a for a in planned.applied}
+    assert (actions["B"].first_variant, actions["B"].final_variant, actions["B"].server) == (
+        "small",
+        "big",
+        "s2",
+    )
+    assert actions["C"].first_variant == actions["C"].final_variant == "big"
+    started = {(c.app, c.server, c.variant, c.priority) for c in h.of(Load, out)}
+    assert started == {("B", "s2", "small", Priority.FAILOVER), ("C", "s1", "big", Priority.FAILOVER)}
+    out = h.finish("B", "small", 0.31)
+    assert h.state.apps["B"].route == Placement("s2", "small")
+    failover = h.events("failover")[-1]
+    detected = h.events("detected")[0]["detected_at"]
+    assert failover["app"] == "B" and failover["route_ms"] == pytest.approx((0.31 - detected) * 1000)
+    assert not h.of(Load, out)  # B's upgrade waits: C is not served yet
+    out = h.finish("C", "big", 1.11)
+    (upgrade,) = h.of(Load, out)
+    assert (upgrade.app, upgrade.variant, upgrade.priority, upgrade.background) == (
+        "B",
+        "big",
+        Priority.UPGRADE,
+        True,
+    )
+    out = h.finish("B", "big", 2.11)
+    assert h.state.apps["B"].route == Placement("s2", "big") and h.state.apps["B"].final is None
+    assert h.events("upgrade")[-1]["previous_variant"] == "small"
+    assert not h.of(Unload, out)  # the small one drains first
+    assert h.core.next_wakeup() == pytest.approx(2.31)
+    out = h.take(h.core.advance(2.31))
+    assert [(u.server, u.app, u.variant) for u in h.of(Unload, out)] == [("s2", "B", "small")]
+    assert h.core.idle
+
+
+def test_a_server_with_one_load_slot_starts_critical_loads_first():
+    # no warm backup: A (critical) and B, C (not) all go to s2 as cold loads of full-cold
+    h = Harness(cluster(s1_mb=50, s2_mb=1000, warm=False), policy="full-cold")
+    h.fail_s0()
+    out = h.plan(0.11)
+    (first,) = h.of(Load, out)  # one slot: one load at a time
+    assert first.app == "A" and first.priority is Priority.CRITICAL
+    out = h.finish("A", "big", 1.11)
+    (second,) = h.of(Load, out)
+    assert second.app in {"B", "C"} and second.priority is Priority.FAILOVER
+
+
+def test_a_failure_of_the_target_cancels_the_operation_and_its_late_load_is_ignored():
+    h = Harness(cluster())
+    h.fail_s0()
+    h.plan(0.11)
+    # s2 (B's target) dies while B loads; C keeps loading on s1
+    h.beat_until(0.5, silent=("s0", "s2"), silent_from=0.07)
+    out = []
+    for k in range(0, 100):
+        out += h.check(0.11 + k * 0.005)
+    assert "B" not in h.core.ops and h.state.apps["B"].route is None
+    out = h.finish("B", "small", 0.7)  # the dead server's load answers late: nothing happens
+    assert not h.of(Publish, out) and h.state.apps["B"].route is None
+    assert h.state.servers["s2"].holdings == set()
+
+
+def test_correlated_failures_are_planned_together():
+    # s0 holds the primaries, s1 A's backup: a plan for s0 alone would switch A to a dead backup
+    h = Harness(cluster())
+    h.beat_until(0.3, silent=("s0", "s1"), silent_from=0.07)  # both stop at once
+    checks = [h.check(round(0.1 + k * 0.005, 6)) for k in range(40)]
+    requests = h.of(PlanFailover, [c for out in checks for c in out])
+    assert len(requests) == 1 and set(requests[0].failed) == {"s0", "s1"}
+    assert not h.events("failover")  # A's only backup is gone with s1
+
+
+def test_a_failed_load_backs_off_and_is_planned_again_only_after():
+    h = Harness(cluster())
+    h.fail_s0()
+    h.plan(0.11)
+    out = h.finish("B", "small", 0.31, ok=False)
+    assert h.state.apps["B"].route is None and not h.of(PlanFailover, out)
+    assert h.core.next_wakeup() == pytest.approx(0.31 + 0.5)
+    assert not h.of(PlanFailover, h.take(h.core.advance(0.6)))
+    out = h.take(h.core.advance(0.81))
+    (again,) = h.of(PlanFailover, out)
+    assert {a.name for a in again.scenario.apps if a.primary.server == "s0"} == {"B"}
+
+
+def test_an_app_no_plan_can_place_is_not_planned_in_a_loop():
+    h = Harness(cluster(s1_mb=100, s2_mb=50, warm=True))  # no room anywhere for B and C
+    h.fail_s0()
+    h.plan(0.11)
+    assert {e["app"] for e in h.events("unrecovered")} == {"B", "C"}
+    for t in (0.2, 0.5, 5.0):
+        assert not h.of(PlanFailover, h.take(h.core.advance(t)))
+
+
+def test_a_returning_server_is_cleaned_and_its_apps_go_home():
+    h = Harness(cluster())
+    h.fail_s0()
+    h.plan(0.11)
+    h.finish("B", "small", 0.31)
+    h.finish("C", "big", 1.11)
+    h.finish("B", "big", 2.11)
+    h.take(h.core.advance(2.31))
+    out = h.take(h.core.heartbeat("s0", 3.0))  # back, with what it kept: B's big (the rest lost)
+    (inspect,) = h.of(Inspect, out)
+    assert inspect.purpose is InspectPurpose.RESTORE
+    report = {"models": [["B", "big"], ["X", "v"]], "incarnation": None}
+    out = h.take(h.core.inspected("s0", InspectPurpose.RESTORE, report, 3.01))
+    assert [(u.app, u.variant) for u in h.of(Unload, out)] == [("X", "v")]
+    assert h.events("server_up")[-1]["server"] == "s0"
+    homes = {(c.app, c.priority) for c in h.of(Load, out)}
+    assert homes == {("A", Priority.PRIMARY)}  # one slot: the others queue
+    out = h.finish("A", "big", 4.0)
+    restore = h.events("restore")[-1]
+    assert (restore["app"], restore["previous"]) == ("A", {"server": "s1", "variant": "small"})
+    assert h.state.apps["A"].route == Placement("s0", "big")
+
+
+def test_deploy_waits_for_every_server_then_loads_primaries_then_warm_backups_then_is_ready():
+    scenario = cluster().replace(warm=None)
+    state = ClusterState(scenario)
+    settings = OrchestrationSettings(reconcile_s=None, gc_s=None, load_slots=2)
+    core = Orchestrator(state, settings, 0.0)
+    assert core.deploy(0.0) == []
+    core.heartbeat("s0", 0.0)
+    core.heartbeat("s1", 0.0)
+    assert core.advance(0.01) == []  # s2 has not spoken
+    core.heartbeat("s2", 0.02)
+    out = core.advance(0.02)
+    loads = [c for c in out if isinstance(c, Load)]
+    assert {(c.app, c.priority) for c in loads} == {("A", Priority.PRIMARY), ("B", Priority.PRIMARY)}
+    assert not [c for c in out if isinstance(c, Emit) and c.type == "restore"]  # deploying is quiet
+    out = core.load_done(loads[0].load_id, True, 0.5)
+    out += core.load_done(loads[1].load_id, True, 0.5)
+    (c_load,) = [c for c in out if isinstance(c, Load)]
+    out = core.load_done(c_load.load_id, True, 1.0)
+    (proactive,) = [c for c in out if isinstance(c, PlanProactive)]
+    assert not core.ready
+    plan = get_failover_policy("faillite").plan_proactive(proactive.scenario)
+    out = core.proactive_planned(proactive.plan_id, plan, 1.1)
+    warm = [c for c in out if isinstance(c, Load)]
+    assert warm and all(c.priority is Priority.WARM for c in warm)
+    for c in warm:
+        out = core.load_done(c.load_id, True, 1.5)
+    assert core.ready and [c for c in out if isinstance(c, Emit) and c.type == "ready"]
+    assert all(w.state is BackupState.WARM for w in state.warm.values())
+
+
+def test_a_resumed_controller_trusts_what_servers_report():
+    h = Harness(cluster())
+    docs = h.state.to_docs()
+    state = ClusterState(cluster().replace(warm=None))
+    core = Orchestrator(state, h.settings, 10.0)
+    out = core.resume(docs, 10.0)
+    assert {c.server for c in out if isinstance(c, Inspect)} == {"s0", "s1", "s2"}
+    assert not core.ready
+    core.inspected("s0", InspectPurpose.VERIFY, {"models": [["A", "big"], ["B", "big"]]}, 10.1)
+    core.inspected("s1", InspectPurpose.VERIFY, {"models": []}, 10.1)  # lost A's backup
+    out = core.inspected("s2", InspectPurpose.VERIFY, {"models": []}, 10.1)
+    assert core.ready and next(c for c in out if isinstance(c, Emit) and c.type == "ready").fields["resumed"]
+    assert state.apps["C"].route is None and state.apps["A"].route == Placement("s0", "big")
+    assert state.warm == {}
+
+
+def test_garbage_collection_never_overlaps_and_repairs_what_a_server_lost():
+    h = Harness(cluster(), gc_s=2.0)  # the first round starts with the core
+    assert {c.server for c in h.of(Inspect)} == {"s0", "s1", "s2"}
+    assert not h.of(Inspect, h.take(h.core.advance(2.5)))  # the last round has not answered
+    h.take(h.core.inspected("s1", InspectPurpose.GC, {"models": [["A", "small"], ["Z", "v"]]}, 2.6))
+    h.take(h.core.inspected("s2", InspectPurpose.GC, {"models": []}, 2.6))
+    out = h.take(h.core.inspected("s0", InspectPurpose.GC, {"models": [["A", "big"], ["B", "big"]]}, 2.6))
+    assert [(u.server, u.app) for u in h.of(Unload)] == [("s1", "Z")]
+    (repair,) = h.of(Load, out)
+    assert (repair.app, repair.server, repair.priority) == ("C", "s0", Priority.FAILOVER)
+    assert len(h.of(Inspect, out)) == 3  # the overdue round starts the moment the last one ended
+
+
+def test_pinned_backups_survive_a_warm_replan():
+    scenario = cluster().replace(
+        warm=(WarmBackup("A", "small", "s1"), WarmBackup("B", "small", "s2", pinned=True))
+    )
+    h = Harness(scenario, replan_warm=True, replan_delay_s=0.0)
+    h.core.warm_dirty = True
+    out = h.take(h.core.advance(1.0))
+    (proactive,) = h.of(PlanProactive, out)
+    assert all(s.memory_mb < 450 for s in proactive.scenario.servers if s.name == "s2")  # pinned held
+    plan = h.policy.plan_proactive(proactive.scenario)
+    h.take(h.core.proactive_planned(proactive.plan_id, plan, 1.1))
+    assert ("B", "s2") in h.state.warm and h.state.warm[("B", "s2")].backup.pinned
+    assert not [u for u in h.of(Unload) if u.app == "B"]

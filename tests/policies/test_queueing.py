@@ -1,0 +1,204 @@
+"""Serving-queue disciplines on hand-made queues: exact batches, drops and refusals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from failsoft.domain import Variant
+from failsoft.errors import UnknownNameError
+from failsoft.policies import registry
+from failsoft.policies.queueing import (
+    MIN_RETRY_S,
+    BatchLazyDrop,
+    Edf,
+    Fifo,
+    Queued,
+    QueueDiscipline,
+    QueueParams,
+    ServiceModel,
+)
+
+# A measured batch profile: 10 ms for one row, 12 for two, 16 for four, 24 for eight.
+VARIANT = Variant("v", 10.0, 0.9, 100.0, 10.0, batch_latency_ms=((1, 10.0), (2, 12.0), (4, 16.0), (8, 24.0)))
+SERVICE = ServiceModel(VARIANT)
+INF = math.inf
+
+
+def q(name: str, arrival: float = 0.0, deadline: float = INF, rows: int = 1) -> Queued:
+    return Queued(name, arrival, deadline, rows)
+
+
+def keys(items) -> list[str]:
+    return [i.key for i in items]
+
+
+def test_service_time_is_the_measured_profile_scaled_plus_overhead():
+    assert SERVICE.batch_s(3) == pytest.approx(0.014)  # between the measured 2 and 4
+    assert ServiceModel(VARIANT, scale=2.0, overhead_ms=5.0).batch_s(4) == pytest.approx(0.037)
+    plain = ServiceModel(Variant("p", 1.0, 0.5, 1.0, 10.0), batch_cost=0.5)  # no profile: the formula
+    assert plain.batch_s(3) == pytest.approx(0.020)
+    with pytest.raises(ValueError, match="scale must be > 0"):
+        ServiceModel(VARIANT, scale=0.0)
+
+
+# fifo -----------------------------------------------------------------------------------------------
+def test_fifo_takes_up_to_max_batch_rows_in_arrival_order():
+    queue = [q(n, i * 0.001) for i, n in enumerate("abcde")]
+    batch = Fifo(max_batch=4).next_batch(queue, 0.01, SERVICE)
+    assert keys(batch.run) == list("abcd") and batch.drop == () and batch.rows == 4
+
+
+def test_fifo_stops_at_a_request_that_does_not_fit_and_runs_an_oversized_one_alone():
+    fifo = Fifo(max_batch=4)
+    assert keys(fifo.next_batch([q("a", rows=2), q("b", rows=3), q("c")], 0.0, SERVICE).run) == ["a"]
+    assert keys(fifo.next_batch([q("big", rows=9), q("c")], 0.0, SERVICE).run) == ["big"]
+
+
+def test_fifo_drops_only_requests_already_past_their_deadline():
+    queue = [q("expired", deadline=0.5), q("tight", deadline=1.005), q("easy")]
+    batch = Fifo(max_batch=8).next_batch(queue, 1.0, SERVICE)
+    assert keys(batch.drop) == ["expired"]
+    assert keys(batch.run) == ["tight", "easy"]  # tight will be late, but fifo does not predict
+
+
+def test_an_empty_queue_gives_an_empty_batch():
+    assert Fifo().next_batch([], 0.0, SERVICE).run == ()
+
+
+# batch-lazy-drop -----------------------------------------------------------------------------------
+def test_lazy_drop_drops_a_request_that_cannot_finish_even_alone():
+    queue = [q("hopeless", deadline=1.009), q("ok", deadline=1.010)]
+    batch = BatchLazyDrop(max_batch=8).next_batch(queue, 1.0, SERVICE)
+    assert keys(batch.drop) == ["hopeless"] and keys(batch.run) == ["ok"]
+
+
+def test_lazy_drop_stops_growing_a_batch_before_a_member_would_miss_its_deadline():
+    # one row 10 ms, two 12 ms, three 14 ms: "a" (deadline +13 ms) allows a batch of two only
+    queue = [q("a", deadline=0.013), q("b"), q("c"), q("d")]
+    batch = BatchLazyDrop(max_batch=8).next_batch(queue, 0.0, SERVICE)
+    assert keys(batch.run) == ["a", "b"] and batch.drop == ()
+    # "c" would make the batch too slow for itself: it waits for the next batch
+    queue = [q("a"), q("b"), q("c", deadline=0.0135), q("d")]
+    batch = BatchLazyDrop(max_batch=8).next_batch(queue, 0.0, SERVICE)
+    assert keys(batch.run) == ["a", "b"] and batch.drop == ()
+
+
+def test_lazy_drop_drops_hopeless_requests_as_they_come_up_and_batches_the_rest():
+    queue = [q("late1", deadline=0.005), q("a"), q("late2", deadline=0.001), q("b"), q("c")]
+    batch = BatchLazyDrop(max_batch=2).next_batch(queue, 0.0, SERVICE)
+    assert keys(batch.drop) == ["late1", "late2"] and keys(batch.run) == ["a", "b"]
+
+
+def test_lazy_drop_uses_the_calibrated_service_time():
+    queue = [q("a", deadline=0.015)]
+    assert keys(BatchLazyDrop().next_batch(queue, 0.0, SERVICE).run) == ["a"]
+    slow = ServiceModel(VARIANT, overhead_ms=10.0)  # e.g. chaos slow: every batch 10 ms longer
+    assert keys(BatchLazyDrop().next_batch(queue, 0.0, slow).drop) == ["a"]
+
+
+# edf ------------------------------------------------------------------------------------------------
+def test_edf_serves_earliest_deadlines_first_ties_by_arrival():
+    queue = [q("late", 0.0, 5.0), q("soon", 0.1, 1.0), q("tie1", 0.2, 2.0), q("tie2", 0.3, 2.0)]
+    batch = Edf(max_batch=3).next_batch(queue, 0.0, SERVICE)
+    assert keys(batch.run) == ["soon", "tie1", "tie2"]
+
+
+def test_edf_lazily_drops_like_batch_lazy_drop():
+    queue = [q("a", deadline=2.0), q("hopeless", deadline=1.002)]
+    batch = Edf().next_batch(queue, 1.0, SERVICE)
+    assert keys(batch.drop) == ["hopeless"] and keys(batch.run) == ["a"]
+
+
+# admission -----------------------------------------------------------------------------------------
+def test_an_idle_queue_admits_and_estimates_one_batch():
+    admission = Fifo().admit([], q("new", deadline=1.0), 0.0, 0.0, SERVICE)
+    assert admission.admitted and admission.finish_s == pytest.approx(0.010)
+
+
+def test_admission_counts_the_running_batch_and_the_work_ahead_in_full_batches():
+    fifo = Fifo(max_batch=4)
+    queue = [q(f"r{i}") for i in range(8)]  # two full batches of four ahead: 16 ms each
+    new = q("new", deadline=1.0)
+    admission = fifo.admit(queue, new, 1.0 - 0.5, 0.5 + 0.02, SERVICE)  # busy for 20 ms more
+    assert admission.admitted
+    assert admission.finish_s == pytest.approx(0.52 + 0.016 + 0.016 + 0.010)
+
+
+def test_a_request_that_cannot_finish_in_time_is_refused_with_when_to_retry():
+    fifo = Fifo(max_batch=4)
+    queue = [q(f"r{i}") for i in range(8)]
+    admission = fifo.admit(queue, q("new", deadline=0.55), 0.5, 0.52, SERVICE)
+    assert not admission.admitted
+    assert admission.retry_after_s == pytest.approx(0.02 + 0.032)  # the running batch, then 8 ahead
+    assert "deadline" in admission.reason and "8 queued ahead" in admission.reason
+
+
+def test_a_full_queue_refuses_until_its_next_batch_is_done():
+    fifo = Fifo(max_batch=4, max_queue=8)
+    queue = [q(f"r{i}") for i in range(8)]
+    admission = fifo.admit(queue, q("new"), 0.0, 0.0, SERVICE)  # no deadline: only the bound refuses
+    assert not admission.admitted and "queue full" in admission.reason
+    assert admission.retry_after_s == pytest.approx(0.016)
+
+
+def test_an_idle_refusal_still_says_to_wait_a_little():
+    admission = Fifo().admit([], q("new", deadline=0.001), 0.0, 0.0, SERVICE)  # needs 10 ms
+    assert not admission.admitted and admission.retry_after_s == MIN_RETRY_S
+
+
+def test_edf_admits_an_urgent_request_ahead_of_later_deadlines_where_fifo_refuses():
+    queue = [q(f"r{i}", deadline=10.0) for i in range(16)]
+    urgent = q("urgent", deadline=0.015)
+    assert not Fifo(max_batch=8).admit(queue, urgent, 0.0, 0.0, SERVICE).admitted
+    admission = Edf(max_batch=8).admit(queue, urgent, 0.0, 0.0, SERVICE)
+    assert admission.admitted and admission.finish_s == pytest.approx(0.010)
+
+
+# invariants over random queues -----------------------------------------------------------------------
+ITEMS = st.lists(
+    st.tuples(st.floats(0.0, 0.1), st.one_of(st.just(INF), st.floats(0.0, 0.2)), st.integers(1, 10)),
+    max_size=30,
+)
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(ITEMS, st.integers(1, 16), st.sampled_from(["fifo", "batch-lazy-drop", "edf"]), st.floats(0.0, 0.1))
+def test_every_batch_respects_its_bounds(items, max_batch, name, now):
+    queue = [Queued(i, arrival, deadline, rows) for i, (arrival, deadline, rows) in enumerate(items)]
+    discipline: QueueDiscipline = registry.make("queueing", name, max_batch, None)
+    batch = discipline.next_batch(queue, now, SERVICE)
+    run, drop = {i.key for i in batch.run}, {i.key for i in batch.drop}
+    assert not run & drop and (run or drop or not queue)
+    assert batch.rows <= max_batch or len(batch.run) == 1
+    for item in batch.drop:
+        assert discipline.hopeless(item, now, SERVICE)
+    if discipline.lazy_drop and batch.run:
+        finish = now + SERVICE.batch_s(batch.rows)
+        assert all(finish <= item.deadline_s for item in batch.run)  # nobody run to be late
+    elif batch.run:
+        assert all(now < item.deadline_s for item in batch.run)
+
+
+# the registry and the settings ----------------------------------------------------------------------
+def test_the_three_disciplines_are_registered_with_their_settings():
+    assert registry.names("queueing") == ["batch-lazy-drop", "edf", "fifo"]
+    made = registry.make("queueing", "edf", 4, 32)
+    assert isinstance(made, Edf) and (made.max_batch, made.max_queue) == (4, 32)
+    params = QueueParams("batch-lazy-drop", 16, 64)
+    built = registry.policy_class("queueing", params.discipline).from_params(params)
+    assert isinstance(built, BatchLazyDrop) and (built.max_batch, built.max_queue) == (16, 64)
+    with pytest.raises(UnknownNameError, match=r"unknown queueing policy 'lifo'.*fifo"):
+        registry.make("queueing", "lifo")
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_batch", 0), ("max_batch", 65), ("max_queue", 0)])
+def test_queue_settings_out_of_bounds_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"QueueParams.{field} must be .*; got {value}"):
+        QueueParams(**{field: value})
+    if field == "max_batch":
+        with pytest.raises(ValueError, match=f"max_batch must be in 1..64; got {value}"):
+            Fifo(max_batch=value)

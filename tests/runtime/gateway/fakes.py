@@ -1,0 +1,136 @@
+"""Stand-ins for the Ray-backed refs, for unit tests of the gateway's asyncio parts on a manual clock.
+
+They fake only the transport: the controller side is the real long-poll host
+(:class:`~failsoft.runtime.longpoll.VersionedValue`, :class:`~failsoft.runtime.longpoll.EventLog`)
+on the test's clock, and an agent answers after a scripted latency on that clock, or raises a
+scripted failsoft error (a dead server, a refused request) that a live cluster produces only by
+killing processes or overloading queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from failsoft.clock import ManualClock
+from failsoft.errors import FailsoftError, ServerUnavailableError
+from failsoft.runtime.gateway.routes import RouteMirror
+from failsoft.runtime.longpoll import EventLog, VersionedValue
+
+CLASSES = 10
+
+
+def route_entry(server: str, variant: str = "big", kind: str = "primary", **extra: Any) -> dict[str, Any]:
+    return {
+        "route": {
+            "server": server,
+            "variant": variant,
+            "kind": kind,
+            "degraded": extra.get("degraded", False),
+            "accuracy": extra.get("accuracy", 0.9),
+            "detected_at": extra.get("detected_at"),
+            "route_at": extra.get("route_at"),
+        }
+    }
+
+
+class FakeController:
+    """The controller's long-poll API over the real long-poll host; ``down`` makes every call fail."""
+
+    def __init__(self, clock: ManualClock, routes: dict[str, Any] | None = None) -> None:
+        self.clock = clock
+        self.table = VersionedValue(routes or {}, clock=clock)
+        self.log = EventLog(clock=clock, epoch=self.table.epoch)
+        self.down = False
+        self.calls = 0
+
+    def set_route(self, app: str, entry: dict[str, Any] | None) -> None:
+        self.table.publish({**self.table.value, app: entry or {"route": None}})
+
+    def _check(self) -> None:
+        self.calls += 1
+        if self.down:
+            raise ServerUnavailableError("controller: unavailable (RayActorError)")
+
+    async def wait_routes(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
+        self._check()
+        return {**await self.table.wait_newer(epoch, version, timeout_s), "ready": True}
+
+    async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
+        self._check()
+        return await self.log.wait_after(epoch, seq, timeout_s)
+
+    async def stats(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        self._check()
+        return {"steps": {}}
+
+    async def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        self._check()
+        return {"servers": [], "apps": []}
+
+
+class FakeAgent:
+    """An agent answering after ``latency_s`` on the clock (``None``: never), or raising ``error``.
+
+    Records each call's request id and time left, and each ``cancel_nowait``.
+    """
+
+    def __init__(
+        self,
+        server: str,
+        clock: ManualClock,
+        latency_s: float | None = 0.01,
+        error: FailsoftError | None = None,
+    ) -> None:
+        self.server, self.clock = server, clock
+        self.latency_s, self.error = latency_s, error
+        self.calls: list[dict[str, Any]] = []
+        self.cancelled: list[str] = []
+
+    async def infer(
+        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
+    ) -> np.ndarray:
+        self.calls.append({"app": app, "variant": variant, "request_id": request_id, "timeout_s": timeout_s})
+        if self.error is not None:
+            raise self.error
+        if self.latency_s is None:
+            await asyncio.Future()  # a hung server: never answers
+        await self.clock.sleep(self.latency_s)
+        logits = np.zeros((len(batch), CLASSES), dtype=np.float32)
+        logits[:, 3] = 1.0
+        return logits
+
+    def cancel_nowait(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+def sync(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """An async test run in a fresh event loop (no pytest plugin); pytest sees its parameters."""
+
+    def test(**kwargs: Any) -> None:
+        asyncio.run(fn(**kwargs))
+
+    test.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    test.__name__, test.__doc__ = fn.__name__, fn.__doc__
+    return test
+
+
+@contextlib.asynccontextmanager
+async def mirrored(
+    clock: ManualClock, routes: dict[str, Any]
+) -> AsyncIterator[tuple[FakeController, RouteMirror]]:
+    """A fake controller serving ``routes`` and a route mirror long-polling it (its first table in)."""
+    controller = FakeController(clock, routes)
+    mirror = RouteMirror(controller, clock)  # type: ignore[arg-type]
+    poll = asyncio.ensure_future(mirror.run())
+    await clock.run_for(0)
+    try:
+        yield controller, mirror
+    finally:
+        poll.cancel()
+        await asyncio.gather(poll, return_exceptions=True)

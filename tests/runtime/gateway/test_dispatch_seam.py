@@ -1,0 +1,57 @@
+"""The dispatch seam: a dispatcher per service mode, and a mode without one refused before anything
+is deployed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from failsoft.errors import ConfigError
+from failsoft.runtime.config import config_from_dict
+from failsoft.runtime.gateway.dispatch import (
+    DISPATCHERS,
+    SingleDispatcher,
+    check_dispatchable,
+    dispatcher_class,
+)
+from failsoft.runtime.session import Session
+from failsoft.services import CodedParams, Service, ServiceMode, SloParams
+
+
+def test_every_dispatcher_serves_the_mode_it_is_filed_under():
+    assert DISPATCHERS[ServiceMode.SINGLE] is SingleDispatcher
+    for mode, cls in DISPATCHERS.items():
+        assert cls.mode is mode
+
+
+def test_a_mode_without_a_dispatcher_is_refused_naming_the_service_and_the_mode():
+    coded = Service("pair", ServiceMode.CODED, ("a", "b", "p"), CodedParams(k=2, r=1))
+    with pytest.raises(
+        ConfigError, match=r"service 'pair': mode 'coded' cannot be served yet.*modes served: single"
+    ):
+        check_dispatchable([Service.single("x"), coded])
+    with pytest.raises(ConfigError, match="mode 'slo'"):
+        dispatcher_class(Service("fleet", ServiceMode.SLO, ("a",), SloParams()))
+    check_dispatchable([Service.single("x")])  # FailLite's apps: served
+
+
+def test_serve_refuses_a_config_whose_service_has_no_dispatcher_before_starting_anything(tiny_zoo, tmp_path):
+    config = config_from_dict(
+        {
+            "name": "seam",
+            "repository": str(tiny_zoo.root),
+            "servers": [{"name": n, "site": n, "memory_mb": 200} for n in ("s1", "s2", "s3")],
+            "apps": [{"name": a, "family": "digits_mlp"} for a in ("d1", "d2", "parity")],
+            "services": [
+                {"name": "coded-pair", "mode": "coded", "members": ["d1", "d2", "parity"], "params": {"k": 2}}
+            ],
+            "state_dir": str(tmp_path / "state"),
+        },
+        source="test",
+    )
+    session = Session(config)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="service 'coded-pair': mode 'coded' cannot be served yet"):
+        session.start()
+    assert time.monotonic() - started < 5 and session.cluster is None  # no Ray, no process

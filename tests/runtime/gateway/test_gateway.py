@@ -1,0 +1,205 @@
+"""The gateway's HTTP surface in-process: errors mapped by class, Triton's classification extension,
+the admin API's limits and log, the events endpoint's cap.
+
+The controller and agents are fakes (:mod:`tests.runtime.gateway.fakes`): an overloaded queue or a
+hung server are produced by scripting them. The live gateway on a real cluster is tested in
+``test_live_gateway.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient, WebSocketDenialResponse
+
+from failsoft.clock import MonotonicClock
+from failsoft.domain import App, Server
+from failsoft.errors import DeadlineExceededError, OverloadedError
+from failsoft.runtime.chaos import Chaos
+from failsoft.runtime.config import GatewaySettings
+from failsoft.runtime.gateway import Gateway, ModelMeta
+from tests.runtime.gateway.fakes import CLASSES, FakeAgent, FakeController, route_entry
+
+TOKEN = "a-test-token-of-some-length"
+ROW = [0.5] * 4
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[Gateway, TestClient, dict[str, FakeAgent]]]:
+    clock = MonotonicClock()
+    controller = FakeController(clock, {"cam": route_entry("s1"), "ocr": route_entry("s2")})  # type: ignore[arg-type]
+    agents = {s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")}  # type: ignore[arg-type]
+    servers = [Server("s1", "a", 100.0), Server("s2", "b", 100.0)]
+    gateway = Gateway(
+        GatewaySettings(max_batch=8),
+        controller,  # type: ignore[arg-type]
+        agents,  # type: ignore[arg-type]
+        Chaos(servers, agents),  # type: ignore[arg-type]
+        {"cam": App("cam", "fam", slo_ms=100.0), "ocr": App("ocr", "fam")},
+        {"fam": ModelMeta((4,), CLASSES)},
+        {"fam": ["small", "big"]},
+        TOKEN,
+    )
+    with TestClient(gateway.app, client=("10.1.2.3", 4567)) as client:
+        client.get("/v2/health/ready")
+        yield gateway, client, agents
+
+
+def infer(client: TestClient, name: str = "cam", **extra) -> object:
+    body = {"inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32", "data": ROW * 2}], **extra}
+    return client.post(f"/v2/models/{name}/infer", json=body)
+
+
+def codes(gateway: Gateway) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in gateway.metrics.requests.collect():
+        for s in metric.samples:
+            if s.name.endswith("_total"):
+                out[s.labels["code"]] = out.get(s.labels["code"], 0) + s.value
+    return out
+
+
+def test_a_name_resolves_to_its_service_and_the_answer_says_how_it_was_served(rig):
+    gateway, client, _ = rig
+    response = infer(client)
+    assert response.status_code == 200, response.text
+    params = response.json()["parameters"]
+    assert params == {
+        "variant": "big",
+        "server": "s1",
+        "degraded": False,
+        "reconstructed": False,
+        "dropped": False,
+        "accuracy": 0.9,
+        "kind": "primary",
+        "attempts": 1,
+    }
+    assert response.json()["outputs"][0]["name"] == "output"
+    assert [e["mode"] for e in client.post("/v2/repository/index").json()] == ["single", "single"]
+    assert client.get("/v2/models/ocr").json()["outputs"][0]["shape"] == [-1, CLASSES]
+    missing = infer(client, "nope")
+    assert missing.status_code == 404 and "unknown app 'nope'" in missing.json()["error"]
+    assert codes(gateway) == {"200": 1, "404": 1}
+
+
+def test_an_overloaded_queue_is_a_503_with_its_retry_after(rig):
+    gateway, client, agents = rig
+    agents["s1"].error = OverloadedError("server 's1': queue of big is full", retry_after_s=2.2)
+    response = infer(client)
+    assert response.status_code == 503 and response.headers["retry-after"] == "3"
+    assert "queue of big is full" in response.json()["error"]
+    agents["s1"].error = DeadlineExceededError("no answer within 100 ms")
+    assert infer(client).status_code == 504
+    assert codes(gateway) == {"503": 1, "504": 1}
+
+
+@pytest.mark.parametrize("value", ["²".encode("latin-1"), b"-5", b"1e3", b"12 ", b"0x10", "١".encode()])
+def test_a_header_length_that_is_not_ascii_digits_is_a_400_and_counted_as_one(rig, value):
+    gateway, client, _ = rig
+    response = client.post(
+        "/v2/models/cam/infer", content=b"{}", headers={"Inference-Header-Content-Length": value}
+    )
+    assert response.status_code == 400, response.text
+    assert "Inference-Header-Content-Length must be a number of bytes" in response.json()["error"]
+    assert codes(gateway) == {"400": 1}
+
+
+def test_classification_answers_the_top_k_classes_as_triton_does(rig):
+    _, client, _ = rig
+    response = infer(client, outputs=[{"name": "output", "parameters": {"classification": 3}}])
+    assert response.status_code == 200, response.text
+    (out,) = response.json()["outputs"]
+    assert (out["name"], out["datatype"], out["shape"]) == ("output", "BYTES", [2, 3])
+    assert out["data"][:3] == ["1.000000:3", "0.000000:0", "0.000000:1"]  # best first, ties by index
+    for bad, says in [
+        (0, "classification must be an integer in 1..10"),
+        (11, "has 10 classes"),
+        (True, "got True"),
+        ("3", "got '3'"),
+    ]:
+        refused = infer(client, outputs=[{"name": "output", "parameters": {"classification": bad}}])
+        assert refused.status_code == 400 and says in refused.json()["error"]
+    wrong = infer(client, outputs=[{"name": "probabilities", "parameters": {"classification": 2}}])
+    assert "its output: 'output'" in wrong.json()["error"]
+
+
+def test_admin_actions_are_logged_with_who_and_what_and_bodies_are_bounded(rig, caplog):
+    caplog.set_level(logging.INFO, logger="failsoft.runtime.gateway")
+    _, client, _ = rig
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    unknown = client.post("/admin/chaos/slow", json={"server": "s9", "ms": 5}, headers=auth)
+    assert unknown.status_code == 404 and "unknown server 's9'" in unknown.json()["error"]
+    (action,) = [r for r in caplog.records if r.levelno == logging.INFO and "admin" in r.getMessage()]
+    assert "POST /admin/chaos/slow by 10.1.2.3:4567" in action.getMessage() and "s9" in action.getMessage()
+    refused = client.post("/admin/chaos/kill", json={"server": "s1"}, headers={"Authorization": "Bearer x"})
+    assert refused.status_code == 401
+    assert any(r.levelno == logging.WARNING and "10.1.2.3" in r.getMessage() for r in caplog.records)
+    huge = client.post("/admin/chaos/kill", content=json.dumps({"server": "s" * 20_000}), headers=auth)
+    assert huge.status_code == 413 and "exceeds the limit" in huge.json()["error"]
+
+
+def test_event_subscribers_are_capped_and_one_that_leaves_is_forgotten(rig):
+    gateway, client, _ = rig
+    gateway.hub.max_subscribers = 1
+    with client.websocket_connect("/v2/events"):
+        assert gateway.hub.subscribers == 1
+        with pytest.raises(WebSocketDenialResponse) as refused, client.websocket_connect("/v2/events"):
+            pass
+        assert refused.value.status_code == 503
+        assert "too many event subscribers" in refused.value.json()["error"]
+    assert gateway.hub.subscribers == 0
+
+
+def test_non_finite_model_outputs_do_not_become_a_500(rig):
+    _, client, agents = rig
+
+    async def inf_logits(app, variant, batch, timeout_s, request_id=None):
+        return np.full((len(batch), CLASSES), np.inf, dtype=np.float32)
+
+    agents["s1"].infer = inf_logits  # type: ignore[method-assign]
+    response = infer(client)
+    assert response.status_code == 200 and "Infinity" in response.text
+
+
+def test_a_client_that_leaves_is_counted_as_499_and_its_call_is_withdrawn(rig):
+    gateway, client, agents = rig
+    agents["s1"].latency_s = None  # the server holds the request: the client gives up first
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": ROW}]})
+    messages = iter([{"type": "http.request", "body": body.encode(), "more_body": False}])
+
+    async def receive() -> dict:
+        if (message := next(messages, None)) is not None:
+            return message
+        while not agents["s1"].calls:  # leave once the server has the call
+            await asyncio.sleep(0.001)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        pass
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v2/models/cam/infer",
+        "raw_path": b"/v2/models/cam/infer",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("10.1.2.3", 4567),
+        "server": ("testserver", 80),
+    }
+    started = time.monotonic()
+    client.portal.call(gateway.app, scope, receive, send)  # on the gateway's own event loop
+    assert time.monotonic() - started < 1.0  # not held until the 2 s deadline
+    (call,) = agents["s1"].calls
+    assert agents["s1"].cancelled == [call["request_id"]]
+    assert codes(gateway) == {"499": 1}

@@ -1,0 +1,213 @@
+"""The ``single`` dispatcher on a manual clock: deadlines, moves to a newer route, cancellation.
+
+No Ray: the route mirror long-polls a fake controller that serves the real long-poll host, and the
+agents are fakes that answer (or hang, or fail) on the same virtual clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from failsoft.clock import ManualClock
+from failsoft.errors import (
+    DeadlineExceededError,
+    ModelNotLoadedError,
+    NoRouteError,
+    OverloadedError,
+    ServerUnavailableError,
+)
+from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SingleDispatcher
+from failsoft.services import Service
+from tests.runtime.gateway.fakes import FakeAgent, FakeController, mirrored, route_entry, sync
+
+BATCH = np.zeros((2, 64), dtype=np.float32)
+DEADLINE_S = 2.0
+
+
+@dataclass
+class Rig:
+    clock: ManualClock
+    controller: FakeController
+    agents: dict[str, FakeAgent]
+    dispatcher: SingleDispatcher
+
+    def send(self, request_id: str = "r1") -> asyncio.Task:
+        request = Request("cam", BATCH, self.clock.now() + DEADLINE_S, request_id)
+        return asyncio.ensure_future(self.dispatcher.dispatch(request))
+
+
+def with_rig(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """The test runs with a fresh rig: routes mirrored from a fake controller, agents s1 and s2."""
+
+    async def run(**kwargs: Any) -> None:
+        async with rigged() as rig:
+            await fn(rig, **kwargs)
+
+    run.__signature__ = inspect.Signature(list(inspect.signature(fn).parameters.values())[1:])
+    run.__name__ = fn.__name__
+    return sync(run)
+
+
+@contextlib.asynccontextmanager
+async def rigged() -> AsyncIterator[Rig]:
+    clock = ManualClock(1000.0)
+    agents = {name: FakeAgent(name, clock) for name in ("s1", "s2")}
+
+    def agent(server: str) -> FakeAgent:
+        if server not in agents:
+            raise ServerUnavailableError(f"server {server!r} has no agent at the moment")
+        return agents[server]
+
+    async with mirrored(clock, {"cam": route_entry("s1", "big")}) as (controller, mirror):
+        context = DispatchContext(mirror, agent, clock)  # type: ignore[arg-type]
+        yield Rig(clock, controller, agents, SingleDispatcher(Service.single("cam"), context))
+
+
+@with_rig
+async def test_a_request_is_answered_on_its_route_and_the_answer_says_how(rig):
+    rig.controller.set_route(
+        "cam", route_entry("s2", "small", "warm", degraded=True, accuracy=0.8, detected_at=5.0)
+    )
+    await rig.clock.run_for(0)
+    task = rig.send()
+    await rig.clock.run_for(0.01)
+    answer = task.result()
+    assert (answer.server, answer.variant, answer.kind, answer.degraded, answer.accuracy) == (
+        "s2",
+        "small",
+        "warm",
+        True,
+        0.8,
+    )
+    assert (answer.attempts, answer.reconstructed, answer.dropped, answer.detected_at) == (
+        1,
+        False,
+        False,
+        5.0,
+    )
+    assert answer.outputs.shape == (2, 10)
+    (call,) = rig.agents["s2"].calls
+    assert call["request_id"] == "r1#1" and call["timeout_s"] == pytest.approx(DEADLINE_S)
+    assert answer.parameters()["reconstructed"] is False and "dropped" in answer.parameters()
+
+
+@with_rig
+async def test_a_hung_server_gets_504_at_the_deadline_and_the_call_is_withdrawn(rig):
+    rig.agents["s1"].latency_s = None
+    task = rig.send()
+    await rig.clock.run_for(DEADLINE_S - 0.01)
+    assert not task.done()  # nothing gives up before the deadline
+    await rig.clock.run_for(0.01)
+    with pytest.raises(DeadlineExceededError, match="'s1' did not answer"):
+        task.result()
+    assert rig.agents["s1"].cancelled == ["r1#1"]
+
+
+@with_rig
+async def test_a_route_change_moves_a_waiting_request_to_the_new_route(rig):
+    rig.agents["s1"].latency_s = None  # hung: the controller fails it over to s2
+    task = rig.send()
+    await rig.clock.run_for(0.5)
+    rig.controller.set_route("cam", route_entry("s2", "small", "warm"))
+    await rig.clock.run_for(0.01)
+    answer = task.result()
+    assert (answer.server, answer.attempts) == ("s2", 2)
+    assert rig.agents["s1"].cancelled == ["r1#1"]  # the call left behind is withdrawn
+    assert [c["request_id"] for c in rig.agents["s2"].calls] == ["r1#2"]  # one id per call
+    assert rig.agents["s2"].calls[0]["timeout_s"] == pytest.approx(DEADLINE_S - 0.5)
+
+
+@with_rig
+async def test_no_route_is_a_503_exactly_at_the_deadline(rig):
+    rig.controller.set_route("cam", None)
+    await rig.clock.run_for(0)
+    task = rig.send()
+    await rig.clock.run_for(DEADLINE_S - 0.01)
+    assert not task.done()
+    await rig.clock.run_for(0.01)
+    with pytest.raises(NoRouteError, match="no live server"):
+        task.result()
+
+
+@with_rig
+async def test_a_route_that_appears_before_the_deadline_answers(rig):
+    rig.controller.set_route("cam", None)
+    await rig.clock.run_for(0)
+    task = rig.send()
+    await rig.clock.run_for(1.5)
+    rig.controller.set_route("cam", route_entry("s2", "small", "progressive"))
+    await rig.clock.run_for(0.01)
+    assert task.result().server == "s2" and task.result().attempts == 1
+
+
+@pytest.mark.parametrize(
+    "error",
+    [ServerUnavailableError("server 's1': unavailable (RayActorError)"), ModelNotLoadedError("not held")],
+)
+@with_rig
+async def test_a_server_gone_or_without_the_model_waits_for_the_next_route(rig, error):
+    rig.agents["s1"].error = error
+    task = rig.send()
+    await rig.clock.run_for(1.0)
+    assert not task.done()  # waiting for the controller's new route, not failing
+    rig.controller.set_route("cam", route_entry("s2", "small", "progressive"))
+    await rig.clock.run_for(0.01)
+    assert (task.result().server, task.result().attempts) == ("s2", 2)
+
+
+@with_rig
+async def test_a_server_gone_with_no_new_route_in_time_is_a_503(rig):
+    rig.agents["s1"].error = ServerUnavailableError("gone")
+    task = rig.send()
+    await rig.clock.run_for(DEADLINE_S)
+    with pytest.raises(NoRouteError, match="'s1' failed and no new route came in time"):
+        task.result()
+
+
+@with_rig
+async def test_a_server_with_no_agent_right_now_waits_for_the_next_route(rig):
+    rig.controller.set_route("cam", route_entry("s9", "big"))  # its agent is being replaced
+    await rig.clock.run_for(0)
+    task = rig.send()
+    await rig.clock.run_for(0.3)
+    rig.controller.set_route("cam", route_entry("s1", "big"))
+    await rig.clock.run_for(0.01)
+    assert task.result().server == "s1"
+
+
+@with_rig
+async def test_a_refused_request_passes_through_with_its_retry_after(rig):
+    rig.agents["s1"].error = OverloadedError("queue full", retry_after_s=2.5)
+    task = rig.send()
+    await rig.clock.run_for(0)
+    with pytest.raises(OverloadedError) as err:
+        task.result()
+    assert err.value.retry_after_s == 2.5
+    assert len(rig.agents["s1"].calls) == 1  # no retry on the same route
+
+
+@with_rig
+async def test_a_client_that_leaves_withdraws_its_call(rig):
+    rig.agents["s1"].latency_s = 1.0
+    task = rig.send("gone")
+    await rig.clock.run_for(0.2)
+    task.cancel()
+    await rig.clock.run_for(0)
+    assert task.cancelled()
+    assert rig.agents["s1"].cancelled == ["gone#1"]
+
+
+@with_rig
+async def test_an_answer_in_time_is_not_withdrawn(rig):
+    task = rig.send()
+    await rig.clock.run_for(0.5)
+    assert task.result().attempts == 1
+    assert rig.agents["s1"].cancelled == []

@@ -1,0 +1,83 @@
+"""Chaos never signals a process that is not the server's agent any more.
+
+A hung agent cannot say its PID, so chaos keeps the last one it said; the kernel hands a PID out
+again once its process is gone. These tests use real processes; the agent's Ray handle is a fake
+that does not answer (a hung agent, which needs no cluster to stand for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from failsoft.domain import Server
+from failsoft.errors import ServingError
+from failsoft.runtime.chaos import AgentProcess, Chaos
+
+# waits for a line on stdin, then becomes another program under the same PID (execv)
+STAND_IN = "import os, sys; sys.stdin.readline(); os.execv('/bin/sleep', ['sleep', '60'])"
+
+
+class SilentAgent:
+    """Fake AgentRef of a hung agent: it never answers ``info``."""
+
+    async def info(self, timeout_s: float) -> dict:
+        raise ServingError("server 's1' did not answer within 1 s")
+
+
+@pytest.fixture
+def stand_in():
+    proc = subprocess.Popen([sys.executable, "-c", STAND_IN], stdin=subprocess.PIPE, text=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def chaos_for(proc: subprocess.Popen) -> Chaos:
+    chaos = Chaos([Server("s1", "a", 100.0)], {"s1": SilentAgent()})
+    chaos.remember("s1", {"pid": proc.pid, "hostname": socket.gethostname()})
+    return chaos
+
+
+def test_a_kept_pid_that_is_still_the_agent_is_killed(stand_in):
+    result = asyncio.run(chaos_for(stand_in).kill("s1"))
+    assert result["killed"][0]["pid"] == stand_in.pid
+    assert stand_in.wait(timeout=5) == -9
+
+
+def test_a_kept_pid_now_running_another_program_is_refused(stand_in):
+    chaos = chaos_for(stand_in)
+    python = psutil.Process(stand_in.pid).exe()
+    stand_in.stdin.write("exec\n")  # the PID now runs /bin/sleep: not the agent any more
+    stand_in.stdin.flush()
+    deadline = time.monotonic() + 5
+    while psutil.Process(stand_in.pid).exe() == python and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(ServingError, match=rf"pid {stand_in.pid} is no longer its agent .*sleep.*refusing"):
+        asyncio.run(chaos.kill("s1"))
+    with pytest.raises(ServingError, match="no longer its agent"):
+        asyncio.run(chaos.resume("s1"))
+    assert stand_in.poll() is None  # nothing was sent to it
+
+
+def test_a_pid_reused_by_a_process_started_later_is_refused(stand_in):
+    kept = AgentProcess.of({"pid": stand_in.pid, "hostname": socket.gethostname()})
+    assert kept.impostor() is None
+    earlier = AgentProcess(kept.pid, kept.host, kept.started - 5.0, kept.exe)  # as before a PID reuse
+    assert "started at" in earlier.impostor()
+
+
+def test_killing_an_agent_that_is_already_gone_is_no_error(stand_in):
+    chaos = chaos_for(stand_in)
+    stand_in.kill()
+    stand_in.wait()
+    assert asyncio.run(chaos.kill("s1"))["killed"][0]["server"] == "s1"

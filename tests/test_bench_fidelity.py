@@ -1,0 +1,45 @@
+"""The fidelity benchmark's comparison: errors per app and their median, from given observations."""
+
+import pytest
+
+from failsoft.bench.fidelity import compare
+
+
+def _run(apps):
+    return {
+        "apps": {
+            name: {
+                "recovered": True,
+                "kind": kind,
+                "first_variant": "v",
+                "mttr_ms": mttr,
+                "first_answer_ms": first,
+                "usual_ms": usual,
+            }
+            for name, (kind, mttr, first, usual) in apps.items()
+        },
+        "detection_ms": {"a1": 35.0},
+        "requests": {"failed": 0},
+    }
+
+
+def test_errors_are_relative_per_app_and_the_median_is_over_apps():
+    runs = [_run({"x": ("progressive", 100.0, 150.0, 12.0), "y": ("progressive", 200.0, 260.0, 12.0),
+                  "z": ("warm", 1.0, 20.0, 12.0)})]  # fmt: skip
+    sims = [{"mttr_ms": {"x": 110.0, "y": 150.0, "z": 0.0},
+             "first_latency_ms": {"x": 30.0, "y": 40.0, "z": 5.0},
+             "primary_latency_ms": {"x": 10.0, "y": 10.0, "z": 10.0}}]  # fmt: skip
+    out = compare("c.yaml", ["a1"], "faillite", runs, sims)
+    assert out["per_app"]["x"]["sim_first_answer_ms"] == pytest.approx(110 + 30 + 2)  # overhead 12 - 10
+    # MTTR errors: x 10 %, y 25 %, z 100 % (a 1 ms warm switch against an instantaneous one)
+    assert out["median_abs_error_pct"]["mttr"] == pytest.approx(25.0)
+    assert out["abs_error_ms"]["mttr"] == {"median": 10.0, "max": 50.0}
+    assert out["serving_overhead_ms"] == pytest.approx(2.0)
+
+
+def test_apps_the_simulator_did_not_recover_are_left_out_of_the_error():
+    runs = [_run({"x": ("progressive", 100.0, 150.0, 12.0)})]
+    sims = [{"mttr_ms": {}, "first_latency_ms": {}, "primary_latency_ms": {"x": 10.0}}]
+    out = compare("c.yaml", ["a1"], "faillite", runs, sims)
+    assert out["per_app"]["x"]["sim_mttr_ms"] is None
+    assert out["median_abs_error_pct"] == {"mttr": None, "first_answer": None}
