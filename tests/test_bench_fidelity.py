@@ -1,5 +1,7 @@
 """The fidelity benchmark's comparison: errors per app and their median, from given observations."""
 
+import json
+
 import pytest
 
 from failsoft.bench.fidelity import compare
@@ -27,10 +29,11 @@ def test_errors_are_relative_per_app_and_the_median_is_over_apps():
     runs = [_run({"x": ("progressive", 100.0, 150.0, 12.0), "y": ("progressive", 200.0, 260.0, 12.0),
                   "z": ("warm", 1.0, 20.0, 12.0)})]  # fmt: skip
     sims = [{"mttr_ms": {"x": 110.0, "y": 150.0, "z": 0.0},
-             "first_latency_ms": {"x": 30.0, "y": 40.0, "z": 5.0},
+             "first_answer_ms": {"x": 140.0, "y": 190.0, "z": 5.0},
              "primary_latency_ms": {"x": 10.0, "y": 10.0, "z": 10.0}}]  # fmt: skip
     out = compare("c.yaml", ["a1"], "faillite", runs, sims)
-    assert out["per_app"]["x"]["sim_first_answer_ms"] == pytest.approx(110 + 30 + 2)  # overhead 12 - 10
+    # the simulated first answer plus the serving path's overhead measured in the run: 12 - 10 ms
+    assert out["per_app"]["x"]["sim_first_answer_ms"] == pytest.approx(140 + 2)
     # MTTR errors: x 10 %, y 25 %, z 100 % (a 1 ms warm switch against an instantaneous one)
     assert out["median_abs_error_pct"]["mttr"] == pytest.approx(25.0)
     assert out["abs_error_ms"]["mttr"] == {"median": 10.0, "max": 50.0}
@@ -39,7 +42,20 @@ def test_errors_are_relative_per_app_and_the_median_is_over_apps():
 
 def test_apps_the_simulator_did_not_recover_are_left_out_of_the_error():
     runs = [_run({"x": ("progressive", 100.0, 150.0, 12.0)})]
-    sims = [{"mttr_ms": {}, "first_latency_ms": {}, "primary_latency_ms": {"x": 10.0}}]
+    sims = [{"mttr_ms": {}, "first_answer_ms": {}, "primary_latency_ms": {"x": 10.0}}]
     out = compare("c.yaml", ["a1"], "faillite", runs, sims)
     assert out["per_app"]["x"]["sim_mttr_ms"] is None
     assert out["median_abs_error_pct"] == {"mttr": None, "first_answer": None}
+
+
+def test_a_replay_reads_the_runtime_runs_of_an_earlier_output(tmp_path):
+    from failsoft.bench.fidelity import replayed
+    from failsoft.errors import ConfigError
+
+    runs = [_run({"x": ("progressive", 100.0, 150.0, 12.0)})]
+    earlier = tmp_path / "fidelity.json"
+    earlier.write_text(json.dumps({"per_app": {}, "runtime_runs": runs}))
+    assert replayed(earlier) == runs
+    (tmp_path / "other.json").write_text(json.dumps({"per_app": {}}))
+    with pytest.raises(ConfigError, match="not an output of 'failsoft bench fidelity'"):
+        replayed(tmp_path / "other.json")

@@ -23,7 +23,8 @@ STRICT: dict[str, Any] = {"extra": "forbid"}
 
 def check_bounds(obj: Any) -> None:
     """Raise ``ValueError`` naming the class, field and value when a field breaks its bounds."""
-    for name, checks in _bounds_of(type(obj)):
+    cls: type = type(obj)  # typed as ``type``: mypy does not see ``type[Any]`` as Hashable for the cache
+    for name, checks in _bounds_of(cls):
         value = getattr(obj, name)
         if value is None:
             continue

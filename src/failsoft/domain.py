@@ -308,6 +308,7 @@ class Scenario:
         """Demand placed on each live server by primaries (and warm backups, when known)."""
         memory = {s.name: 0.0 for s in self.servers if s.name not in failed}
         compute = dict(memory)
+        placed: list[tuple[App, Placement | WarmBackup]]
         placed = [(a, a.primary) for a in self.apps if a.primary is not None]
         if include_warm and self.warm:
             placed += [(self.app(b.app), b) for b in self.warm]
@@ -325,7 +326,7 @@ class Scenario:
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with some fields changed (the indexes are rebuilt)."""
-        fields = {
+        fields: dict[str, Any] = {
             "servers": self.servers,
             "families": self.families,
             "apps": self.apps,
@@ -338,7 +339,7 @@ class Scenario:
 
 
 # ----------------------------------------------------------------------------------------------
-# Plans: what a policy decides. Plain data, turned into the JSON of DESIGN.md by ``to_dict``.
+# Plans: what a policy decides. Plain data, turned into the plan JSON (docs/policies.md) by ``to_dict``.
 # ----------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The scenario JSON of DESIGN.md: validated once at the edge, then turned into the domain model.
+"""The scenario JSON (docs/scenario.md): validated once at the edge, then turned into the domain model.
 
 A scenario describes a cluster for the planners (``failsoft plan``) and the simulator::
 
@@ -211,7 +211,7 @@ def build_services(specs: list[ServiceSpec], apps: dict[str, Any], source: str) 
         where = f"services[{i}] ({spec.name!r})"
         cls = PARAMS_OF_MODE[spec.mode]
         try:
-            params = TypeAdapter(cls).validate_python(spec.params)
+            params: Any = TypeAdapter(cls).validate_python(spec.params)
         except ValidationError as exc:
             raise ConfigError(f"{source}: {where}.params: {describe_validation_error(exc, None)}") from exc
         try:
@@ -266,7 +266,7 @@ def describe_validation_error(exc: ValidationError, data: Any) -> str:
     path, node = "", data
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        node = node[part] if isinstance(node, (dict, list)) and _has(node, part) else None
+        node = _child(node, part)
         name = (node.get("name") or node.get("variant")) if isinstance(node, dict) else None
         if isinstance(part, int) and isinstance(name, str):
             path += f" ({name!r})"
@@ -275,10 +275,13 @@ def describe_validation_error(exc: ValidationError, data: Any) -> str:
     return f"{path or 'top level'}: {message}{suffix}"
 
 
-def _has(node: dict | list, part: Any) -> bool:
+def _child(node: Any, part: Any) -> Any:
+    """``node[part]`` where the input has it, else None."""
     if isinstance(node, dict):
-        return part in node
-    return isinstance(part, int) and 0 <= part < len(node)
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None
 
 
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:

@@ -73,9 +73,9 @@ def synthesize(families: Sequence[Family], shape: ClusterShape, seed: int = 0) -
     order = sorted(range(len(drafts)), key=lambda i: -drafts[i][1].variant(drafts[i][2]).memory_mb)
     primary: dict[int, str] = {}
     for i in order:
-        _, family, variant, rate = drafts[i]
+        _, family, variant_name, rate = drafts[i]
         target = min(names, key=lambda n: (used[n].memory_mb, n))
-        used[target] += family.variant(variant).demand(rate)
+        used[target] += family.variant(variant_name).demand(rate)
         primary[i] = target
 
     mean_memory = sum(u.memory_mb for u in used.values()) / len(used) or 1024.0

@@ -322,3 +322,42 @@ def test_pinned_backups_survive_a_warm_replan():
     h.take(h.core.proactive_planned(proactive.plan_id, plan, 1.1))
     assert ("B", "s2") in h.state.warm and h.state.warm[("B", "s2")].backup.pinned
     assert not [u for u in h.of(Unload) if u.app == "B"]
+
+
+def test_a_server_that_heartbeats_but_does_not_serve_is_failed_over_and_kept_out_a_while():
+    h = Harness(cluster(), quarantine_s=10.0)
+    h.beat_until(0.1)
+    out = h.take(h.core.unhealthy("s0", 0.1, "10 inference calls in a row failed"))
+    assert h.state.servers["s0"].state.value == "failed"
+    (unhealthy,) = h.events("unhealthy")
+    assert unhealthy["server"] == "s0" and "in a row" in unhealthy["reason"]
+    assert {e["app"] for e in h.events("failure")} == {"A", "B", "C"}
+    assert h.state.apps["A"].route == Placement("s1", "small")  # the warm switch, as after a crash
+    (request,) = h.of(PlanFailover, out)
+    assert request.failed == ("s0",)
+    assert h.core.unhealthy("s0", 0.2, "again") == []  # already failed: nothing more
+    assert h.core.unhealthy("nosuch", 0.2, "?") == []
+    # It keeps heartbeating: ignored during the quarantine (no restore, no apps sent back) ...
+    h.commands.clear()
+    for k in range(1, 50):
+        h.take(h.core.heartbeat("s0", 0.1 + k * 0.2))
+        h.check(0.1 + k * 0.2 + 0.001)
+    assert not h.of(Inspect) and h.state.servers["s0"].state.value == "failed"
+    # ... and after it, it recovers as any failed server does: inspected, then restored.
+    out = h.take(h.core.heartbeat("s0", 10.2))
+    (inspect,) = h.of(Inspect, out)
+    assert inspect.purpose is InspectPurpose.RESTORE
+
+
+def test_a_restart_lifts_the_quarantine():
+    h = Harness(cluster(), quarantine_s=60.0)
+    h.take(h.core.heartbeat("s0", 0.0, incarnation="one"))
+    h.take(h.core.unhealthy("s0", 0.1, "broken"))
+    h.take(h.core.heartbeat("s0", 0.2, incarnation="one"))
+    h.check(0.21)
+    assert not h.of(Inspect)
+    h.take(h.core.heartbeat("s0", 0.5, incarnation="two"))  # a fresh process
+    for k in range(1, 6):
+        h.take(h.core.heartbeat("s0", 0.5 + k * HB, incarnation="two"))
+        h.check(0.5 + k * HB + 0.001)
+    assert [c.purpose for c in h.of(Inspect)] == [InspectPurpose.RESTORE]

@@ -3,7 +3,7 @@
 import pytest
 
 from failsoft.domain import ServerState
-from failsoft.policies.detection import HeartbeatDetector
+from failsoft.policies.detection import HeartbeatDetector, RouteHealth
 
 
 def test_two_missed_heartbeats_fail_a_server():
@@ -81,3 +81,30 @@ def test_bad_parameters_are_refused():
         HeartbeatDetector(0.02, 0)
     with pytest.raises(KeyError, match="unregistered"):
         HeartbeatDetector().heartbeat("ghost", 0.0)
+
+
+def test_route_health_gives_one_verdict_per_run_of_errors_and_a_success_clears_it():
+    health = RouteHealth(errors_to_fail=3)
+    assert [health.record("s1", False) for _ in range(2)] == [False, False]
+    assert not health.record("s1", True)  # one answer: it serves
+    assert health.errors("s1") == 0
+    assert [health.record("s1", False) for _ in range(3)] == [False, False, True]
+    assert health.errors("s1") == 0  # counted again from zero after the verdict
+    assert not health.record("s2", False)  # per server
+    with pytest.raises(ValueError, match="errors_to_fail"):
+        RouteHealth(0)
+
+
+def test_a_quarantined_server_ignores_its_heartbeats_until_the_quarantine_ends():
+    d = HeartbeatDetector(0.02, 2)
+    d.register("s1", 0.0)
+    change = d.quarantine("s1", 0.1, until=5.0)
+    assert change is not None and change.new is ServerState.FAILED
+    assert d.heartbeat("s1", 1.0) is None and d.state("s1") is ServerState.FAILED
+    assert d.check(1.01) == []
+    assert d.quarantine("s1", 1.1, until=6.0) is None  # already failed
+    change = d.heartbeat("s1", 6.5)
+    assert change is not None and change.new is ServerState.RECOVERING
+    d.quarantine("s1", 7.0, until=100.0)
+    d.release("s1")  # it restarted
+    assert d.heartbeat("s1", 7.1).new is ServerState.RECOVERING

@@ -22,8 +22,8 @@ import pytest
 from failsoft.domain import Server, Variant
 from failsoft.errors import ConfigError, DeadlineExceededError, ModelNotLoadedError, OverloadedError
 from failsoft.policies import registry
-from failsoft.policies.queueing import ServiceModel
-from failsoft.runtime.serving import ServingQueue, calibrated, warmup_sizes
+from failsoft.policies.queueing import ServiceModel, warmup_sizes
+from failsoft.runtime.serving import ServingQueue, calibrated
 
 WEIGHTS = np.arange(12, dtype=np.float32).reshape(4, 3)
 PROFILE = Variant("m", 1.0, 0.9, 100.0, 50.0)  # 50 ms a row, as profiled

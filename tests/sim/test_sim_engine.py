@@ -156,3 +156,30 @@ def test_a_scenario_that_overflows_a_server_at_start_is_refused():
     scenario = tiny_scenario(s1_mb=50)  # A's warm backup (100 MB) cannot be on s1
     with pytest.raises(ConfigError, match="s1"):
         _run(scenario, "faillite", SimConfig())
+
+
+def test_on_a_shared_host_concurrent_loads_share_its_cores(tiny, fixed):
+    # B's small (0.2 s) and C's big (1 s) load at once on s2 and s1; with one core for the whole
+    # host they share it equally: B ends at 0.4 s, C has 0.8 s of work left and ends at 1.2 s.
+    quiet = dataclasses.replace(fixed, requests=RequestMode.OFF)
+    event = _run(tiny, "faillite", dataclasses.replace(quiet, host_cores=1.0))
+    assert event.apps["B"].mttr_ms == pytest.approx((0.4 + NOTIFY_S) * 1000)
+    assert event.apps["C"].mttr_ms == pytest.approx((1.2 + NOTIFY_S) * 1000)
+    # two cores: each load has one, as on dedicated servers
+    roomy = _run(tiny, "faillite", dataclasses.replace(quiet, host_cores=2.0))
+    alone = _run(tiny, "faillite", quiet)
+    assert {a: r.mttr_ms for a, r in roomy.apps.items()} == {a: r.mttr_ms for a, r in alone.apps.items()}
+
+
+def test_warm_up_and_first_answers_are_modelled_as_the_runtime_does_them(tiny, fixed):
+    config = dataclasses.replace(
+        fixed, requests=RequestMode.OFF, warm_up=True, max_batch=1, first_answer=True
+    )
+    event = _run(tiny, "faillite", config)
+    # small's warm-up: five batch-1 inferences of 5 ms (within the 200 ms minimum budget)
+    assert event.apps["B"].mttr_ms == pytest.approx((SMALL.load_ms + 25) + NOTIFY_S * 1000)
+    # the first answer is one batch-1 inference on the new route, from when it is published
+    assert event.apps["A"].first_answer_ms == pytest.approx(SMALL.latency_ms)  # warm: at detection
+    b = event.apps["B"]
+    assert b.first_answer_ms == pytest.approx(b.mttr_ms - NOTIFY_S * 1000 + SMALL.latency_ms)
+    assert math.isinf(_run(tiny, "faillite", fixed).apps["B"].first_answer_ms)  # not modelled: none

@@ -147,7 +147,7 @@ def run_once(
     from failsoft.runtime.session import Session
 
     with Session(cfg) as session:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        client = Client(session.url, token=session.prepare().admin_token, timeout=30.0)
         wait_stable(client, 120.0)
         before = client.status()
         affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
@@ -266,7 +266,7 @@ def _wait_recovered(client: Any, affected: list[str], since: float, window_s: fl
 
 
 # ----------------------------------------------------------------------------------------------
-# From raw observations to the JSON of DESIGN.md.
+# From raw observations to the benchmark's JSON.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -276,7 +276,7 @@ def measure(
     kill_at: dict[str, float],
     samples: list[Sample],
     report: dict[str, Any],
-    usual: list[Sample] = (),
+    usual: Sequence[Sample] = (),
 ) -> dict[str, Any]:
     first_kill = min(kill_at.values())
     events = [e for e in report["events"] if e["timestamp"] >= first_kill - 0.5]
@@ -434,7 +434,11 @@ _KINDS = ("warm", "progressive", "cold")
 def _stats(values: list[float], which: tuple[str, ...]) -> dict[str, float | None]:
     if not values:
         return {k: None for k in which}
-    funcs = {"p50": statistics.median, "mean": statistics.fmean, "max": max}
+    funcs: dict[str, Callable[[list[float]], float]] = {
+        "p50": statistics.median,
+        "mean": statistics.fmean,
+        "max": max,
+    }
     return {k: round(funcs[k](values), 1) for k in which}
 
 

@@ -11,11 +11,17 @@ This benchmark checks the claim on a real crash:
 2. **simulator**: the same deployment (the servers, primaries and the *warm backups the runtime
    actually had* at the kill) is simulated with the zoo's profiles of this machine (the load times,
    memory and per-batch latencies in the repository's ``profile.json`` files), the config's
-   heartbeat, load slots and drain period, and the runtime's 5 ms health checks. A simulated first
-   answer is its MTTR plus the first variant's profiled latency plus the serving path's overhead on
-   this machine (gateway, Ray call, queue), measured in the same run as each affected app's usual
-   latency minus its primary's profiled latency;
+   heartbeat, load slots, drain period and serving queue, and the runtime's 5 ms health checks. As
+   in the runtime, a load ends with its warm-up inferences, and every server shares this machine's
+   cores (:class:`~failsoft.sim.cpu.SharedCPU`: loads at the runtime's lower CPU priorities,
+   inference at the agent's own). A simulated first answer is one batch-1 inference of the first
+   variant, sent when the route is published and run on those shared cores, plus the serving path's
+   overhead on this machine (gateway, Ray call, queue), measured in the same run as each affected
+   app's usual latency minus its primary's profiled latency;
 3. per app, ``|sim - runtime| / runtime``, and its median over the affected apps.
+
+The runtime runs are kept in the output (``runtime_runs``): ``--replay OUTPUT.json`` compares them
+again with the simulator (after a change to it) without starting a cluster.
 
 Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "runtime_first_answer_ms",
 "sim_first_answer_ms", "kind", "first_variant"}}, "median_abs_error_pct": {"mttr", "first_answer"},
@@ -24,6 +30,8 @@ Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "runtime_first_a
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import statistics
 import sys
@@ -39,13 +47,16 @@ from failsoft.bench.failover import (
     victims,
 )
 from failsoft.domain import Scenario, WarmBackup
+from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
 NOT_MODELLED = [
-    "CPU contention between servers: on an embedded cluster every agent, the gateway and the clients "
-    "share this machine's cores, so a load runs slower than its profile when others load or serve",
+    "CPU used by everything but loads and the first answers: the gateway, the controller, Ray, the "
+    "clients, the steady load on unaffected apps (the shared-CPU model counts loads and first answers)",
+    "the interpreter lock inside one agent process: a load and an inference on the same server take "
+    "turns at Python's lock whatever their CPU priority",
     "the controller's own processing time between detection and a published route (about a millisecond)",
     "Ray call and long-poll latencies (the first answer's overhead is measured, not simulated)",
     "garbage collection, page-cache state and thermal noise of the real machine",
@@ -58,10 +69,16 @@ def run(
     repeats: int = 3,
     sim_seeds: int = 20,
     progress: Progress | None = None,
+    runs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
     ensure_families(base, say)
+    if runs is not None:
+        failed = sorted({s for r in runs for s in r["detection_ms"]}) or list(kill)
+        say(f"[fidelity] replaying {len(runs)} runtime runs (killed {', '.join(failed)})")
+        return _simulated(str(config_path), base, failed, runs, sim_seeds, say)
     settings = BenchSettings(policies=(base.policy,), kill=tuple(kill), repeats=repeats)
     failed = victims(base, settings)
     runs = []
@@ -72,9 +89,31 @@ def run(
             runs.append(run_once(cfg, failed, settings, say))
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
+    return _simulated(str(config_path), base, failed, runs, sim_seeds, say)
+
+
+def _simulated(
+    config_path: str,
+    base: RuntimeConfig,
+    failed: Sequence[str],
+    runs: list[dict[str, Any]],
+    sim_seeds: int,
+    say: Progress,
+) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
     sims = [simulate_run(base, r, failed, sim_seeds) for r in runs]
-    return compare(str(config_path), failed, base.policy, runs, sims)
+    return compare(config_path, failed, base.policy, runs, sims) | {"runtime_runs": runs}
+
+
+def replayed(path: str | Path) -> list[dict[str, Any]]:
+    """The runtime runs kept in an earlier output of this benchmark."""
+    try:
+        runs = json.loads(Path(path).read_text())["runtime_runs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{str(path)!r} is not an output of 'failsoft bench fidelity': {exc}") from exc
+    if not isinstance(runs, list) or not runs:
+        raise ConfigError(f"{str(path)!r} holds no runtime runs to replay")
+    return runs
 
 
 def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int) -> dict:
@@ -93,23 +132,33 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
         load_slots=config.agents.max_parallel_loads,
         drain_ms=config.agents.drain_ms,
         requests=RequestMode.OFF,
+        max_batch=config.agents.queue.max_batch,
+        warm_up=True,
+        host_cores=float(host_cores()),
+        first_answer=True,
     )
     mttr: dict[str, list[float]] = {}
+    first: dict[str, list[float]] = {}
     for seed in range(seeds):
         event = simulate_failure(deployment, failed, sim_config, seed=seed)
         for app, record in event.apps.items():
             if record.recovered:
                 mttr.setdefault(app, []).append(record.mttr_ms)
-    first_variant = {}
-    for app in scenario.apps:
-        chosen = observed["apps"].get(app.name, {}).get("first_variant")
-        if chosen is not None:
-            first_variant[app.name] = scenario.variant_of(app, chosen)
+            if record.answered_at is not None:
+                first.setdefault(app, []).append(record.first_answer_ms)
     return {
         "mttr_ms": {app: statistics.fmean(v) for app, v in mttr.items()},
-        "first_latency_ms": {app: v.latency_ms for app, v in first_variant.items()},
+        "first_answer_ms": {app: statistics.fmean(v) for app, v in first.items()},
         "primary_latency_ms": {a.name: scenario.primary_variant(a).latency_ms for a in scenario.apps},
     }
+
+
+def host_cores() -> int:
+    """The cores this process may run on (the embedded cluster's agents share them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _as_deployed(deployment: Scenario, warm: Sequence[dict[str, str]]) -> Scenario:
@@ -127,11 +176,7 @@ def compare(
     for app in apps:
         rt = [r["apps"][app] for r in runs if app in r["apps"] and r["apps"][app]["recovered"]]
         sim_mttr = [s["mttr_ms"][app] for s in sims if app in s["mttr_ms"]]
-        sim_first = [
-            s["mttr_ms"][app] + s["first_latency_ms"][app] + overhead
-            for s in sims
-            if app in s["mttr_ms"] and app in s["first_latency_ms"]
-        ]
+        sim_first = [s["first_answer_ms"][app] + overhead for s in sims if app in s["first_answer_ms"]]
         per_app[app] = {
             "kind": _mode([a["kind"] for a in rt]),
             "first_variant": _mode([a["first_variant"] for a in rt]),

@@ -64,7 +64,7 @@ def bench_ilp(
     servers: int = 100, sites: int = 10, apps: int = 640, seeds: int = 3, time_limit_s: float = 10.0
 ) -> dict[str, Any]:
     families = load_profile_families()
-    runs = []
+    runs: list[dict[str, Any]] = []
     for seed in range(seeds):
         shape = ClusterShape(
             servers,

@@ -60,8 +60,14 @@ def fidelity(
     ] = None,
     repeats: Annotated[int, typer.Option(min=1, max=20, help="Runtime runs (fresh deployments)")] = 3,
     seeds: Annotated[int, typer.Option(min=1, max=1000, help="Simulated events per runtime run")] = 20,
+    replay: Annotated[
+        Path | None,
+        typer.Option(help="Compare again with the runtime runs of an earlier output (no cluster started)"),
+    ] = None,
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
-    from failsoft.bench.fidelity import run
+    from failsoft.bench.fidelity import replayed, run
 
-    typer.echo(json.dumps(run(config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds), indent=2))
+    earlier = replayed(replay) if replay is not None else None
+    result = run(config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier)
+    typer.echo(json.dumps(result, indent=2))

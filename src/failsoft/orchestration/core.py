@@ -73,6 +73,7 @@ class OrchestrationSettings:
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
     deploy_wait_s: float = 180.0  # how long a deployment waits for every server's first heartbeat
+    quarantine_s: float = 30.0  # a server failed for not serving ignores its heartbeats this long
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.missed_to_fail < 1 or self.load_slots < 1:
@@ -188,6 +189,7 @@ class Orchestrator(Operations, WarmBackups):
             return []
         if incarnation is not None and rec.incarnation is not None and incarnation != rec.incarnation:
             rec.restarts += 1
+            self.detector.release(server)
             if rec.state in (ServerState.UP, ServerState.SUSPECT):
                 # it restarted faster than two heartbeats: what it held is gone; fail it, restore next
                 rec.incarnation = incarnation
@@ -212,6 +214,20 @@ class Orchestrator(Operations, WarmBackups):
 
     def advance(self, now: float) -> list[Command]:
         """Time passed: fire due timers, start waiting failovers, reconcile."""
+        return self._flush(now)
+
+    def unhealthy(self, server: str, now: float, reason: str) -> list[Command]:
+        """App-level verdict (the gateway's :class:`~failsoft.policies.detection.RouteHealth`):
+        ``server`` heartbeats but fails its inferences. It is failed as if it had crashed, and its
+        heartbeats are ignored for ``quarantine_s`` (or until it restarts)."""
+        rec = self.state.servers.get(server)
+        if rec is None or rec.state not in (ServerState.UP, ServerState.SUSPECT):
+            return []  # unknown, or already failed or recovering: nothing to add
+        change = self.detector.quarantine(server, now, now + self.settings.quarantine_s)
+        log.warning("server %s heartbeats but does not serve (%s): failing it over", server, reason)
+        if change is not None:
+            self._on_change(change, now)
+            self._out.append(Emit("unhealthy", {"server": server, "reason": reason, "at": now}))
         return self._flush(now)
 
     def _nobody_heard(self, now: float) -> bool:

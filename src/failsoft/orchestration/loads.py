@@ -14,6 +14,13 @@ import heapq
 import itertools
 from enum import IntEnum
 
+# The CPU priorities (nice values) the runtime's agents run work at, and the simulator's shared CPU
+# models: inference first, then the loads that recover apps, background loads (upgrades, warm backups)
+# last, so that answers of recovered apps come first on a busy machine.
+INFERENCE_NICE = 0
+LOAD_NICE = 5
+BACKGROUND_NICE = 15
+
 
 class Priority(IntEnum):
     CRITICAL = 0  # first (or cold) variant of a critical app's failover

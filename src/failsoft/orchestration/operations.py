@@ -62,6 +62,8 @@ class Op:
 class Operations:
     """The per-app operations of :class:`~failsoft.orchestration.core.Orchestrator` (a mixin)."""
 
+    warm_dirty: bool  # set by Orchestrator.__init__; declared here because this mixin assigns it
+
     # starting ----------------------------------------------------------------------------------
     def _start(self: Orchestrator, op: Op, now: float) -> None:
         self._cancel_op(op.app, now)

@@ -11,6 +11,7 @@ a backup counts as warm once its load finished. Pinned backups (a mechanism's ow
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ from failsoft.orchestration.state import WarmRecord
 if TYPE_CHECKING:
     from failsoft.orchestration.core import Orchestrator
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(eq=False)
 class WarmTask:
@@ -32,6 +35,11 @@ class WarmTask:
 
 class WarmBackups:
     """The warm-backup side of :class:`~failsoft.orchestration.core.Orchestrator` (a mixin)."""
+
+    # set by Orchestrator.__init__; declared here because this mixin assigns them
+    warm_task: WarmTask | None
+    warm_dirty: bool
+    _plan_ids: int
 
     def _start_warm_replan(self: Orchestrator, now: float) -> None:
         if self.warm_task is not None:
@@ -52,7 +60,7 @@ class WarmBackups:
         if plan is None:
             self.warm_task, self.warm_dirty = None, True
             self.last_change = now  # try again once things have been quiet again
-            self.log.append(f"proactive plan failed: {error}")
+            log.warning("proactive planning failed: %s (planned again once quiet)", error)
             return self._flush(now)
         task.planned = True
         desired = {(w.app, w.server): w for w in plan.warm}

@@ -7,6 +7,14 @@ A server is ``suspect`` after one missed heartbeat, ``failed`` after ``missed_to
 :meth:`HeartbeatDetector.mark_up` once its models are reloaded. A hung agent (alive but silent)
 looks exactly like a crashed one: it stops heartbeating.
 
+Heartbeats say a server's process lives, not that it answers. A server that heartbeats but fails
+every inference (a broken device, a wedged serving engine) is caught by *app-level health*: the
+gateway feeds each route's outcomes to a :class:`RouteHealth`, which gives a verdict after
+``errors_to_fail`` consecutive errors or timeouts on a server with no success between them; the
+controller then quarantines the server (:meth:`~HeartbeatDetector.quarantine`): failed at once (its apps fail
+over as after a crash), and its heartbeats ignored for ``quarantine_s`` so that it does not come
+straight back; after that, or when it restarts, it recovers as a failed server does.
+
 The detector keeps no clock: every call takes ``now`` (seconds) from the caller's
 :class:`~failsoft.clock.Clock`, so the runtime and the simulator run the same code.
 """
@@ -53,6 +61,7 @@ class HeartbeatDetector:
         self._state: dict[str, ServerState] = {}
         self._last_check: float | None = None
         self._hold_until = float("-inf")
+        self._quarantined: dict[str, float] = {}  # server -> until when its heartbeats are ignored
 
     def register(self, server: str, now: float) -> None:
         """Start watching ``server`` as up, as if it had just sent a heartbeat."""
@@ -62,6 +71,28 @@ class HeartbeatDetector:
     def forget(self, server: str) -> None:
         self._last.pop(server, None)
         self._state.pop(server, None)
+        self._quarantined.pop(server, None)
+
+    def quarantine(self, server: str, now: float, until: float) -> HealthChange | None:
+        """App-level verdict: ``server`` heartbeats but does not serve. Failed now (None when it
+        already was), and its heartbeats do not make it recovering before ``until``."""
+        if server not in self._state:
+            raise KeyError(f"quarantine of unregistered server {server!r}")
+        self._quarantined[server] = until
+        if self._state[server] in (ServerState.FAILED, ServerState.RECOVERING):
+            return (
+                None
+                if self._state[server] is ServerState.FAILED
+                else self._set(server, ServerState.FAILED, now)
+            )
+        return self._set(server, ServerState.FAILED, now)
+
+    def release(self, server: str) -> None:
+        """End ``server``'s quarantine (it restarted: a fresh process deserves a fresh look)."""
+        self._quarantined.pop(server, None)
+
+    def quarantined(self, server: str, now: float) -> bool:
+        return self._quarantined.get(server, float("-inf")) > now
 
     def state(self, server: str) -> ServerState:
         return self._state[server]
@@ -80,7 +111,8 @@ class HeartbeatDetector:
         old = self._state[server]
         if old is ServerState.SUSPECT:
             return self._set(server, ServerState.UP, now)
-        if old is ServerState.FAILED:
+        if old is ServerState.FAILED and not self.quarantined(server, now):
+            self._quarantined.pop(server, None)
             return self._set(server, ServerState.RECOVERING, now)
         return None
 
@@ -127,3 +159,34 @@ class HeartbeatDetector:
         old = self._state[server]
         self._state[server] = new
         return HealthChange(server, old, new, now, self._last[server])
+
+
+class RouteHealth:
+    """Consecutive failed inferences per server, as the gateway sees them: a verdict at a threshold.
+
+    Only the server's own failures count (an error it raised while serving, or no answer within the
+    deadline on an unchanged route); a refusal by a full queue (back-pressure), a client's bad input
+    or a model unloaded under the request do not. A success clears the count. The verdict is given
+    once per run of errors; the count restarts after it.
+    """
+
+    def __init__(self, errors_to_fail: int = 10) -> None:
+        if errors_to_fail < 1:
+            raise ValueError(f"errors_to_fail must be at least 1, got {errors_to_fail}")
+        self.errors_to_fail = errors_to_fail
+        self._errors: dict[str, int] = {}
+
+    def record(self, server: str, ok: bool) -> bool:
+        """One outcome on ``server``; True when it makes the server unhealthy."""
+        if ok:
+            self._errors.pop(server, None)
+            return False
+        count = self._errors.get(server, 0) + 1
+        if count >= self.errors_to_fail:
+            self._errors.pop(server, None)
+            return True
+        self._errors[server] = count
+        return False
+
+    def errors(self, server: str) -> int:
+        return self._errors.get(server, 0)

@@ -49,6 +49,9 @@ from failsoft.domain import Variant
 
 MIN_RETRY_S = 0.001  # a refusal never says "retry now": the queue was just measured full
 MAX_BATCH = 64  # rows; the zoo profiles batches up to 16, larger ones are extrapolated
+WARMUP_ROUNDS = 2  # after the first answer: (max batch, batch 1), this many times
+WARMUP_MIN_BUDGET_MS = 200.0  # warm-up may always take this long (profiled) ...
+WARMUP_LOAD_SHARE = 0.5  # ... or this share of the variant's profiled load time, if more
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,3 +265,31 @@ class Edf(QueueDiscipline):
 
     def ahead(self, queue: Sequence[Queued], item: Queued) -> list[Queued]:
         return [q for q in self.order(queue) if q.deadline_s <= item.deadline_s]
+
+
+def warmup_sizes(service: ServiceModel, max_batch: int, budget_ms: float) -> tuple[int, ...]:
+    """Batch sizes of the warm-up inferences, in order.
+
+    Batch 1 first (the first answer, which every load has always paid); then the queue's max batch and
+    batch 1 again, :data:`WARMUP_ROUNDS` times, each only while the profiled cost of all of them stays
+    within ``budget_ms``: a GPU selects kernels per batch shape (seconds, on a first call), while
+    on a CPU a large model's max batch costs seconds that a failover cannot spend.
+    """
+    sizes, spent = [1], service.batch_s(1) * 1000.0
+    for rows in [max_batch, 1] * WARMUP_ROUNDS:
+        cost = service.batch_s(rows) * 1000.0
+        if spent + cost <= budget_ms:
+            sizes.append(rows)
+            spent += cost
+    return tuple(sizes)
+
+
+def warmup_budget_ms(load_ms: float) -> float:
+    return max(WARMUP_MIN_BUDGET_MS, WARMUP_LOAD_SHARE * load_ms)
+
+
+def warmup_ms(variant: Variant, max_batch: int) -> float:
+    """The profiled cost of a load's warm-up inferences: what a load takes beyond ``load_ms``."""
+    service = ServiceModel(variant)
+    sizes = warmup_sizes(service, max_batch, warmup_budget_ms(variant.load_ms))
+    return sum(service.batch_s(rows) for rows in sizes) * 1000.0

@@ -49,11 +49,12 @@ import numpy as np
 
 from failsoft.domain import Server, Variant
 from failsoft.errors import CapacityError, ModelNotLoadedError, OverloadedError, ServingError
+from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE
 from failsoft.policies import registry
-from failsoft.policies.queueing import QueueParams, ServiceModel
+from failsoft.policies.queueing import QueueParams, ServiceModel, warmup_budget_ms, warmup_sizes
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.pulse import Pulse
-from failsoft.runtime.serving import ServingQueue, calibrated, warm_up, warmup_budget_ms, warmup_sizes
+from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
 
 log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
@@ -65,8 +66,7 @@ WEDGE_S = 2.0
 # CPU priorities on a shared machine, as offsets from the agent's own niceness: answering first,
 # then loads that recover apps, then background loads (upgrades, warm backups). Lowering needs no
 # privilege; raising would, hence offsets (Ray starts its workers at nice 15 unless told otherwise).
-LOAD_NICE = 5
-BACKGROUND_NICE = 15
+# The values live in orchestration.loads, where the simulator's shared CPU reads them too.
 MAX_NICE = 19
 UNLOAD_DRAIN_S = 20.0  # an unload waits this long for the model's running batch before returning
 SPARE_SERVING_THREADS = 4  # Ray threads kept free to refuse requests fast when the rest are waiting

@@ -10,7 +10,7 @@ hold :class:`AgentRef` / :class:`ControllerRef` objects from here, whose methods
 * the remote method raised a failsoft error -> that same error, re-raised here;
 * anything else the remote code raised -> :class:`~failsoft.errors.ServingError`.
 
-Two modes (DESIGN principle 3). *Embedded* (the default): a private Ray instance on 127.0.0.1 that
+Two modes. *Embedded* (the default): a private Ray instance on 127.0.0.1 that
 offers one custom resource ``server:<name>`` per configured server, so agents are placed exactly as in
 *cluster* mode (``--address``), where each agent is pinned to the node offering ``server:<name>``.
 """
@@ -188,6 +188,9 @@ class ControllerRef(_ActorRef):
     async def stats(self, timeout_s: float = 2.0) -> dict[str, Any]:
         return await self._call("stats", timeout_s=timeout_s)
 
+    async def report_unhealthy(self, server: str, reason: str, timeout_s: float = 5.0) -> bool:
+        return await self._call("report_unhealthy", server, reason, timeout_s=timeout_s)
+
     def wait_ready_sync(self, timeout_s: float) -> bool:
         return self._call_sync("wait_ready", timeout_s, timeout_s=timeout_s + 10.0)
 
@@ -345,7 +348,7 @@ class RayCluster:
     def spawn_controller(self, cls: type, *args: Any, restart: bool = True) -> ControllerRef:
         """The controller runs on this (the driver's) node, where agents send their heartbeats."""
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        handle = (
+        handle: Any = (  # an actor handle: its methods are made at runtime
             ray.remote(cls)
             .options(
                 name=CONTROLLER_NAME,
@@ -370,7 +373,8 @@ class RayCluster:
 
     def _spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
         handle = (
-            ray.remote(concurrency_groups={SERVING_GROUP: SERVING_THREADS})(cls)
+            # Ray's overloads omit ``concurrency_groups``, a documented actor option
+            ray.remote(concurrency_groups={SERVING_GROUP: SERVING_THREADS})(cls)  # type: ignore[call-overload]
             .options(
                 name=agent_name(server),
                 namespace=NAMESPACE,

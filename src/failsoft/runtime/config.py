@@ -116,6 +116,9 @@ class GatewayModel(_Strict):
     min_timeout_ms: float = Field(default=2000.0, ge=1)
     # a non-loopback host exposes the plaintext admin API (it kills processes): only when opted in
     allow_remote: bool = False
+    # app-level health: a server is failed over after this many consecutive inference errors or
+    # timeouts with no success between them (it heartbeats, but does not serve)
+    unhealthy_after: int = Field(default=10, ge=1, le=10_000)
 
 
 class AgentsModel(_Strict):
@@ -200,6 +203,7 @@ class GatewaySettings:
     max_batch: int = 64
     min_timeout_ms: float = 2000.0
     allow_remote: bool = False  # may bind a non-loopback host (see docs/security.md)
+    unhealthy_after: int = 10  # consecutive failed inferences on a server before it is failed over
 
     @property
     def url(self) -> str:
@@ -321,6 +325,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
             g.max_batch,
             g.min_timeout_ms,
             allow_remote=g.allow_remote,
+            unhealthy_after=g.unhealthy_after,
         ),
         agents=AgentSettings(
             ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms, ag.torch_threads, ag.queue

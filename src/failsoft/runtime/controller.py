@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -153,6 +154,15 @@ class Controller:
     async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
         return await self.events.wait_after(epoch, seq, timeout_s)
 
+    async def report_unhealthy(self, server: str, reason: str) -> bool:
+        """The gateway's app-level verdict: ``server`` heartbeats but fails its inferences. True when
+        it was failed over (False: unknown, or already failed)."""
+        if server not in self.state.servers:
+            return False
+        commands = self.core.unhealthy(server, self.clock.now(), reason)
+        self._feed(commands)
+        return bool(commands)
+
     async def wait_ready(self, timeout_s: float) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), timeout_s)
@@ -224,7 +234,7 @@ class Controller:
             self._dirty.clear()
             self.state.wall_offset = time.time() - self.clock.now()
             docs = {**self.state.to_docs(), "meta": {"controller": self._meta()}}
-            await self.steps.run("persist", lambda docs=docs: asyncio.to_thread(self.store.write, docs))
+            await self.steps.run("persist", functools.partial(asyncio.to_thread, self.store.write, docs))
             await self.clock.sleep(0.01)
 
     def _meta(self) -> dict[str, Any]:

@@ -361,10 +361,10 @@ def _child_main() -> int:
     return 0
 
 
-class _LineSink(list):  # type: ignore[type-arg]
+class _LineSink(list):
     """A list whose appends are also written to stdout as JSON lines (the parent reads them)."""
 
-    def append(self, sample: Sample) -> None:  # type: ignore[override]
+    def append(self, sample: Sample) -> None:
         self.write_line(sample.to_dict())
 
     @staticmethod

@@ -236,7 +236,7 @@ class Pulse:
             self.sidecar.wait()
         self.stamp.close()
         with contextlib.suppress(OSError):
-            os.unlink(self._settings["stamp"])
+            os.unlink(self.stamp.path)
 
 
 def _shm_dir() -> str | None:

@@ -65,9 +65,6 @@ LEARN = 0.2  # weight of the latest batch in the service-time calibration
 # a burst on the 2-core machine reached the gateway 1-20 ms after its deadline (504s).
 ANSWER_MARGIN_S = 0.025
 RATIO_BOUNDS = (1e-3, 1e3)  # one freak measurement never makes the estimate zero or absurd
-WARMUP_ROUNDS = 2  # after the first answer: (max batch, batch 1), this many times
-WARMUP_MIN_BUDGET_MS = 200.0  # warm-up may always take this long (profiled) ...
-WARMUP_LOAD_SHARE = 0.5  # ... or this share of the variant's profiled load time, if more
 
 Predict = Callable[[np.ndarray], np.ndarray]
 
@@ -274,8 +271,8 @@ class ServingQueue:
         """Under the lock: the discipline's next batch, removed from the queue."""
         service = self.service
         batch = self.discipline.next_batch([t.item for t in self._queue if t.item is not None], now, service)
-        run = [item.key for item in batch.run]
-        drop = [item.key for item in batch.drop]
+        run: list[_Ticket] = [item.key for item in batch.run]
+        drop: list[_Ticket] = [item.key for item in batch.drop]
         taken = {id(t) for t in run} | {id(t) for t in drop}
         self._queue = [t for t in self._queue if id(t) not in taken]
         for ticket in run + drop:
@@ -350,27 +347,6 @@ class ServingQueue:
             "fixed_ms": self._fixed_ms,
             "nice": nice,
         }
-
-
-def warmup_sizes(service: ServiceModel, max_batch: int, budget_ms: float) -> tuple[int, ...]:
-    """Batch sizes of the warm-up inferences, in order.
-
-    Batch 1 first (the first answer, which every load has always paid); then the queue's max batch and
-    batch 1 again, :data:`WARMUP_ROUNDS` times, each only while the profiled cost of all of them stays
-    within ``budget_ms``: a GPU selects kernels per batch shape (seconds, on a first call), while
-    on a CPU a large model's max batch costs seconds that a failover cannot spend.
-    """
-    sizes, spent = [1], service.batch_s(1) * 1000.0
-    for rows in [max_batch, 1] * WARMUP_ROUNDS:
-        cost = service.batch_s(rows) * 1000.0
-        if spent + cost <= budget_ms:
-            sizes.append(rows)
-            spent += cost
-    return tuple(sizes)
-
-
-def warmup_budget_ms(load_ms: float) -> float:
-    return max(WARMUP_MIN_BUDGET_MS, WARMUP_LOAD_SHARE * load_ms)
 
 
 def warm_up(predict: Predict, input_shape: Sequence[int], sizes: Sequence[int]) -> list[tuple[int, float]]:

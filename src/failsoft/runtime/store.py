@@ -138,7 +138,8 @@ class RedisStore(Store):
 
     def read(self) -> State:
         try:
-            kinds = sorted(k.decode() for k in self._redis.smembers(self._kinds_key))
+            # redis types members as bytes | str; without decode_responses they are bytes
+            kinds = sorted(k.decode() for k in self._redis.smembers(self._kinds_key))  # type: ignore[union-attr]
             pipe = self._redis.pipeline(transaction=True)
             for kind in kinds:
                 pipe.hgetall(self._key(kind))
@@ -165,7 +166,7 @@ class RedisStore(Store):
 
     def clear(self) -> None:
         try:
-            kinds = [k.decode() for k in self._redis.smembers(self._kinds_key)]
+            kinds = [k.decode() for k in self._redis.smembers(self._kinds_key)]  # type: ignore[union-attr]
             self._redis.delete(*[self._key(k) for k in kinds], self._kinds_key)
         except self._errors as exc:
             raise StoreError(f"Redis store {self.url}: clear failed: {exc}") from exc

@@ -6,9 +6,12 @@ object driven by SimPy processes, doing the same things with durations from the 
 
 * **memory**: what the loaded models take; a load that would overflow the server's memory fails
   (an out-of-memory load, counted; a correct plan never causes one);
-* **loads** take the variant's profiled ``load_ms``; which ones run at once and in which order is the
+* **loads** take the variant's profiled ``load_ms`` (plus, with ``SimConfig.warm_up``, the profiled
+  cost of the runtime's warm-up inferences); which ones run at once and in which order is the
   orchestration core's per-server load queue (the runtime's), not the agent's. A load waits for the
-  unloads issued to this server before it (``SimConfig.unload_ms``): the memory it needs may be theirs;
+  unloads issued to this server before it (``SimConfig.unload_ms``): the memory it needs may be theirs.
+  On a shared host (``SimConfig.host_cores``) a load is CPU work on :class:`~failsoft.sim.cpu.SharedCPU`
+  at the runtime's load priority (background loads lower), so it takes longer while others run;
 * **heartbeats**: pushed to the controller's detector at ``phase + k * interval`` until the agent
   crashes or the controller no longer listens.
 
@@ -26,7 +29,10 @@ import simpy
 
 from failsoft.domain import Server, Variant
 from failsoft.errors import ConfigError
+from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE
+from failsoft.policies.queueing import warmup_ms
 from failsoft.sim.config import SimConfig
+from failsoft.sim.cpu import SharedCPU
 from failsoft.sim.trace import EventLog
 
 _EPS = 1e-6
@@ -35,8 +41,15 @@ _EPS = 1e-6
 class SimAgent:
     """Models, memory, load path and heartbeats of one simulated server."""
 
-    def __init__(self, env: simpy.Environment, server: Server, config: SimConfig, log: EventLog) -> None:
-        self.env, self.server, self.config, self.log = env, server, config, log
+    def __init__(
+        self,
+        env: simpy.Environment,
+        server: Server,
+        config: SimConfig,
+        log: EventLog,
+        cpu: SharedCPU | None = None,
+    ) -> None:
+        self.env, self.server, self.config, self.log, self.cpu = env, server, config, log, cpu
         self.alive = True
         self.models: Counter[tuple[str, str]] = Counter()  # (app, variant) -> copies loaded or loading
         self.used_mb = 0.0
@@ -59,7 +72,7 @@ class SimAgent:
                 f"({self.free_mb:.1f} MB free of {self.server.memory_mb:.1f})"
             )
 
-    def load(self, app: str, variant: Variant) -> Generator[simpy.Event, Any, bool]:
+    def load(self, app: str, variant: Variant, background: bool = False) -> Generator[simpy.Event, Any, bool]:
         """Process: load ``variant`` for ``app``; its value is True once the model is ready."""
         if self.unloaded_at > self.env.now:
             yield self.env.timeout(self.unloaded_at - self.env.now)
@@ -70,11 +83,23 @@ class SimAgent:
             self.log.add(self.env.now, "oom", app, self.name, variant.name)
             return False
         self.log.add(self.env.now, "load-start", app, self.name, variant.name)
-        yield self.env.timeout(variant.load_ms / 1000.0)
+        yield from self.work(self.load_ms(variant) / 1000.0, BACKGROUND_NICE if background else LOAD_NICE)
         if not self.alive:
             return False
         self.log.add(self.env.now, "loaded", app, self.name, variant.name)
         return True
+
+    def load_ms(self, variant: Variant) -> float:
+        """How long loading ``variant`` takes alone: its profile, and the warm-up when modelled."""
+        extra = warmup_ms(variant, self.config.max_batch) if self.config.warm_up else 0.0
+        return variant.load_ms + extra
+
+    def work(self, seconds: float, nice: int) -> Generator[simpy.Event, Any, bool]:
+        """Process: ``seconds`` of one core's work, on the shared host when there is one."""
+        if self.cpu is None:
+            yield self.env.timeout(seconds)
+            return True
+        return (yield from self.cpu.run(seconds, nice, owner=self.name))
 
     def unload(self, app: str, variant: Variant) -> None:
         """Free a model's memory; loads issued after this wait ``SimConfig.unload_ms`` for it."""
@@ -88,6 +113,8 @@ class SimAgent:
 
     def crash(self) -> None:
         self.alive = False
+        if self.cpu is not None:
+            self.cpu.cancel(self.name)
         self.models.clear()
         self.used_mb = 0.0
         self.log.add(self.env.now, "crash", "", self.name, "")

@@ -70,6 +70,11 @@ class SimConfig:
     discipline: str = "fifo"  # the serving queues' discipline (policies.registry, seam "queueing")
     max_queue: int | None = None  # requests a queue holds before it refuses more; None: unbounded
     request_timeout_ms: float | None = None  # a client gives up after this (a deadline); None: never
+    # An embedded cluster: every server shares one host of this many cores (sim/cpu.py); None: each
+    # server has its own, and a load or an inference takes its profiled time.
+    host_cores: float | None = None
+    warm_up: bool = False  # loads end with the runtime's warm-up inferences (their profiled cost)
+    first_answer: bool = False  # each recovered app answers one request on its new route (its first)
     trace: bool = False  # keep an event log (for tests and debugging)
 
     def __post_init__(self) -> None:
@@ -85,6 +90,8 @@ class SimConfig:
         _require("batch_cost", self.batch_cost, lambda v: 0 < v <= 1, "must be in (0, 1]")
         if self.max_queue is not None:
             _require("max_queue", self.max_queue, lambda v: v >= 1, "must be at least 1 (or None)")
+        if self.host_cores is not None:
+            _require("host_cores", self.host_cores, lambda v: v > 0, "must be positive (or None)")
         if self.request_timeout_ms is not None:
             _require(
                 "request_timeout_ms", self.request_timeout_ms, lambda v: v > 0, "must be positive (or None)"

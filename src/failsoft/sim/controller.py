@@ -28,7 +28,7 @@ from typing import Any
 
 import simpy
 
-from failsoft.domain import ActionKind, Scenario
+from failsoft.domain import ActionKind, Scenario, Variant
 from failsoft.orchestration import (
     ClusterState,
     Command,
@@ -43,6 +43,7 @@ from failsoft.orchestration import (
     Publish,
     Unload,
 )
+from failsoft.orchestration.loads import INFERENCE_NICE
 from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import SimConfig
@@ -91,6 +92,7 @@ class SimController:
         self.stopped = False
         self.inflight = 0  # loads, charged plans and notifications under way
         self._wakes: set[float] = set()
+        self._answering: set[str] = set()  # apps whose first request on the new route was sent
         self._changed = env.event()
         self._end_at = float("inf")
 
@@ -165,10 +167,10 @@ class SimController:
     def _load(self, cmd: Load) -> Process:
         agent = self.agents[cmd.server]
         variant = self.state.variant(cmd.app, cmd.variant)
-        ok = yield self.env.process(agent.load(cmd.app, variant))
+        ok = yield self.env.process(agent.load(cmd.app, variant, cmd.background))
         self.inflight -= 1
         error = None if ok else f"load of {cmd.variant} on {cmd.server} failed"
-        info = {"load_ms": variant.load_ms}
+        info = {"load_ms": agent.load_ms(variant)}
         self._run(self.core.load_done(cmd.load_id, ok, self.env.now, info=info, error=error))
 
     def _plan(self, cmd: PlanFailover) -> list[Command]:
@@ -212,10 +214,24 @@ class SimController:
             if self.requests is not None:
                 self.requests.serve(app, rec.route.server, variant)
             self.log.add(now, "serving", app, rec.route.server, variant.name)
+            if self.config.first_answer and app in self.recorder.result.apps and app not in self._answering:
+                self._answering.add(app)
+                self.inflight += 1
+                self.env.process(self._first_answer(app, rec.route.server, variant))
             if self.client_server.get(app) != rec.route.server:
                 self.client_server[app] = rec.route.server
                 self.inflight += 1
                 self.env.process(self._notify(app, rec.route.server))
+
+    def _first_answer(self, app: str, server: str, variant: Variant) -> Process:
+        """The request that waited for the new route: one batch-1 inference there, at the runtime's
+        inference priority on a shared host."""
+        yield from self.agents[server].work(variant.latency_ms / 1000.0, INFERENCE_NICE)
+        self.inflight -= 1
+        if self.agents[server].alive:
+            self.recorder.answered(app, self.env.now)
+        self._changed.succeed()
+        self._changed = self.env.event()
 
     def _notify(self, app: str, server: str) -> Process:
         yield self.env.timeout(self.config.notify_ms / 1000.0)

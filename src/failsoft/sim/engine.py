@@ -24,6 +24,7 @@ from failsoft.errors import ConfigError
 from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import RequestMode, SimConfig
 from failsoft.sim.controller import SimController
+from failsoft.sim.cpu import SharedCPU
 from failsoft.sim.deploy import Deployment
 from failsoft.sim.metrics import EventResult, Recorder
 from failsoft.sim.requests import RequestCore
@@ -44,7 +45,8 @@ def simulate_failure(
     env = simpy.Environment()
     log = EventLog(config.trace)
     recorder = Recorder(scenario, deployment.label, failed, config.failure_at_s)
-    agents = {s.name: SimAgent(env, s, config, log) for s in scenario.servers}
+    cpu = SharedCPU(env, config.host_cores) if config.host_cores is not None else None
+    agents = {s.name: SimAgent(env, s, config, log, cpu) for s in scenario.servers}
     _preload(deployment, agents)
     requests = _request_core(env, deployment, failed, config, rng)
     controller = SimController(env, deployment.policy, scenario, agents, config, recorder, requests, log)

@@ -128,7 +128,7 @@ def site_sets(scenario: Scenario, k: int, rng: random.Random, n: int) -> list[tu
 # The experiments.
 # ----------------------------------------------------------------------------------------------
 
-_LARGE = dict(n_servers=100, n_sites=10, n_apps=640, critical_fraction=0.5, headroom=0.2)
+_LARGE = ClusterShape(n_servers=100, n_sites=10, n_apps=640, critical_fraction=0.5, headroom=0.2)
 
 
 def _testbed() -> Experiment:
@@ -152,7 +152,7 @@ def _headroom() -> Experiment:
         "Fig. 8",
         "Impact of resource constraints (100 servers, 10 sites, 640 apps)",
         tuple(Point("headroom", h, f"{h:.0%}") for h in (0.1, 0.2, 0.3, 0.4, 0.5)),
-        lambda p: ClusterShape(**{**_LARGE, "headroom": p.x}),
+        lambda p: dataclasses.replace(_LARGE, headroom=p.x),
         lambda fams, p: testbed_families(fams),
         lambda sc, p, rng, n: each_server(sc, rng, n),
         0,
@@ -165,7 +165,7 @@ def _criticality() -> Experiment:
         "Fig. 9",
         "Impact of the critical share K (100 servers, headroom 20%)",
         tuple(Point("K", k, f"{k:.0%}") for k in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)),
-        lambda p: ClusterShape(**{**_LARGE, "critical_fraction": p.x}),
+        lambda p: dataclasses.replace(_LARGE, critical_fraction=p.x),
         lambda fams, p: testbed_families(fams),
         lambda sc, p, rng, n: each_server(sc, rng, n),
         0,
@@ -178,7 +178,7 @@ def _family_apps(families: Sequence[Family], point: Point) -> tuple[Family, ...]
 
 def _family() -> Experiment:
     def shape(point: Point) -> ClusterShape:
-        return ClusterShape(**{**_LARGE, "n_apps": int(point.x)})
+        return dataclasses.replace(_LARGE, n_apps=int(point.x))
 
     return Experiment(
         "family",
@@ -195,7 +195,7 @@ def _family() -> Experiment:
 
 def with_family_points(experiment: Experiment, families: Sequence[Family]) -> Experiment:
     """The family experiment's points: one per class, x = its app count (same primary memory)."""
-    reference = _mean_largest(testbed_families(families)) * _LARGE["n_apps"]
+    reference = _mean_largest(testbed_families(families)) * _LARGE.n_apps
     points = tuple(
         Point("apps", round(reference / _mean_largest(fams)), name)
         for name, fams in family_classes(families).items()
@@ -210,7 +210,7 @@ def _site_failure() -> Experiment:
         "Fig. 11",
         "Impact of edge site failures (100 servers in 10 sites, site-independent warm backups)",
         tuple(Point("failed sites", k, str(k)) for k in range(1, 8)),
-        lambda p: ClusterShape(**_LARGE, policy=site_independent),
+        lambda p: dataclasses.replace(_LARGE, policy=site_independent),
         lambda fams, p: testbed_families(fams),
         lambda sc, p, rng, n: site_sets(sc, int(p.x), rng, n),
         10,

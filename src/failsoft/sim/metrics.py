@@ -50,6 +50,7 @@ class AppRecord:
     final_at: float | None = None  # the final variant serves
     accuracy: float | None = None  # family-normalised accuracy of the variant serving now
     variant: str | None = None
+    answered_at: float | None = None  # its first answer on the new route (SimConfig.first_answer)
 
     @property
     def recovered(self) -> bool:
@@ -58,6 +59,10 @@ class AppRecord:
     @property
     def mttr_ms(self) -> float:
         return (self.serving_at - self.detected_at) * 1000.0 if self.serving_at is not None else math.inf
+
+    @property
+    def first_answer_ms(self) -> float:
+        return (self.answered_at - self.detected_at) * 1000.0 if self.answered_at is not None else math.inf
 
     @property
     def accuracy_reduction_pct(self) -> float:
@@ -130,6 +135,11 @@ class Recorder:
         record.variant, record.accuracy = variant, self._normalized(app, variant)
         if final:
             record.final_at = at
+
+    def answered(self, app: str, at: float) -> None:
+        record = self.result.apps[app]
+        if record.answered_at is None:
+            record.answered_at = at
 
     def notified(self, app: str, at: float) -> None:
         record = self.result.apps[app]

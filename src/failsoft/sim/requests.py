@@ -147,6 +147,10 @@ class _Instance:
                 request.done_at, request.variant = env.now, self.variant.name
             self.batch = []
 
+    def put_all(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.put(request)
+
     def stop(self, handoff: Callable[[list[Request]], None], crashed: bool) -> None:
         """Stop serving: queued requests (and, on a crash, the batch in service) go to ``handoff``."""
         self.retired, self.handoff = True, handoff
@@ -217,7 +221,7 @@ class RequestCore:
         old = self.instances.get((server, app))
         self.instances[(server, app)] = new
         if old is not None:
-            old.stop(lambda requests: [new.put(r) for r in requests], crashed=False)
+            old.stop(new.put_all, crashed=False)
         if self.route[app] == server:
             self._flush(app)
 

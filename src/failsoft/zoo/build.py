@@ -12,6 +12,7 @@ randomly initialised from a fixed seed and declare their published accuracy (see
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -74,25 +75,31 @@ def build_zoo(
     emit = progress or (lambda event: None)
     for i, (fam, var) in enumerate(chosen, start=1):
         where = (fam.name, var.name, i, len(chosen))
-        _step(emit, "build", *where, lambda f=fam, v=var: _ensure_built(repo, f, v))
+        _step(emit, "build", *where, functools.partial(_ensure_built, repo, fam, var))
         if profile:
             _step(
                 emit,
                 "profile",
                 *where,
-                lambda f=fam, v=var: _ensure_profiled(repo, f.name, v.name, settings, device),
+                functools.partial(_ensure_profiled, repo, fam.name, var.name, settings, device),
             )
     return repo
 
 
 def _step(
-    emit: Progress, stage: str, family: str, variant: str, i: int, n: int, work: Callable[[], bool]
+    emit: Progress,
+    stage: Literal["build", "profile"],
+    family: str,
+    variant: str,
+    i: int,
+    n: int,
+    work: Callable[[], bool],
 ) -> None:
-    emit(BuildEvent(stage, "start", family, variant, i, n))  # type: ignore[arg-type]
+    emit(BuildEvent(stage, "start", family, variant, i, n))
     began = time.perf_counter()
     did = work()
-    state = "done" if did else "skipped"
-    emit(BuildEvent(stage, state, family, variant, i, n, time.perf_counter() - began))  # type: ignore[arg-type]
+    state: Literal["done", "skipped"] = "done" if did else "skipped"
+    emit(BuildEvent(stage, state, family, variant, i, n, time.perf_counter() - began))
 
 
 def _ensure_profiled(

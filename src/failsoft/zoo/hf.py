@@ -62,6 +62,8 @@ def config_to_dict(config: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 # Published architectures (the torchvision variants whose ImageNet top-1 the zoo declares).
 # ----------------------------------------------------------------------------------------------
+# transformers 5 declares its configs as dataclasses without ``num_labels``, which they still take
+# (PretrainedConfig's keyword): hence the ``type: ignore[call-arg]`` on each constructor below.
 
 
 def resnet(depths: list[int], bottleneck: bool) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def resnet(depths: list[int], bottleneck: bool) -> dict[str, Any]:
     from transformers import ResNetConfig
 
     widths = [256, 512, 1024, 2048] if bottleneck else [64, 128, 256, 512]
-    cfg = ResNetConfig(
+    cfg = ResNetConfig(  # type: ignore[call-arg]
         layer_type="bottleneck" if bottleneck else "basic",
         depths=depths,
         hidden_sizes=widths,
@@ -82,7 +84,7 @@ def convnext(depths: list[int], widths: list[int]) -> dict[str, Any]:
     """ConvNeXt (Liu et al. 2022) tiny/small/base/large."""
     from transformers import ConvNextConfig
 
-    cfg = ConvNextConfig(depths=depths, hidden_sizes=widths, num_labels=IMAGENET_CLASSES)
+    cfg = ConvNextConfig(depths=depths, hidden_sizes=widths, num_labels=IMAGENET_CLASSES)  # type: ignore[call-arg]
     return config_to_dict(cfg)
 
 
@@ -90,7 +92,7 @@ def efficientnet(width: float, depth: float, resolution: int, dropout: float) ->
     """EfficientNet-B0..B7 (Tan & Le 2019): compound scaling of width, depth and input resolution."""
     from transformers import EfficientNetConfig
 
-    cfg = EfficientNetConfig(
+    cfg = EfficientNetConfig(  # type: ignore[call-arg]
         width_coefficient=width,
         depth_coefficient=depth,
         image_size=resolution,
@@ -105,7 +107,7 @@ def regnet_y(widths: list[int], depths: list[int], group_width: int) -> dict[str
     """RegNetY (Radosavovic et al. 2020): stage widths and depths of torchvision's regnet_y_*."""
     from transformers import RegNetConfig
 
-    cfg = RegNetConfig(
+    cfg = RegNetConfig(  # type: ignore[call-arg]
         layer_type="y",
         hidden_sizes=widths,
         depths=depths,

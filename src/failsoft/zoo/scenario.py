@@ -1,6 +1,6 @@
 """Profiles into the ``families`` section of a scenario JSON, so planners run on measured numbers.
 
-The scenario JSON of DESIGN.md describes each family as a list of variants with ``memory_mb``,
+The scenario JSON (docs/scenario.md) describes each family as a list of variants with ``memory_mb``,
 ``accuracy``, ``load_ms`` and ``latency_ms`` (FailLite section 3.2's per-variant resource demand,
 accuracy and latency). This module writes that section from either source of measurements:
 

@@ -19,10 +19,12 @@ import pytest
 from failsoft.clock import ManualClock
 from failsoft.errors import (
     DeadlineExceededError,
+    InvalidRequestError,
     ModelNotLoadedError,
     NoRouteError,
     OverloadedError,
     ServerUnavailableError,
+    ServingError,
 )
 from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SingleDispatcher
 from failsoft.services import Service
@@ -38,6 +40,7 @@ class Rig:
     controller: FakeController
     agents: dict[str, FakeAgent]
     dispatcher: SingleDispatcher
+    outcomes: list[tuple[str, bool, str]]  # what app-level health was told
 
     def send(self, request_id: str = "r1") -> asyncio.Task:
         request = Request("cam", BATCH, self.clock.now() + DEADLINE_S, request_id)
@@ -66,9 +69,14 @@ async def rigged() -> AsyncIterator[Rig]:
             raise ServerUnavailableError(f"server {server!r} has no agent at the moment")
         return agents[server]
 
+    outcomes: list[tuple[str, bool, str]] = []
+
+    def outcome(server: str, ok: bool, error: str) -> None:
+        outcomes.append((server, ok, error))
+
     async with mirrored(clock, {"cam": route_entry("s1", "big")}) as (controller, mirror):
-        context = DispatchContext(mirror, agent, clock)  # type: ignore[arg-type]
-        yield Rig(clock, controller, agents, SingleDispatcher(Service.single("cam"), context))
+        context = DispatchContext(mirror, agent, clock, outcome)  # type: ignore[arg-type]
+        yield Rig(clock, controller, agents, SingleDispatcher(Service.single("cam"), context), outcomes)
 
 
 @with_rig
@@ -211,3 +219,39 @@ async def test_an_answer_in_time_is_not_withdrawn(rig):
     await rig.clock.run_for(0.5)
     assert task.result().attempts == 1
     assert rig.agents["s1"].cancelled == []
+
+
+@pytest.mark.parametrize(
+    ("error", "counted"),
+    [
+        (None, [("s1", True)]),  # answered
+        (ServingError("CUDA error: device-side assert"), [("s1", False)]),  # the server's own failure
+        (OverloadedError("queue full", retry_after_s=1.0), []),  # back-pressure: not sickness
+        (InvalidRequestError("bad input"), []),  # the client's mistake
+    ],
+)
+@with_rig
+async def test_app_level_health_hears_the_servers_own_failures_only(rig, error, counted):
+    rig.agents["s1"].error = error
+    task = rig.send()
+    await rig.clock.run_for(0.02)
+    assert task.done()
+    assert [(server, ok) for server, ok, _ in rig.outcomes] == counted
+
+
+@with_rig
+async def test_app_level_health_hears_a_timeout_but_not_a_move(rig):
+    rig.agents["s1"].latency_s = None  # hung
+    task = rig.send()
+    await rig.clock.run_for(DEADLINE_S)
+    with pytest.raises(DeadlineExceededError):
+        task.result()
+    assert [(s, ok) for s, ok, _ in rig.outcomes] == [("s1", False)]
+    assert "deadline" in rig.outcomes[0][2]
+    rig.outcomes.clear()
+    moved = rig.send("r2")  # still hung, but the route moves away: the failover's doing, not health's
+    await rig.clock.run_for(0.1)
+    rig.controller.set_route("cam", route_entry("s2", "small", "warm"))
+    await rig.clock.run_for(0.1)
+    assert moved.result().server == "s2"
+    assert rig.outcomes == [("s2", True, "")]

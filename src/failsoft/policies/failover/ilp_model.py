@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import sparse
@@ -199,7 +200,11 @@ def full_matrix(
     """Rows of the full ILP: eqs. 2 (per server), 3 (budget), 5 (coverage), distinct servers."""
     inst = cols.inst
     n, n_servers, n_apps = cols.n, len(inst.servers), len(inst.apps)
-    rows, columns, values, lower, upper = [], [], [], [], []
+    rows: list[np.ndarray] = []
+    columns: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    lower: list[float] = []
+    upper: list[float] = []
     col = np.arange(n)
 
     def block(row_of_col: np.ndarray, vals: np.ndarray, lo, hi) -> None:
@@ -230,7 +235,7 @@ def full_matrix(
 def solve_lexicographic(cols: Columns, start: np.ndarray, deadline: float) -> MilpResult:
     """Most backups first, then the accuracy objective (eq. 5 as an equality where it can hold)."""
     params = cols.inst.params
-    options = {"mip_rel_gap": params.ilp_mip_gap, "seed": params.seed}
+    options: dict[str, Any] = {"mip_rel_gap": params.ilp_mip_gap, "seed": params.seed}
     upper = np.ones(cols.n)
     if round(start.sum()) == cols.inst.coverage_needed:
         return maximize(

@@ -47,6 +47,7 @@ from failsoft.errors import (
     UnknownNameError,
     http_status,
 )
+from failsoft.policies.detection import RouteHealth
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
@@ -99,7 +100,10 @@ class Gateway:
         self.mirror = RouteMirror(controller, self.clock, self.link)
         self._agents = agents
         services = with_singles(services or (), apps)
-        dispatchers = build_dispatchers(services, DispatchContext(self.mirror, self._agent, self.clock))
+        self.health = RouteHealth(settings.unhealthy_after)
+        self._reports: set[asyncio.Task[Any]] = set()
+        context = DispatchContext(self.mirror, self._agent, self.clock, self._outcome)
+        dispatchers = build_dispatchers(services, context)
         self.served = {s.name: Served(s, dispatchers[s.name], apps[s.members[0]]) for s in services}
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
         self.controller_stats: dict[str, Any] | None = None
@@ -124,6 +128,23 @@ class Gateway:
             except FailsoftError as exc:
                 self.link.failed("stats poll", exc)
             await self.clock.sleep(STATS_POLL_S)
+
+    # app-level health -------------------------------------------------------------------------------
+    def _outcome(self, server: str, ok: bool, error: str) -> None:
+        """A server's answer or failure; enough failures in a row and the controller fails it over."""
+        if not self.health.record(server, ok):
+            return
+        reason = f"{self.health.errors_to_fail} inference calls in a row failed, the last: {error}"
+        log.warning("server %s heartbeats but does not serve (%s): asking for a failover", server, reason)
+        task = asyncio.ensure_future(self._report_unhealthy(server, reason))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report_unhealthy(self, server: str, reason: str) -> None:
+        try:
+            await self.controller.report_unhealthy(server, reason)
+        except FailsoftError as exc:  # the controller is away: the next run of errors asks again
+            log.warning("could not report server %s as unhealthy: %s", server, exc)
 
     # helpers -------------------------------------------------------------------------------------
     def _agent(self, server: str) -> AgentRef:

@@ -45,14 +45,22 @@ if TYPE_CHECKING:
     from failsoft.runtime.gateway.routes import RouteMirror
 
 
+def _ignore(server: str, ok: bool, error: str) -> None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchContext:
     """What a dispatcher may use. ``agents(server)`` raises ServerUnavailableError when the server
-    has no agent at the moment (it is being replaced)."""
+    has no agent at the moment (it is being replaced). ``outcome(server, ok, error)`` is told how
+    each call a server took on ended: answered, or failed by the server's own fault (an error while
+    serving, or no answer by the deadline); app-level health is judged from it. Refusals by a full
+    queue, bad input and calls that moved to a newer route are not outcomes."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
     clock: AsyncClock
+    outcome: Callable[[str, bool, str], None] = _ignore
 
 
 @dataclass(frozen=True, slots=True)

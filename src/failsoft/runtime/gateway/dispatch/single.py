@@ -24,8 +24,10 @@ from typing import Any
 
 from failsoft.errors import (
     DeadlineExceededError,
+    InvalidRequestError,
     ModelNotLoadedError,
     NoRouteError,
+    OverloadedError,
     ServerUnavailableError,
 )
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
@@ -107,12 +109,20 @@ class SingleDispatcher(Dispatcher):
                 _withdraw(agent, call_id)
         if answered:
             try:
-                return call.result()
+                outputs = call.result()
             except (ServerUnavailableError, ModelNotLoadedError) as exc:
                 log.debug("%s on %s: %s; waiting for a new route", self.app, route.server, exc)
                 return MOVED
+            except (OverloadedError, InvalidRequestError):
+                raise  # back-pressure or the client's mistake: not the server's health
+            except Exception as exc:
+                self.context.outcome(route.server, False, f"{type(exc).__name__}: {exc}")
+                raise
+            self.context.outcome(route.server, True, "")
+            return outputs
         if self.context.routes.route(self.app) != route:
             return MOVED  # the route moved while we waited (a hung server was failed over)
+        self.context.outcome(route.server, False, "no answer within the deadline")
         raise DeadlineExceededError(
             f"app {self.app!r}: server {route.server!r} did not answer within the deadline"
         )

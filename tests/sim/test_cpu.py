@@ -1,0 +1,118 @@
+"""The shared-CPU model: weighted processor sharing with a one-core cap per job, as Linux's CFS."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from failsoft.sim.cpu import SharedCPU, cfs_weight
+
+
+def finish_times(cores: float, jobs: list[tuple[float, float, int]]) -> list[float]:
+    """Run ``(start_s, work_s, nice)`` jobs on a fresh CPU; when each finished."""
+    env = simpy.Environment()
+    cpu = SharedCPU(env, cores)
+    done: list[float] = [0.0] * len(jobs)
+
+    def job(i: int, start: float, work: float, nice: int):
+        yield env.timeout(start)
+        assert (yield from cpu.run(work, nice))
+        done[i] = env.now
+
+    for i, (start, work, nice) in enumerate(jobs):
+        env.process(job(i, start, work, nice))
+    env.run()
+    return done
+
+
+def test_cfs_weights_are_the_kernels():
+    assert cfs_weight(0) == 1024.0
+    assert cfs_weight(5) == pytest.approx(335, rel=0.01)  # kernel table: 335
+    assert cfs_weight(15) == pytest.approx(36, rel=0.03)  # kernel table: 36
+
+
+def test_a_job_alone_or_with_a_free_core_takes_its_work():
+    assert finish_times(2, [(0, 1.0, 0)]) == [pytest.approx(1.0)]
+    assert finish_times(2, [(0, 1.0, 0), (0, 0.5, 5)]) == [pytest.approx(1.0), pytest.approx(0.5)]
+
+
+def test_equal_jobs_beyond_the_cores_share_them_equally():
+    # Three 1 s jobs on two cores: each runs at 2/3 of a core, all end at 1.5 s.
+    assert finish_times(2, [(0, 1.0, 0)] * 3) == [pytest.approx(1.5)] * 3
+
+
+def test_a_lower_priority_job_yields_but_is_never_starved():
+    # One core: inference (nice 0) and a load (nice 5) share it about 1024:335.
+    inference, load = finish_times(1, [(0, 1.0, 0), (0, 1.0, 5)])
+    share = cfs_weight(0) / (cfs_weight(0) + cfs_weight(5))
+    assert inference == pytest.approx(1.0 / share)
+    # the load got 1 - share of the core meanwhile, then the whole core
+    assert load == pytest.approx(inference + (1.0 - inference * (1 - share)))
+
+
+def test_the_cap_gives_the_surplus_to_the_others():
+    # Two cores, a heavy job and two light ones: the heavy one is capped at one core, the light ones
+    # share the other equally (not 2 * 36/(1024+72) each).
+    heavy, light1, light2 = finish_times(2, [(0, 1.0, 0), (0, 1.0, 15), (0, 1.0, 15)])
+    assert heavy == pytest.approx(1.0)
+    assert light1 == pytest.approx(light2) == pytest.approx(1.5)  # 0.5 core for 1 s, then 1 core
+
+
+def test_a_job_arriving_later_slows_the_running_ones_from_then_on():
+    first, second = finish_times(1, [(0, 1.0, 0), (0.5, 1.0, 0)])
+    assert first == pytest.approx(1.5)  # 0.5 s alone, then half a core for the other 0.5 s of work
+    assert second == pytest.approx(2.0)
+
+
+def test_cancelling_an_owner_frees_its_share_and_reports_false():
+    env = simpy.Environment()
+    cpu = SharedCPU(env, 1)
+    results: dict[str, tuple[bool, float]] = {}
+
+    def job(name: str, owner: str):
+        ok = yield from cpu.run(1.0, 0, owner=owner)
+        results[name] = (ok, env.now)
+
+    def crash():
+        yield env.timeout(0.5)
+        cpu.cancel("s1")
+
+    env.process(job("a", "s1"))
+    env.process(job("b", "s2"))
+    env.process(crash())
+    env.run()
+    assert results["a"] == (False, 0.5)
+    assert results["b"][0] and results["b"][1] == pytest.approx(1.25)  # 0.25 done by 0.5 s, then alone
+    assert cpu.running == 0
+
+
+def test_interrupting_a_process_removes_its_work():
+    env = simpy.Environment()
+    cpu = SharedCPU(env, 1)
+    ends: list[float] = []
+
+    def stoppable():
+        try:
+            yield from cpu.run(10.0)
+        except simpy.Interrupt:
+            return
+
+    def other():
+        yield from cpu.run(1.0)
+        ends.append(env.now)
+
+    victim = env.process(stoppable())
+    env.process(other())
+
+    def stop():
+        yield env.timeout(0.2)
+        victim.interrupt()
+
+    env.process(stop())
+    env.run()
+    assert ends == [pytest.approx(1.1)]  # half speed for 0.2 s (0.1 done), then the rest alone
+
+
+def test_bad_core_counts_are_refused():
+    with pytest.raises(ValueError, match="cores"):
+        SharedCPU(simpy.Environment(), 0)
