@@ -31,7 +31,6 @@ Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "runtime_first_a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -49,6 +48,7 @@ from failsoft.bench.failover import (
 from failsoft.domain import Scenario, WarmBackup
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
+from failsoft.zoo.machine import usable_cores
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
@@ -134,7 +134,7 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,
         warm_up=True,
-        host_cores=float(host_cores()),
+        host_cores=float(usable_cores()),  # the embedded cluster's agents share them
         first_answer=True,
     )
     mttr: dict[str, list[float]] = {}
@@ -151,14 +151,6 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
         "first_answer_ms": {app: statistics.fmean(v) for app, v in first.items()},
         "primary_latency_ms": {a.name: scenario.primary_variant(a).latency_ms for a in scenario.apps},
     }
-
-
-def host_cores() -> int:
-    """The cores this process may run on (the embedded cluster's agents share them)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _as_deployed(deployment: Scenario, warm: Sequence[dict[str, str]]) -> Scenario:

@@ -111,7 +111,8 @@ class CoreDriver:
     async def _plan_failover(self, cmd: PlanFailover) -> None:
         try:
             plan = await self.planner.failover(cmd.scenario, cmd.failed)
-        except FailsoftError as exc:
+        except Exception as exc:  # the core must hear of every outcome, or it waits for this plan forever
+            _log_planning_error("failover", exc)
             self.feed(self.core.failover_planned(cmd.plan_id, None, self.clock.now(), error=str(exc)))
             return
         self.feed(self.core.failover_planned(cmd.plan_id, plan, self.clock.now()))
@@ -119,7 +120,8 @@ class CoreDriver:
     async def _plan_proactive(self, cmd: PlanProactive) -> None:
         try:
             plan = await self.planner.proactive(cmd.scenario)
-        except FailsoftError as exc:
+        except Exception as exc:  # as above: a failed plan is reported, and planned again later
+            _log_planning_error("proactive", exc)
             self.feed(self.core.proactive_planned(cmd.plan_id, None, self.clock.now(), error=str(exc)))
             return
         self.feed(self.core.proactive_planned(cmd.plan_id, plan, self.clock.now()))
@@ -142,3 +144,10 @@ class CoreDriver:
             k: (v + wall if k.endswith("_at") and isinstance(v, float) else v) for k, v in cmd.fields.items()
         }
         self.emit(cmd.type, fields)
+
+
+def _log_planning_error(step: str, exc: Exception) -> None:
+    if isinstance(exc, FailsoftError):
+        log.warning("%s planning failed: %s", step, exc)
+    else:  # a defect, not a verdict of the policy: keep the traceback
+        log.error("%s planning failed", step, exc_info=exc)

@@ -12,13 +12,17 @@ while holding the interpreter. :class:`Planner` therefore runs the two steps dif
   costs the controller nothing. If the child dies, it is started again on the next call; if it
   cannot start, the plan is made in-process (slower to react, never wrong).
 
-The child exits when its stdin closes, so it never outlives the controller.
+The child exits when its stdin closes, so it never outlives the controller. It answers on a private
+copy of its standard output and points descriptor 1 at its standard error, so that nothing a library
+prints (HiGHS's banner, a stray ``print``) can fall between two frames; a frame that still comes out
+of step is refused by its size, and the child is replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import pickle
 import subprocess
 import sys
@@ -32,6 +36,7 @@ from failsoft.policies.registry import get_failover_policy
 
 log = logging.getLogger(__name__)
 INLINE_APPS = 200  # up to this many apps, Algorithm 1 runs on the controller's loop directly
+MAX_FRAME_BYTES = 1 << 30  # a plan or a scenario is far smaller: a larger size means the pipe is out of step
 
 
 class Planner:
@@ -53,7 +58,7 @@ class Planner:
         with self._lock:
             try:
                 return self._ask(scenario)
-            except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            except (OSError, EOFError, pickle.UnpicklingError, MemoryError) as exc:
                 log.warning("planner process failed (%s): planning in-process", exc)
                 self._stop_child()
                 return self.policy.plan_proactive(scenario)
@@ -100,7 +105,10 @@ def _send(stream: IO[bytes], obj: Any) -> None:
 
 
 def _receive(stream: IO[bytes]) -> Any:
-    size = int.from_bytes(_exactly(stream, 8), "big")
+    header = _exactly(stream, 8)
+    size = int.from_bytes(header, "big")
+    if size > MAX_FRAME_BYTES:
+        raise pickle.UnpicklingError(f"planner pipe out of step (a frame header of {header!r})")
     return pickle.loads(_exactly(stream, size))
 
 
@@ -118,7 +126,7 @@ def _exactly(stream: IO[bytes], n: int) -> bytes:
 def main(argv: list[str]) -> int:
     """The child: read scenarios from stdin, write proactive plans (or the error) to stdout."""
     policy = get_failover_policy(argv[0])
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin, stdout = sys.stdin.buffer, _private_stdout()
     while True:
         try:
             scenario = _receive(stdin)
@@ -129,6 +137,15 @@ def main(argv: list[str]) -> int:
         except Exception as exc:
             result = exc if isinstance(exc, PlanningError) else PlanningError(f"{type(exc).__name__}: {exc}")
         _send(stdout, result)
+
+
+def _private_stdout() -> IO[bytes]:
+    """The pipe to the controller on a descriptor of its own; descriptor 1 goes to standard error."""
+    sys.stdout.flush()
+    private = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return private
 
 
 if __name__ == "__main__":

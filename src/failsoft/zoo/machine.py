@@ -24,6 +24,14 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; every core where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def machine_info(device: str) -> dict[str, Any]:
     """A JSON-able description of this machine and of the torch build that ran the profile."""
     import psutil
@@ -35,7 +43,7 @@ def machine_info(device: str) -> dict[str, Any]:
         "cpu_model": cpu_model(),
         "cpu_count_logical": os.cpu_count(),
         "cpu_count_physical": psutil.cpu_count(logical=False),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_affinity": usable_cores(),
         "memory_total_mb": round(psutil.virtual_memory().total / 2**20),
         "python": platform.python_version(),
         "torch": torch.__version__,

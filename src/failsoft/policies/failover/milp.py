@@ -2,10 +2,16 @@
 
 Every MILP failsoft solves goes through :func:`maximize`, so solver options, the mapping of HiGHS
 statuses and errors, and the guarantee "never return worse than the start point" live in one place.
+Every HiGHS instance comes from :func:`new_highs`, which keeps the solver's banner off standard output.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
+import threading
 from dataclasses import dataclass
 
 import highspy
@@ -16,6 +22,40 @@ from failsoft.errors import PlanningError
 
 INF = highspy.kHighsInf
 _FEASIBLE = 2  # HiGHS primal_solution_status: a feasible point is known
+_first_instance = threading.Lock()
+_banner_silenced = False
+
+
+def new_highs() -> highspy.Highs:
+    """A HiGHS instance that has printed nothing.
+
+    HiGHS (1.16 at least) writes its copyright banner to file descriptor 1, below Python, when a
+    process makes its first instance: before any option can turn output off. Standard output is where
+    ``failsoft plan`` prints its JSON and where the planner process answers the controller, so the
+    first instance is made with descriptor 1 pointed at ``/dev/null`` (and C's buffers flushed before
+    it is put back); later instances print nothing by themselves.
+    """
+    global _banner_silenced
+    with _first_instance:
+        if _banner_silenced:
+            return highspy.Highs()
+        sys.stdout.flush()
+        saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 1)
+            highs = highspy.Highs()
+            _flush_c_stdio()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(devnull)
+        _banner_silenced = True
+        return highs
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # no C library to ask (not POSIX): nothing buffered
+        ctypes.CDLL(None).fflush(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +105,7 @@ def maximize(
     lp.a_matrix_.value_ = a.data
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n
 
-    h = highspy.Highs()
+    h = new_highs()
     for option, value in (
         ("output_flag", False),
         ("time_limit", float(max(time_limit_s, 0.05))),
