@@ -20,7 +20,8 @@ import asyncio
 import heapq
 import itertools
 import time
-from typing import Protocol, runtime_checkable
+from collections.abc import Collection
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -101,3 +102,22 @@ async def _settle(rounds: int = 20) -> None:
     """Let ready coroutines run: a few passes of the event loop."""
     for _ in range(rounds):
         await asyncio.sleep(0)
+
+
+async def wait_all(clock: AsyncClock, tasks: Collection[asyncio.Future[Any]], timeout_s: float) -> bool:
+    """Wait until every task is done or ``timeout_s`` has passed on ``clock``; True if all are done.
+
+    ``asyncio.wait(..., timeout=)`` would time out on the event loop's own clock, which a test's
+    manual clock does not move.
+    """
+    pending = set(tasks)
+    if not pending:
+        return True
+    timer = asyncio.ensure_future(clock.sleep(timeout_s))
+    try:
+        while pending and not timer.done():
+            _, pending = await asyncio.wait(pending | {timer}, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(timer)
+    finally:
+        timer.cancel()
+    return not pending

@@ -149,6 +149,24 @@ def test_a_load_waits_for_the_unloads_sent_to_its_server_before_it():
     asyncio.run(main())
 
 
+def test_a_hung_unload_holds_back_only_its_own_servers_loads_and_those_only_for_the_unload_timeout():
+    from failsoft.runtime.orchestrator import UNLOAD_TIMEOUT_S
+
+    async def main() -> None:
+        rig = Rig(scenario(released_on_s2=True), unload_s=3600.0)  # s2 never finishes an unload
+        await rig.kill("s0")
+        assert rig.state.apps["A"].route == Placement("s1", "small")  # the warm switch waits for nothing
+        await rig.clock.run_for(UNLOAD_TIMEOUT_S + 1.0)
+        unload_h = next(c for c in rig.calls if c[0] == "unload-start")
+        load_b = next(c for c in rig.calls if c[0] == "load-start" and c[2] == "B")
+        assert unload_h[1:3] == ("s2", "H") and load_b[1] == "s2"
+        assert UNLOAD_TIMEOUT_S <= load_b[4] - unload_h[4] <= UNLOAD_TIMEOUT_S + 0.1
+        assert rig.state.apps["B"].route is not None and rig.state.apps["B"].route.server == "s2"
+        assert not any(c[0] == "unloaded" for c in rig.calls)  # it really was still hung
+
+    asyncio.run(main())
+
+
 def test_a_failed_load_comes_back_to_the_core_which_backs_off():
     async def main() -> None:
         rig = Rig(scenario())

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from failsoft.clock import AsyncClock
+from failsoft.clock import AsyncClock, wait_all
 from failsoft.errors import FailsoftError
 from failsoft.orchestration import (
     Command,
@@ -88,7 +88,7 @@ class CoreDriver:
     async def _load(self, cmd: Load) -> None:
         pending = self._unloading.get(cmd.server)
         if pending:  # the memory the load needs may be what those unloads free
-            await asyncio.wait(set(pending), timeout=UNLOAD_TIMEOUT_S)
+            await wait_all(self.clock, pending, UNLOAD_TIMEOUT_S)
         try:
             info = await self.agent(cmd.server).load(cmd.app, cmd.family, cmd.variant, cmd.background)
         except FailsoftError as exc:
