@@ -233,7 +233,7 @@ class Client:
         return _checked(self._send("GET", "/admin/status"))
 
     def admin(self, action: str, **body: Any) -> dict[str, Any]:
-        """``/admin/chaos/<action>`` (kill, hang, resume, slow) with a JSON body (admin token needed)."""
+        """``/admin/chaos/<action>`` (kill, hang, resume, slow, break), a JSON body; admin token needed."""
         return _checked(self._send("POST", f"/admin/chaos/{action}", json=body))
 
     def recoveries(self) -> dict[str, Any]:

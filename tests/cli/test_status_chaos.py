@@ -94,4 +94,8 @@ def test_chaos_prints_what_it_did_and_when_in_local_time():
     assert slow == [
         f"slowed b1 by 5 ms per inference and 200 ms per model load from {local_time(at, zone=True)}"
     ]
+    broke = describe({"action": "break", "server": "b1", "broken": True, "at": at})
+    assert broke == [f"broke b1: every inference fails, heartbeats go on, from {local_time(at, zone=True)}"]
+    mended = describe({"action": "break", "server": "b1", "broken": False, "at": at})
+    assert mended == [f"mended b1: inferences work again from {local_time(at, zone=True)}"]
     assert str(int(at)) not in "".join(describe(kill))  # no Unix time in the human line

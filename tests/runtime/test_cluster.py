@@ -324,3 +324,30 @@ def test_an_injected_slowdown_slows_that_server_only(cluster):
         client.admin("slow", server="s3", ms=0)
     assert slow.server == "s3" and slow.latency_ms >= 150
     assert fast.server == "s4" and fast.latency_ms < 150
+
+
+def test_a_server_that_heartbeats_but_fails_every_inference_is_failed_over(cluster):
+    from failsoft.errors import FailsoftError
+
+    _, client = cluster
+    stable(client)
+    start = time.time()
+    client.admin("break", server="s4", broken=True)
+    errors, moved = 0, None
+    try:
+        while moved is None and time.time() < start + 30.0:
+            try:
+                answer = client.infer("best-3", np.zeros(64, dtype=np.float32))
+            except FailsoftError:
+                errors += 1
+                continue
+            if answer.server != "s4":
+                moved = answer
+    finally:
+        client.admin("break", server="s4", broken=False)
+    assert moved is not None, f"best-3 was never served elsewhere ({errors} errors in 30 s)"
+    assert 1 <= errors <= 30, errors  # clients saw the fault, and only until app-level health acted
+    failed = [e for e in events_since(client, start) if e["type"] == "failure" and e.get("server") == "s4"]
+    assert failed, "s4 was never declared failed"
+    s4 = next(s for s in client.status()["servers"] if s["name"] == "s4")
+    assert s4["state"] != "up"  # quarantined: its heartbeats alone do not bring it back at once

@@ -15,7 +15,9 @@ import typer
 from failsoft.cli.status import ConfigOpt, StateOpt, TokenOpt, UrlOpt, local_time
 from failsoft.errors import ConfigError
 
-app = typer.Typer(help="Failure injection: kill, hang, resume or slow down servers.", no_args_is_help=True)
+app = typer.Typer(
+    help="Failure injection: kill, hang, resume, slow down or break servers.", no_args_is_help=True
+)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON answer")]
 
@@ -51,6 +53,10 @@ def describe(answer: dict[str, Any]) -> list[str]:
         load = answer.get("load_ms")
         more = f" and {load:g} ms per model load" if load else ""
         return [f"slowed {answer['server']} by {answer['ms']:g} ms per inference{more} from {at}"]
+    if action == "break":
+        if answer.get("broken"):
+            return [f"broke {answer['server']}: every inference fails, heartbeats go on, from {at}"]
+        return [f"mended {answer['server']}: inferences work again from {at}"]
     return [json.dumps(answer)]
 
 
@@ -120,3 +126,17 @@ def resume(
 ) -> None:
     """Unfreeze a hung server; the controller restores it."""
     _admin("resume", url, token, config, state_dir, as_json, server=server)
+
+
+@app.command("break")
+def break_(
+    server: Annotated[str, typer.Argument(help="Server whose inferences fail", show_default=False)],
+    mend: Annotated[bool, typer.Option("--mend", help="Undo: inferences work again")] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
+    state_dir: StateOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make every inference of a server fail while it keeps heartbeating (app-level health sees it)."""
+    _admin("break", url, token, config, state_dir, as_json, server=server, broken=not mend)

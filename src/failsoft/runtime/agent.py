@@ -116,6 +116,7 @@ class Agent:
         self._serving_threads = SERVING_THREADS
         self._slow_s = 0.0
         self._slow_load_s = 0.0
+        self._broken = False  # injected: every inference fails (failsoft chaos break)
         self.warmup_ms = self._warm_up()
         gc.freeze()  # the imports' ~400k objects leave the collector: no 400 ms pauses on unload
         sys.setswitchinterval(SWITCH_INTERVAL_S)
@@ -305,6 +306,11 @@ class Agent:
         (:class:`~failsoft.errors.OverloadedError`) when the queue cannot answer in time, or when
         nearly all of Ray's serving threads already wait on answers.
         """
+        if self._broken:
+            raise ServingError(
+                f"server {self.server.name!r} failed to compute {variant!r} for {app!r} "
+                "(injected fault: failsoft chaos break)"
+            )
         if timeout_s is not None and sent_at is not None:  # clocks of two machines: never below 0
             timeout_s -= min(max(time.time() - sent_at, 0.0), timeout_s)
         with self._lock:
@@ -367,6 +373,11 @@ class Agent:
         self._slow_s = max(float(ms), 0.0) / 1000.0
         if load_ms is not None:
             self._slow_load_s = max(float(load_ms), 0.0) / 1000.0
+
+    def set_broken(self, broken: bool) -> None:
+        """Fail every inference (``True``) while heartbeats go on: a server that is up but does not
+        serve, which only the gateway's app-level health can see; ``False`` mends it."""
+        self._broken = bool(broken)
 
     def shutdown(self) -> None:
         """Unload every model and stop the heartbeat sidecar (an agent living in a test's process)."""

@@ -9,7 +9,10 @@ agent's process, so:
 * **hang** sends SIGSTOP: the process is alive but silent, and is detected like a crash, by its
   missing heartbeats; **resume** (SIGCONT) brings it back with its models still loaded;
 * **slow** adds latency to every inference of a server, and optionally to every model load (a slow
-  disk or a remote model repository).
+  disk or a remote model repository);
+* **break** makes every inference of a server fail while its heartbeats go on (a server that is up
+  but cannot serve: a corrupt model, a broken GPU): only the gateway's app-level health sees it;
+  ``broken: false`` mends it.
 
 Signals are sent from this process when the agent runs on this host (embedded mode); otherwise the
 agent is asked to kill itself. Every injection returns the wall time it happened at, so benchmarks
@@ -151,6 +154,11 @@ class Chaos:
                 raise ConfigError(f"slowdown must be within 0..600000 ms, got {value}")
         await self.agents[name].set_slow(ms, load_ms)
         return {"action": "slow", "server": name, "ms": ms, "load_ms": load_ms, "at": time.time()}
+
+    async def break_(self, server: str, broken: bool = True) -> dict[str, Any]:
+        (name,) = self.servers_of(server)
+        await self.agents[name].set_broken(broken)
+        return {"action": "break", "server": name, "broken": broken, "at": time.time()}
 
     @staticmethod
     def _check(server: str, proc: AgentProcess) -> None:

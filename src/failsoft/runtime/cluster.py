@@ -160,6 +160,9 @@ class AgentRef(_ActorRef):
     async def set_slow(self, ms: float, load_ms: float | None = None, timeout_s: float = 5.0) -> None:
         await self._call("set_slow", ms, load_ms, timeout_s=timeout_s)
 
+    async def set_broken(self, broken: bool, timeout_s: float = 5.0) -> None:
+        await self._call("set_broken", broken, timeout_s=timeout_s)
+
     def crash_nowait(self) -> None:
         self._fire("crash")
 

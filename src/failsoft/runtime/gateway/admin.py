@@ -1,6 +1,6 @@
 """The gateway's admin API: bearer-token protected, size-limited, and every action logged.
 
-``GET /admin/status`` and ``GET /admin/recoveries`` read; ``POST /admin/chaos/{kill,hang,resume,slow}``
+``GET /admin/status`` and ``GET /admin/recoveries`` read; ``POST /admin/chaos/{kill,hang,resume,slow,break}``
 inject failures. Every request must carry ``Authorization: Bearer <token>`` (compared in constant
 time); a refused one is logged at WARNING with the peer's address, an accepted action at INFO with
 who (the peer) and what (the path and its request), reads at DEBUG. Bodies are JSON objects of at
@@ -43,6 +43,12 @@ class SlowBody(BaseModel):
     server: str
     ms: float = Field(ge=0, le=600_000)
     load_ms: float | None = Field(default=None, ge=0, le=600_000)
+
+
+class BreakBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server: str
+    broken: bool = True
 
 
 def peer(request: Request) -> str:
@@ -113,6 +119,11 @@ def install(api: FastAPI, gateway: Gateway) -> None:
     @guarded("/admin/chaos/resume")
     async def resume(body: bytes) -> dict[str, Any]:
         return await gateway.chaos.resume(parse(ServerBody, body).server)
+
+    @guarded("/admin/chaos/break")
+    async def break_(body: bytes) -> dict[str, Any]:
+        req = parse(BreakBody, body)
+        return await gateway.chaos.break_(req.server, req.broken)
 
     @guarded("/admin/chaos/slow")
     async def slow(body: bytes) -> dict[str, Any]:
