@@ -73,7 +73,7 @@ class Table:
         self.order: list[list[int]] = []
         for j in range(ladder.size):
             budgets = [-c.budget_ms[j] for c in clients]
-            self.order.append(sorted(range(len(clients)), key=budgets.__getitem__))  # stable: ties by position
+            self.order.append(sorted(range(len(clients)), key=budgets.__getitem__))  # stable: by position
         self._eligible = [[i for i in self.order[j] if self.caps[i][j] >= 0] for j in range(ladder.size)]
         # prefix of rungs (most accurate first) -> (clients still unmapped as a bit mask, chosen groups)
         self._prefix: dict[tuple[int, ...], tuple[int, tuple[tuple[int, ...], ...]]] = {
