@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import highspy
@@ -63,47 +64,63 @@ def _quiet_solver() -> None:
         os.close(devnull)
 
 
+@dataclass(frozen=True)
+class Run:
+    seed: int
+    heuristic_ms: float
+    heuristic_objective: float
+    heuristic_served_fps: float
+    milp_objective: float
+    milp_served_fps: float
+    milp_ms: float
+    milp_optimal: bool
+    mip_gap: float
+    ratio: float
+    ratio_to_bound: float
+
+
+def one_run(ladder: Ladder, workers: int, clients: int, seed: int, milp_time_s: float) -> Run:
+    snapshot = instance(ladder, workers, clients, seed)
+    started = time.perf_counter()
+    heuristic = JellyfishPolicy(seed).plan(snapshot)
+    heuristic_ms = (time.perf_counter() - started) * 1000.0
+    started = time.perf_counter()
+    exact, result = solve(snapshot, milp_time_s, seed, start=heuristic)
+    milp_ms = (time.perf_counter() - started) * 1000.0
+    stats = dict(exact.stats)
+    gap = stats["mip_gap"]
+    return Run(
+        seed=seed,
+        heuristic_ms=round(heuristic_ms, 2),
+        heuristic_objective=round(heuristic.accuracy, 6),
+        heuristic_served_fps=heuristic.served_fps,
+        milp_objective=round(exact.accuracy, 6),
+        milp_served_fps=exact.served_fps,
+        milp_ms=round(milp_ms, 1),
+        milp_optimal=stats["optimal"] == "yes",
+        mip_gap=float(gap) if isinstance(gap, float | int) else 0.0,
+        ratio=round(heuristic.accuracy / exact.accuracy, 6) if exact.accuracy else 1.0,
+        ratio_to_bound=round(heuristic.accuracy / _bound(result.dual_bound, snapshot), 6),
+    )
+
+
 def bench_size(ladder: Ladder, workers: int, clients: int, seeds: int, milp_time_s: float) -> dict[str, Any]:
-    runs = []
-    for seed in range(seeds):
-        snapshot = instance(ladder, workers, clients, seed)
-        started = time.perf_counter()
-        heuristic = JellyfishPolicy(seed).plan(snapshot)
-        heuristic_ms = (time.perf_counter() - started) * 1000.0
-        started = time.perf_counter()
-        exact, result = solve(snapshot, milp_time_s, seed, start=heuristic)
-        milp_ms = (time.perf_counter() - started) * 1000.0
-        stats = dict(exact.stats)
-        runs.append(
-            {
-                "seed": seed,
-                "heuristic_ms": round(heuristic_ms, 2),
-                "heuristic_objective": round(heuristic.accuracy, 6),
-                "heuristic_served_fps": heuristic.served_fps,
-                "milp_objective": round(exact.accuracy, 6),
-                "milp_served_fps": exact.served_fps,
-                "milp_ms": round(milp_ms, 1),
-                "milp_optimal": stats["optimal"] == "yes",
-                "mip_gap": stats["mip_gap"],
-                "ratio": round(heuristic.accuracy / exact.accuracy, 6) if exact.accuracy else 1.0,
-                "ratio_to_bound": round(heuristic.accuracy / _bound(result.dual_bound, snapshot), 6),
-            }
-        )
-    times = [r["heuristic_ms"] for r in runs]
+    runs = [one_run(ladder, workers, clients, seed, milp_time_s) for seed in range(seeds)]
+    times = [r.heuristic_ms for r in runs]
     return {
         "workers": workers,
         "clients": clients,
         "instances": seeds,
         "heuristic_ms": round(statistics.median(times), 2),
         "heuristic_ms_max": max(times),
-        "heuristic_objective": round(statistics.mean(r["heuristic_objective"] for r in runs), 6),
-        "milp_objective": round(statistics.mean(r["milp_objective"] for r in runs), 6),
-        "ratio": min(r["ratio"] for r in runs),
-        "ratio_mean": round(statistics.mean(r["ratio"] for r in runs), 6),
-        "ratio_to_bound": min(r["ratio_to_bound"] for r in runs),
-        "milp_optimal": sum(r["milp_optimal"] for r in runs),
-        "mip_gap_max": max(r["mip_gap"] for r in runs),
-        "runs": runs,
+        "heuristic_objective": round(statistics.mean(r.heuristic_objective for r in runs), 6),
+        "milp_objective": round(statistics.mean(r.milp_objective for r in runs), 6),
+        "ratio": min(r.ratio for r in runs),
+        "ratio_mean": round(statistics.mean(r.ratio for r in runs), 6),
+        "ratio_to_bound": min(r.ratio_to_bound for r in runs),
+        "milp_optimal": sum(r.milp_optimal for r in runs),
+        "mip_gap_max": max(r.mip_gap for r in runs),
+        "runs": [asdict(r) for r in runs],
     }
 
 

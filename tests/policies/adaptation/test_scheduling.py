@@ -113,7 +113,8 @@ def test_annealing_is_reproducible_and_incremental() -> None:
     plan = JellyfishPolicy(7).plan(moved)
     _check_plan(moved, plan)
     # section 4.4: the worker holding the smallest variant gets the smallest new one, and so on
-    by_current = [w.rung for _, w in sorted(zip(moved.current, plan.workers, strict=True), key=lambda p: p[0])]
+    pairs = sorted(zip(moved.current, plan.workers, strict=True), key=lambda p: p[0])
+    by_current = [w.rung for _, w in pairs]
     assert by_current == sorted(by_current)
 
 
