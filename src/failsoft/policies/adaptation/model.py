@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from failsoft.domain import Variant
-from failsoft.errors import ConfigError
+from failsoft.errors import ConfigError, PlanningError
 
 QUEUE_FACTOR = 2.0  # eq. 6: a request may wait for one batch, then run in its own (budget >= 2 l_j(b))
 
@@ -219,8 +219,6 @@ def evaluate(
     Every group must be feasible (a :class:`~failsoft.errors.PlanningError` names the worker if not);
     the batch is the smallest one carrying the group's rate, which leaves the most latency slack.
     """
-    from failsoft.errors import PlanningError
-
     workers, served, value = [], 0.0, 0.0
     mapped: set[str] = set()
     acc = snapshot.ladder.accuracy
