@@ -100,6 +100,7 @@ class _Run:
     accuracies: list[float] = field(default_factory=list)
     frames: int = 0
     dropped: int = 0
+    unmapped: int = 0  # of the dropped: the client had no worker (no variant fits its budget)
     late: int = 0
 
 
@@ -127,6 +128,7 @@ def _deliver(run: _Run, frame: _Frame) -> Any:
     if run.policy == "jellyfish":
         k = run.worker_of.get(frame.client)
         if k is None:
+            run.unmapped += 1
             _answer(run, frame, None, env.now)
             return
     else:
@@ -255,6 +257,7 @@ def simulate_run(
         "requests": run.frames,
         "miss_rate": round(1.0 - answered / run.frames, 6) if run.frames else 0.0,
         "dropped": run.dropped,
+        "dropped_unmapped": run.unmapped,
         "late": run.late,
         "accuracy": round(statistics.mean(run.accuracies), 6) if run.accuracies else 0.0,
         "answered_in_time": answered,
@@ -308,7 +311,9 @@ def summarize(rows: Sequence[dict[str, Any]], cfg: JellyfishSimConfig) -> dict[s
         accuracy = sum(r["accuracy"] * r["answered_in_time"] for r in group) / answered if answered else 0.0
         out.append({"trace": trace, "policy": policy, "runs": len(group), "requests": frames,
                     "miss_rate": round(missed / frames, 6) if frames else 0.0,
-                    "accuracy": round(accuracy, 6), "dropped": sum(r["dropped"] for r in group)})  # fmt: skip
+                    "accuracy": round(accuracy, 6), "dropped": sum(r["dropped"] for r in group),
+                    "dropped_unmapped": sum(r["dropped_unmapped"] for r in group),
+                    "late": sum(r["late"] for r in group)})  # fmt: skip
     return {"experiment": "jellyfish", "config": asdict(cfg), "by_trace_policy": out}
 
 
