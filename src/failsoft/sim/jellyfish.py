@@ -14,7 +14,9 @@ its SLO.
   answer tells the client the frame size to send next (``next_frame_rung``). An unmapped client's
   frames are dropped at once, as the public server does.
 * ``edf-small|medium|large``: every worker runs the fixed variant; all frames share one EDF queue
-  with lazy drop; clients send frames of that variant's input size.
+  with lazy drop; each client sends the largest frame, up to that variant's input size, that its
+  uplink carries at its frame rate (section 7.3: the baselines adapt the frame size too, on
+  throughput alone).
 
 Simplifications (said in docs/jellyfish.md): variant switches take effect at once (the paper keeps
 the neighbouring variants resident on the GPU); a frame smaller than its model's input scores the
@@ -47,6 +49,7 @@ from failsoft.policies.adaptation.model import ClientSnapshot, Ladder, Plan, Sna
 from failsoft.policies.adaptation.network import (
     BandwidthWindow,
     UplinkEstimator,
+    carried_frame_rung,
     latency_budgets_ms,
     next_frame_rung,
     server_deadline_s,
@@ -177,9 +180,11 @@ def _answer(run: _Run, frame: _Frame, served: tuple[int, int] | None, done_s: fl
     kbps = run.estimators[c].observe(frame.kbit, e2e_ms, (done_s - frame.arrive_s) * 1000.0 + cfg.overhead_ms)
     if kbps is not None:
         run.windows[c].report(run.env.now, kbps)
-    if run.policy == "jellyfish":
+    bw = run.windows[c].estimate(run.env.now)
+    if run.policy != "jellyfish":
+        run.next_rung[c] = carried_frame_rung(run.ladder, run.worker_rung[0], fps, bw)
+    else:
         k = run.worker_of.get(c)
-        bw = run.windows[c].estimate(run.env.now)
         rung = run.worker_rung[k] if k is not None else None
         batch = run.worker_batch[k] if k is not None else 0
         run.next_rung[c] = next_frame_rung(

@@ -15,6 +15,7 @@ from failsoft.policies.adaptation.network import (
     ErrorBasedFilter,
     OverheadTracker,
     UplinkEstimator,
+    carried_frame_rung,
     frame_kbit,
     latency_budgets_ms,
     next_frame_rung,
@@ -151,3 +152,12 @@ def test_the_shipped_traces_and_client_sets_read_back() -> None:
     assert synthetic.at(45.0) == 10.0 and synthetic.at(140.0) == 20.0  # 20 s steps, looping
     assert len(bundled_trace("wifi").mbps) == 200 and len(bundled_trace("lte").mbps) == 199
     assert bundled_client_set(4, "var", "var") == ((75.0, 15.0), (100.0, 15.0), (150.0, 25.0), (75.0, 25.0))
+
+
+def test_baseline_clients_send_the_largest_frame_their_uplink_carries(ladder: Ladder) -> None:
+    kbit = [r.frame_kbit for r in ladder.rungs]
+    top = ladder.size - 1
+    assert carried_frame_rung(ladder, top, 10.0, 10.0 * kbit[top] * 1.01) == top
+    assert carried_frame_rung(ladder, top, 10.0, 10.0 * kbit[1] * 1.01) == 1
+    assert carried_frame_rung(ladder, 1, 10.0, 1e6) == 1  # never above the variant's own input
+    assert carried_frame_rung(ladder, top, 10.0, 1.0) == 0

@@ -265,6 +265,19 @@ def next_frame_rung(
     return 0
 
 
+def carried_frame_rung(ladder: Ladder, top_rung: int, fps: float, bandwidth_kbps: float) -> int:
+    """The largest frame size up to ``top_rung``'s that the uplink carries at ``fps`` (else the smallest).
+
+    The baselines' client adaptation (section 7.3, as AWStream): throughput only, no latency budget.
+    """
+    check_bandwidth(bandwidth_kbps)
+    check_fps(fps)
+    for j in range(top_rung, 0, -1):
+        if bandwidth_kbps / ladder.rungs[j].frame_kbit > fps:
+            return j
+    return 0
+
+
 def server_deadline_s(
     received_s: float, slo_ms: float, kbit: float, bandwidth_kbps: float, rtt_ms: float, overhead_ms: float
 ) -> float:
