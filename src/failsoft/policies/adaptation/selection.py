@@ -21,7 +21,8 @@ DEGRADE's best served rate as its bound and still raises accuracy.
 
 The EDF baselines (:class:`EdfFixed`) are Clockwork-style: every worker runs one fixed variant
 (``edf-small``, ``edf-medium``, ``edf-large``), all clients share one earliest-deadline-first queue
-with lazy drop, no client is refused and nothing adapts.
+with lazy drop, no client is refused and the variants never change (clients still pick the largest
+frame their uplink carries, ``network.carried_frame_rung``, as in section 7.3).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class JellyfishPolicy(AdaptationPolicy):
 
 
 class EdfFixed(AdaptationPolicy):
-    """Clockwork-style baseline: one fixed variant everywhere, a shared EDF queue, no adaptation.
+    """Clockwork-style baseline: one fixed variant everywhere, a shared EDF queue, no re-planning.
 
     The plan lists no per-worker clients (``pooled``); ``served_fps`` and ``accuracy`` are what the
     pool could carry at most: the clients whose budget fits the variant at batch 1, up to the workers'
