@@ -45,3 +45,31 @@ def test_runs_are_reproducible_and_summarised_per_trace_and_policy(ladder) -> No
     rows = [{"trace": "slow", "policy": "jellyfish", **first}]
     (entry,) = summarize(rows, CFG)["by_trace_policy"]
     assert entry["miss_rate"] == pytest.approx(first["miss_rate"])
+
+
+def test_simulate_jellyfish_writes_csv_summary_and_figure(tmp_path, capsys, monkeypatch) -> None:
+    import csv
+    import functools
+    import json
+
+    from failsoft.cli import main
+    from failsoft.sim import jellyfish
+
+    small = functools.partial(
+        jellyfish.Sweep, client_counts=(2,), fps=("15",), slos=("100",), traces=("wifi",)
+    )
+    monkeypatch.setattr(jellyfish, "Sweep", small)
+    monkeypatch.setattr(jellyfish, "JellyfishSimConfig", lambda: JellyfishSimConfig(duration_s=2.0))
+    out = tmp_path / "jf"
+    argv = ["simulate", "jellyfish", "--seeds", "1", "--out", str(out), "-p", "jellyfish", "-p", "edf-small"]
+    assert main(argv) == 0
+    digest = json.loads(capsys.readouterr().out)
+    assert {e["policy"] for e in digest["by_trace_policy"]} == {"jellyfish", "edf-small"}
+    with (out / "results.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["policy"], r["trace"], r["clients"]) for r in rows] == [
+        ("jellyfish", "wifi", "2"),
+        ("edf-small", "wifi", "2"),
+    ]
+    assert (out / "jellyfish.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["simulate", "jellyfish", "--out", str(out), "-p", "nope"]) != 0
