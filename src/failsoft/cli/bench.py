@@ -71,3 +71,16 @@ def fidelity(
     earlier = replayed(replay) if replay is not None else None
     result = run(config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier)
     typer.echo(json.dumps(result, indent=2))
+
+
+@app.command("adaptation-plan")
+def adaptation_plan(
+    seeds: Annotated[int, typer.Option(min=1, max=100, help="Random instances per size")] = 3,
+    milp_time_s: Annotated[
+        float, typer.Option(min=1, max=600, help="HiGHS time limit per instance (s), over its two stages")
+    ] = 20.0,
+) -> None:
+    """Jellyfish's scheduler (annealing + DP) against the exact MILP, up to 8 workers x 32 clients."""
+    from failsoft.bench.adaptation_plan import run
+
+    typer.echo(json.dumps(run(seeds=seeds, milp_time_s=milp_time_s), indent=2))

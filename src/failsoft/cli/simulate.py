@@ -29,7 +29,9 @@ _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms",
 
 
 def simulate(
-    experiment: Annotated[str, typer.Argument(help=f"One of: {', '.join(EXPERIMENTS)}", show_default=False)],
+    experiment: Annotated[
+        str, typer.Argument(help=f"One of: {', '.join(EXPERIMENTS)}, jellyfish", show_default=False)
+    ],
     out: Annotated[Path | None, typer.Option(help="Output directory (default: out/sim/EXPERIMENT)")] = None,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..N-1 (clusters, failures, phases)")] = 3,
     policy: Annotated[
@@ -48,7 +50,11 @@ def simulate(
     profiles: Annotated[Path | None, typer.Option(help="Profile CSV (default: bundled A2 profiles)")] = None,
     zoo: Annotated[Path | None, typer.Option(help="Model repository whose measured profiles to use")] = None,
 ) -> None:
-    """Run a FailLite experiment (Figs. 7-11, 13) under every policy and seed; write CSV, JSON, PNG."""
+    """Run a FailLite experiment (Figs. 7-11, 13) or Jellyfish's client sets under every policy and
+    seed; write CSV, JSON, PNG."""
+    if experiment == "jellyfish":
+        _jellyfish(out, seeds, policy)
+        return
     families = load_families(str(profiles) if profiles else None, str(zoo) if zoo else None)
     exp = get_experiment(experiment, families)
     policies = list(policy or DEFAULT_POLICIES)
@@ -124,3 +130,28 @@ class PointProgress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _jellyfish(out: Path | None, seeds: int, policies: list[str] | None) -> None:
+    """Jellyfish's client sets over the synthetic, WiFi and LTE traces (failsoft.sim.jellyfish)."""
+    from failsoft.sim import jellyfish
+
+    chosen = tuple(policies or jellyfish.POLICIES)
+    unknown = [p for p in chosen if p not in jellyfish.POLICIES]
+    if unknown:
+        raise ConfigError(f"unknown policy {unknown[0]!r} (known: {', '.join(jellyfish.POLICIES)})")
+    sweep = jellyfish.Sweep(policies=chosen, seeds=seeds)
+    cfg = jellyfish.JellyfishSimConfig()
+    started = time.perf_counter()
+
+    def on_row(row: dict[str, Any]) -> None:
+        typer.echo(
+            f"jellyfish {row['trace']} {row['clients']}x{row['fps']}fps slo {row['slo_ms']} {row['policy']} "
+            f"seed {row['seed']}: miss {100 * row['miss_rate']:.2f}% ({time.perf_counter() - started:.0f} s)",
+            err=True,
+        )
+
+    rows = jellyfish.run_sweep(sweep, cfg, on_row)
+    result = jellyfish.summarize(rows, cfg)
+    paths = jellyfish.write_outputs(rows, result, out or Path("out") / "sim" / "jellyfish")
+    typer.echo(json.dumps({**result, "outputs": paths}, indent=2))

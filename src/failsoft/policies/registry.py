@@ -25,6 +25,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from failsoft.errors import UnknownNameError
+from failsoft.policies.adaptation.exact import MilpPolicy
+from failsoft.policies.adaptation.interface import AdaptationPolicy
+from failsoft.policies.adaptation.selection import EdfLarge, EdfMedium, EdfSmall, JellyfishPolicy
 from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
 from failsoft.policies.failover.faillite import FailLitePolicy
 from failsoft.policies.failover.interface import FailoverPolicy
@@ -43,11 +46,19 @@ QUEUEING: Mapping[str, type[QueueDiscipline]] = {
     "edf": Edf,
 }
 
+ADAPTATION: Mapping[str, type[AdaptationPolicy]] = {
+    "jellyfish": JellyfishPolicy,
+    "edf-small": EdfSmall,
+    "edf-medium": EdfMedium,
+    "edf-large": EdfLarge,
+    "milp": MilpPolicy,
+}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
     "queueing": QUEUEING,
     "coding": {},
-    "adaptation": {},
+    "adaptation": ADAPTATION,
     "replication": {},
     "llm_recovery": {},
 }
