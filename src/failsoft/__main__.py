@@ -1,4 +1,4 @@
-"""``python -m failsoft``: the same as the ``failsoft`` console script."""
+"""``python -m failsoft``: the ``failsoft`` command, for environments without the console script."""
 
 import sys
 

@@ -11,14 +11,11 @@ served rate, which both maximise first.
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import highspy
 import numpy as np
 
 from failsoft.adaptation_data import DEFAULT_BATCH_COST, efficientnet_ladder
@@ -49,19 +46,6 @@ def instance(ladder: Ladder, workers: int, clients: int, seed: int) -> Snapshot:
         budgets = latency_budgets_ms(ladder, slo, fps, kbps, RTT_MS, OVERHEAD_MS)
         snapshot_clients.append(ClientSnapshot(f"c{i}", fps, budgets))
     return Snapshot(ladder, tuple(snapshot_clients), tuple(f"w{k}" for k in range(workers)))
-
-
-def _quiet_solver() -> None:
-    """HiGHS prints a banner on stdout the first time it starts: let it print to /dev/null."""
-    sys.stdout.flush()
-    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
 
 
 @dataclass(frozen=True)
@@ -130,7 +114,6 @@ def _bound(dual_bound: float, snapshot: Snapshot) -> float:
 
 
 def run(seeds: int = 3, milp_time_s: float = 20.0, max_batch: int = 8) -> dict[str, Any]:
-    _quiet_solver()
     ladder = efficientnet_ladder(max_batch)
     sizes = [bench_size(ladder, k, n, seeds, milp_time_s) for k, n in SIZES]
     largest = sizes[-1]
