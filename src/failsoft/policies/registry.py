@@ -25,6 +25,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from failsoft.errors import UnknownNameError
+from failsoft.policies.coding.decoders import LinearDecoder, SubtractionDecoder
+from failsoft.policies.coding.encoders import AddEncoder, ConcatEncoder
+from failsoft.policies.coding.interface import Decoder, Encoder
 from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
 from failsoft.policies.failover.faillite import FailLitePolicy
 from failsoft.policies.failover.interface import FailoverPolicy
@@ -43,10 +46,17 @@ QUEUEING: Mapping[str, type[QueueDiscipline]] = {
     "edf": Edf,
 }
 
+CODING: Mapping[str, type[Encoder] | type[Decoder]] = {
+    "add": AddEncoder,
+    "concat": ConcatEncoder,
+    "sub": SubtractionDecoder,
+    "linear": LinearDecoder,
+}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
     "queueing": QUEUEING,
-    "coding": {},
+    "coding": CODING,
     "adaptation": {},
     "replication": {},
     "llm_recovery": {},
@@ -80,6 +90,21 @@ def get_failover_policy(name: str) -> FailoverPolicy:
 
 def failover_names() -> list[str]:
     return names("failover")
+
+
+def get_encoder(name: str, k: int, r: int = 1, input_shape: tuple[int, ...] = (64,)) -> Encoder:
+    """The ParM encoder ``name`` (``add``, ``concat``) for k queries of ``input_shape`` and r parities."""
+    cls = CODING.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Encoder)):
+        known = ", ".join(sorted(n for n, c in CODING.items() if issubclass(c, Encoder)))
+        raise UnknownNameError(f"unknown coding encoder {name!r} (known: {known})")
+    return cls(k, r, input_shape)
+
+
+def get_decoder(k: int, r: int = 1) -> Decoder:
+    """The decoder of a (k, r) code: ``sub`` (the paper's subtraction) for r = 1, else ``linear``."""
+    decoder: Decoder = make("coding", "sub" if r == 1 else "linear", k, r)
+    return decoder
 
 
 def _seam(seam: str) -> Mapping[str, type]:
