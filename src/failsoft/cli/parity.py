@@ -32,7 +32,10 @@ def train(
         Path | None,
         typer.Option("--root", help="Repository root (default: $FAILSOFT_ZOO or ~/.cache/failsoft/zoo)"),
     ] = None,
-    epochs: Annotated[int | None, typer.Option(min=1, help="Training epochs (default: 200)")] = None,
+    epochs: Annotated[
+        int | None, typer.Option(min=1, help="Training epochs (default: 300 for MLPs, 100 for CNNs)")
+    ] = None,
+    lr: Annotated[float, typer.Option(help="Adam learning rate (the config's)")] = 1e-3,
     seed: Annotated[int, typer.Option(min=0, help="Training seed (parity index p trains with seed + p)")] = 0,
     profile: Annotated[bool, typer.Option(help="Profile each parity model after training it")] = True,
     quick: Annotated[bool, typer.Option(help="Quick profile: fewer loads and batch sizes")] = False,
@@ -52,7 +55,7 @@ def train(
     get_encoder(encoder, k, r)  # unknown encoder, k or r out of range: refused before any work
     repo = ModelRepository(root if root is not None else default_zoo_path())
     repo.config(family, variant)  # the deployed variant must exist
-    training = ParityTraining(seed=seed) if epochs is None else ParityTraining(epochs=epochs, seed=seed)
+    training = ParityTraining(epochs=epochs, lr=lr, seed=seed)
     settings = QUICK if quick else ProfileSettings()
     results = []
     for index in range(r):
