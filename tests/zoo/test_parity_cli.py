@@ -26,6 +26,9 @@ def test_train_prints_each_parity_model_with_its_accuracies(capsys, small_zoo_co
         assert m["degraded_accuracy"] > 3 * m["default_accuracy"]
         assert m["deployed_accuracy"] > m["default_accuracy"] and m["epochs"] == 30
     assert small_zoo_copy.variant_names("digits_mlp_parity") == [m["variant"] for m in models]
+    joint = json.loads(out)["joint"]  # both data members lost, decoded from the two parity models
+    assert joint["missing"] == 2 and joint["decoded"] == 360
+    assert joint["degraded_accuracy"] > 2 * models[0]["default_accuracy"]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ the r parity models of a deployed digits variant (one per parity index, see
 stores it as ``<family>_parity/<variant>_<encoder>_k<k>_r<r>_p<index>`` and profiles it, then prints
 one JSON object: ``{"parity_models": [...]}`` with, per model, ``degraded_accuracy``,
 ``deployed_accuracy``, ``default_accuracy`` (the random-prediction lower bound) and
-``reconstruction``.
+``reconstruction``; with r > 1 also ``joint``: the degraded accuracy when ``min(r, k)`` data members
+of a group are unavailable at once, decoded from all r parity models (section 7).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def train(
     """Train, measure (degraded-mode accuracy) and store the r parity models of FAMILY/VARIANT."""
     from failsoft.policies.registry import get_encoder
     from failsoft.zoo import ModelRepository, default_zoo_path
-    from failsoft.zoo.parity import ParityCode, ParityTraining, train_parity
+    from failsoft.zoo.parity import ParityCode, ParityTraining, measure_joint, train_parity
     from failsoft.zoo.profiler import QUICK, ProfileSettings
 
     family, _, variant = target.partition("/")
@@ -61,4 +62,14 @@ def train(
     for index in range(r):
         code = ParityCode(family, variant, k, r, encoder, index)
         results.append(train_parity(repo, code, training, profile, settings, device).to_dict())
-    typer.echo(json.dumps({"root": str(repo.root), "parity_models": results}, indent=2))
+    out: dict[str, object] = {"root": str(repo.root), "parity_models": results}
+    if r > 1:
+        joint = measure_joint(repo, family, variant, k, r, encoder)
+        out["joint"] = {
+            "missing": min(r, k),
+            "degraded_accuracy": round(joint.degraded, 4),
+            "deployed_accuracy": round(joint.deployed, 4),
+            "reconstruction": round(joint.reconstruction, 4),
+            "decoded": joint.decoded,
+        }
+    typer.echo(json.dumps(out, indent=2))

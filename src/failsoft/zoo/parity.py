@@ -42,6 +42,7 @@ family/variant, k, r, encoder, index and the sha256 of the deployed weights, so 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -285,26 +286,67 @@ def measure_degraded(
     import torch
 
     split = split or load_digits_split()
-    k, p = code.k, code.index
-    groups = len(split.y_test) // k
-    idx = np.random.default_rng(GROUP_SEED).permutation(len(split.y_test))[: groups * k].reshape(groups, k)
-    parity = encoder.encode([split.x_test[idx[:, i]] for i in range(k)])[p]
+    idx = _test_groups(code.k, len(split.y_test))
+    parity = encoder.encode([split.x_test[idx[:, i]] for i in range(code.k)])[code.index]
     with torch.inference_mode():
-        parity_out = module(torch.from_numpy(np.ascontiguousarray(parity))).numpy()
-    decoder = get_decoder(k, code.r)
-    correct = agree = 0
-    for j in range(k):
-        available = {i: test_logits[idx[:, i]] for i in range(k) if i != j} | {k + p: parity_out}
-        decoded = decoder.decode(available)
-        assert decoded is not None  # k of k + r answers are present
-        guess = decoded[j].argmax(axis=1)
-        correct += int((guess == split.y_test[idx[:, j]]).sum())
-        agree += int((guess == test_logits[idx[:, j]].argmax(axis=1)).sum())
-    decoded_count = groups * k
-    deployed = float((test_logits.argmax(axis=1) == split.y_test).mean())
-    return DegradedAccuracy(
-        correct / decoded_count, deployed, 1.0 / DIGITS_CLASSES, agree / decoded_count, groups, decoded_count
-    )
+        out = module(torch.from_numpy(np.ascontiguousarray(parity))).numpy()
+    erasures = [(j,) for j in range(code.k)]
+    return _score(code.k, code.r, idx, test_logits, {code.index: out}, erasures, split)
+
+
+def measure_joint(
+    repo: ModelRepository, family: str, variant: str, k: int, r: int, encoder: str
+) -> DegradedAccuracy:
+    """Degraded accuracy with ``min(r, k)`` data members unavailable at once (section 7), decoded from
+    the r stored parity models of ``family/variant`` (each checked with :func:`check_parity`)."""
+    import itertools
+
+    split = load_digits_split()
+    idx = _test_groups(k, len(split.y_test))
+    deployed = repo.config(family, variant)
+    enc = get_encoder(encoder, k, r, deployed.input_shape)
+    parities = enc.encode([split.x_test[idx[:, i]] for i in range(k)])
+    outs = {}
+    for p in range(r):
+        code = ParityCode(family, variant, k, r, encoder, p)
+        check_parity(repo, code.parity_family, code.parity_variant, code)
+        with repo.load(code.parity_family, code.parity_variant, device="cpu") as model:
+            outs[p] = model.predict(parities[p])
+    with repo.load(family, variant, device="cpu") as model:
+        logits = model.predict(np.array(split.x_test))
+    erasures = list(itertools.combinations(range(k), min(r, k)))
+    return _score(k, r, idx, logits, outs, erasures, split)
+
+
+def _test_groups(k: int, n: int) -> np.ndarray:
+    """The held-out images' indices in groups of k (a seeded permutation; the rest left out)."""
+    groups = n // k
+    return np.random.default_rng(GROUP_SEED).permutation(n)[: groups * k].reshape(groups, k)
+
+
+def _score(
+    k: int,
+    r: int,
+    idx: np.ndarray,
+    logits: np.ndarray,
+    parity_outs: dict[int, np.ndarray],
+    erasures: Sequence[tuple[int, ...]],
+    split: DigitsSplit,
+) -> DegradedAccuracy:
+    """Decode every erased member of every group from ``parity_outs`` and the other data outputs."""
+    decoder = get_decoder(k, r)
+    correct = agree = count = 0
+    for missing in erasures:
+        available = {i: logits[idx[:, i]] for i in range(k) if i not in missing}
+        decoded = decoder.decode(available | {k + p: out for p, out in parity_outs.items()})
+        assert decoded is not None  # as many parity outputs as erased members: k of k + r present
+        for j in missing:
+            guess = decoded[j].argmax(axis=1)
+            correct += int((guess == split.y_test[idx[:, j]]).sum())
+            agree += int((guess == logits[idx[:, j]].argmax(axis=1)).sum())
+            count += len(idx)
+    deployed = float((logits.argmax(axis=1) == split.y_test).mean())
+    return DegradedAccuracy(correct / count, deployed, 1.0 / DIGITS_CLASSES, agree / count, len(idx), count)
 
 
 def _store(
