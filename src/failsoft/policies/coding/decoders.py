@@ -32,7 +32,7 @@ class SubtractionDecoder(Decoder):
             raise ConfigError(f"the subtraction decoder decodes r=1 codes; got r={self.r} (use 'linear')")
 
     def _solve(self, available: Mapping[int, np.ndarray], missing: list[int]) -> dict[int, np.ndarray]:
-        out = np.array(available[self.k], dtype=np.float32, copy=True)
+        out = np.array(available[self.k], dtype=np.float32)  # a copy
         for i in range(self.k):
             if i != missing[0]:
                 out -= available[i]

@@ -34,8 +34,13 @@ class AddEncoder(Encoder):
 
     name = "add"
 
-    def _combine(self, stacked: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        return np.tensordot(weights.astype(np.float32), stacked, axes=1)
+    def _combine(self, queries: list[np.ndarray], weights: tuple[float, ...]) -> np.ndarray:
+        out = np.array(queries[0], dtype=np.float32)  # a copy: the caller's queries stay as they are
+        if weights[0] != 1.0:
+            out *= np.float32(weights[0])
+        for q, w in zip(queries[1:], weights[1:], strict=True):
+            out += q if w == 1.0 else np.float32(w) * q
+        return out
 
 
 class ConcatEncoder(Encoder):
@@ -55,14 +60,16 @@ class ConcatEncoder(Encoder):
                 f"the concat encoder with k={self.k} halves the image {halved}; {h}x{w} is not even there"
             )
 
-    def _combine(self, stacked: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    def _combine(self, queries: list[np.ndarray], weights: tuple[float, ...]) -> np.ndarray:
         n = len(self.input_shape)
-        batch = stacked.shape[1:-n]  # () or (N,)
+        batch = queries[0].shape[:-n]  # () or (N,)
         c, h, w = self.image_shape
-        images = stacked.reshape((self.k, *batch, c, h, w))
         out = np.empty((*batch, c, h, w), dtype=np.float32)
         for i in range(self.k):
-            small = _halve(images[i], both=self.k == 4) * np.float32(weights[i])
+            image = np.asarray(queries[i], dtype=np.float32).reshape((*batch, c, h, w))
+            small = _halve(image, both=self.k == 4)
+            if weights[i] != 1.0:
+                small *= np.float32(weights[i])
             rows, cols = small.shape[-2:]
             top, left = (i // 2) * rows, (i % 2) * cols
             out[..., top : top + rows, left : left + cols] = small
@@ -87,7 +94,7 @@ def _image_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 def _halve(images: np.ndarray, both: bool) -> np.ndarray:
     """Area downsampling by 2 of the width (and the height when ``both``) of ``(..., H, W)``."""
-    *lead, h, w = images.shape
+    half = images[..., 0::2] + images[..., 1::2]
     if both:
-        return images.reshape((*lead, h // 2, 2, w // 2, 2)).mean(axis=(-3, -1))
-    return images.reshape((*lead, h, w // 2, 2)).mean(axis=-1)
+        return (half[..., 0::2, :] + half[..., 1::2, :]) * np.float32(0.25)
+    return half * np.float32(0.5)

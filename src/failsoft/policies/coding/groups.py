@@ -20,7 +20,10 @@ timeout in the simulator) and :meth:`GroupFormer.join` on each arrival.
 group: each member's answer (or loss) is reported as it comes; as soon as any k of the k+r are
 present it decodes every missing data output, and it says which members' work is no longer needed:
 the stragglers to cancel (the still-running data members once decoded, or every parity member once
-all k data answers are in).
+all k data answers are in). A driver may create a group's tracker when the group opens (its first
+:class:`Slot` has index 0) and report data answers that come back while the group is still filling:
+nothing decodes before a parity answer, which only exists once the group is complete. The tracker
+of a group released uncoded is simply dropped.
 """
 
 from __future__ import annotations

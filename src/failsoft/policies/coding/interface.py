@@ -88,11 +88,12 @@ class Encoder(ABC):
             raise ConfigError(f"{self.name} encoder: input_shape must be positive sizes; got {input_shape!r}")
         self.input_shape: tuple[int, ...] = tuple(int(d) for d in shape)
         self.coefficients = code_matrix(self.k, self.r)
+        self._weights = [tuple(float(w) for w in row) for row in self.coefficients]
 
     def encode(self, queries: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
         """The r parity queries (float32, each the shape of one input query) for ``queries``."""
-        stacked = self._stack(queries)
-        return tuple(self._combine(stacked, self.coefficients[p]) for p in range(self.r))
+        arrays = self._checked(queries)
+        return tuple(self._combine(arrays, self._weights[p]) for p in range(self.r))
 
     def parity_target(self, outputs: Sequence[np.ndarray] | np.ndarray, index: int = 0) -> np.ndarray:
         """What parity model ``index`` is trained to output: ``sum_i G[index, i] F(X_i)``.
@@ -106,8 +107,8 @@ class Encoder(ABC):
             raise ConfigError(f"expected {self.k} deployed outputs; got {outs.shape[:1] or 'none'}")
         return np.tensordot(self.coefficients[index], outs, axes=1).astype(np.float32)
 
-    def _stack(self, queries: Sequence[np.ndarray]) -> np.ndarray:
-        """The k queries as one float32 array ``(k, [N,] *input_shape)``; shapes checked."""
+    def _checked(self, queries: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The k queries as float32 arrays of one shape, ``[N,] *input_shape``; shapes checked."""
         if len(queries) != self.k:
             raise ConfigError(f"{self.name} encoder with k={self.k} got {len(queries)} queries")
         arrays = [np.asarray(q) for q in queries]
@@ -123,11 +124,11 @@ class Encoder(ABC):
                 raise ConfigError(f"query {i} has shape {a.shape}; query 0 has {first}: all k must match")
             if a.dtype.kind not in "fiu":
                 raise ConfigError(f"query {i} has dtype {a.dtype}; expected numbers")
-        return np.stack(arrays).astype(np.float32, copy=False)
+        return arrays
 
     @abstractmethod
-    def _combine(self, stacked: np.ndarray, weights: np.ndarray) -> np.ndarray:
-        """One parity query from the stacked queries ``(k, [N,] *input_shape)`` and k weights."""
+    def _combine(self, queries: list[np.ndarray], weights: tuple[float, ...]) -> np.ndarray:
+        """One parity query (float32) from the k checked queries and their k weights."""
 
 
 class Decoder(ABC):
@@ -144,6 +145,7 @@ class Decoder(ABC):
     def __init__(self, k: int, r: int = 1) -> None:
         self.k, self.r = check_code(k, r)
         self.coefficients = code_matrix(self.k, self.r)
+        self._members = frozenset(range(self.k + self.r))
 
     def decode(self, available: Mapping[int, np.ndarray]) -> dict[int, np.ndarray] | None:
         present = self._check(available)
@@ -155,14 +157,16 @@ class Decoder(ABC):
         return self._solve(available, missing)
 
     def _check(self, available: Mapping[int, np.ndarray]) -> set[int]:
-        shape = None
-        for index, out in available.items():
-            check_member(index, self.k, self.r)
-            got = np.shape(out)
-            if shape is not None and got != shape:
-                raise ConfigError(f"output of member {index} has shape {got}; others have {shape}")
-            shape = got
-        return {int(i) for i in available}
+        present = set(available)
+        if not present <= self._members:
+            for index in available:
+                check_member(index, self.k, self.r)
+        shapes = {np.shape(out) for out in available.values()}
+        if len(shapes) > 1:
+            first = np.shape(next(iter(available.values())))
+            index, got = next((i, np.shape(o)) for i, o in available.items() if np.shape(o) != first)
+            raise ConfigError(f"output of member {index} has shape {got}; others have {first}")
+        return present
 
     @abstractmethod
     def _solve(self, available: Mapping[int, np.ndarray], missing: list[int]) -> dict[int, np.ndarray]:
