@@ -9,7 +9,7 @@ seam              contract                                         who calls it
 ================  ===============================================  ===============================
 ``failover``      ``policies.failover.interface.FailoverPolicy``   controller, simulator, ``plan``
 ``queueing``      ``policies.queueing.QueueDiscipline``            agents' serving queues, simulator
-``coding``        ParM encoders and decoders                       gateway (coded services)
+``coding``        ``policies.coding.interface`` (ParM)             gateway (coded services), simulator
 ``adaptation``    Jellyfish mapping and variant selection          controller (slo services)
 ``replication``   HAMS state propagation                           gateway and agents (graphs)
 ``llm_recovery``  LUMEN checkpoint placement and dispatch          controller (llm services)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from failsoft.errors import ConfigError
 from failsoft.policies.coding.groups import AnswerTracker, GroupFormer, Slot
@@ -118,3 +120,33 @@ def test_too_many_losses_are_unrecoverable_and_cancel_the_parities():
     assert progress.done and progress.unrecoverable == (1,) and progress.cancel == ()
     with pytest.raises(ConfigError, match="got 5"):
         tracker.answered(5, outs[0])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    k=st.integers(2, 4),
+    gaps_ms=st.lists(st.floats(0, 30, allow_nan=False), min_size=1, max_size=40),
+    timeout_ms=st.floats(1, 20),
+)
+def test_every_query_lands_in_one_group_in_arrival_order_and_none_waits_past_the_timeout(
+    k, gaps_ms, timeout_ms
+):
+    """Driven as a gateway would (poll at each due timeout, join on each arrival): each query is in
+    exactly one group, groups keep arrival order, complete ones hold k, and no group is released
+    later than its fill timeout."""
+    former = GroupFormer(k, timeout_ms)
+    closed: list = []
+    now = 0.0
+    for key, gap in enumerate(gaps_ms):
+        arrival = now + gap / 1000
+        while (due := former.next_timeout_s()) is not None and due <= arrival:
+            closed += former.poll(due)
+        now = arrival
+        slot, done = former.join(key, now)
+        closed += done
+        assert slot.index < k
+    closed += former.flush(now)
+    assert [key for g in closed for key in g.keys] == list(range(len(gaps_ms)))
+    for g in closed:
+        assert g.complete == (len(g.keys) == k) and 1 <= len(g.keys) <= k
+        assert g.closed_s - g.opened_s <= timeout_ms / 1000 + 1e-9
