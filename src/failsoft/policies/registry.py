@@ -9,7 +9,7 @@ seam              contract                                         who calls it
 ================  ===============================================  ===============================
 ``failover``      ``policies.failover.interface.FailoverPolicy``   controller, simulator, ``plan``
 ``queueing``      ``policies.queueing.QueueDiscipline``            agents' serving queues, simulator
-``coding``        ParM encoders and decoders                       gateway (coded services)
+``coding``        ``policies.coding.interface`` (ParM)             gateway (coded services), simulator
 ``adaptation``    Jellyfish mapping and variant selection          controller (slo services)
 ``replication``   HAMS state propagation                           gateway and agents (graphs)
 ``llm_recovery``  LUMEN checkpoint placement and dispatch          controller (llm services)
@@ -28,6 +28,9 @@ from failsoft.errors import UnknownNameError
 from failsoft.policies.adaptation.exact import MilpPolicy
 from failsoft.policies.adaptation.interface import AdaptationPolicy
 from failsoft.policies.adaptation.selection import EdfLarge, EdfMedium, EdfSmall, JellyfishPolicy
+from failsoft.policies.coding.decoders import LinearDecoder, SubtractionDecoder
+from failsoft.policies.coding.encoders import AddEncoder, ConcatEncoder
+from failsoft.policies.coding.interface import Decoder, Encoder
 from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
 from failsoft.policies.failover.faillite import FailLitePolicy
 from failsoft.policies.failover.interface import FailoverPolicy
@@ -54,10 +57,17 @@ ADAPTATION: Mapping[str, type[AdaptationPolicy]] = {
     "milp": MilpPolicy,
 }
 
+CODING: Mapping[str, type[Encoder] | type[Decoder]] = {
+    "add": AddEncoder,
+    "concat": ConcatEncoder,
+    "sub": SubtractionDecoder,
+    "linear": LinearDecoder,
+}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
     "queueing": QUEUEING,
-    "coding": {},
+    "coding": CODING,
     "adaptation": ADAPTATION,
     "replication": {},
     "llm_recovery": {},
@@ -91,6 +101,21 @@ def get_failover_policy(name: str) -> FailoverPolicy:
 
 def failover_names() -> list[str]:
     return names("failover")
+
+
+def get_encoder(name: str, k: int, r: int = 1, input_shape: tuple[int, ...] = (64,)) -> Encoder:
+    """The ParM encoder ``name`` (``add``, ``concat``) for k queries of ``input_shape`` and r parities."""
+    cls = CODING.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, Encoder)):
+        known = ", ".join(sorted(n for n, c in CODING.items() if issubclass(c, Encoder)))
+        raise UnknownNameError(f"unknown coding encoder {name!r} (known: {known})")
+    return cls(k, r, input_shape)
+
+
+def get_decoder(k: int, r: int = 1) -> Decoder:
+    """The decoder of a (k, r) code: ``sub`` (the paper's subtraction) for r = 1, else ``linear``."""
+    decoder: Decoder = make("coding", "sub" if r == 1 else "linear", k, r)
+    return decoder
 
 
 def _seam(seam: str) -> Mapping[str, type]:

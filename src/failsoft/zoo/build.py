@@ -126,17 +126,24 @@ def is_built(variant_dir: Path) -> bool:
 
 
 def _ensure_built(repo: ModelRepository, fam: FamilySpec, var: VariantSpec) -> bool:
-    fam_dir = repo.safe_path(check_name("family", fam.name))
-    final = fam_dir / check_name("variant", var.name)
+    final = repo.safe_path(check_name("family", fam.name)) / check_name("variant", var.name)
     if not final.is_symlink() and is_built(final):
         return False
+    install_variant(repo, fam.name, var.name, lambda scratch: write_variant(scratch, fam, var))
+    return True
+
+
+def install_variant(repo: ModelRepository, family: str, variant: str, write: Callable[[Path], Any]) -> None:
+    """Run ``write`` into a hidden scratch directory, then rename it into ``<root>/family/variant``."""
+    fam_dir = repo.safe_path(check_name("family", family))
+    final = fam_dir / check_name("variant", variant)
     fam_dir.mkdir(parents=True, exist_ok=True)
-    repo.safe_path(fam.name)  # the family directory must not be a link out of the repository
-    scratch = fam_dir / f".build-{var.name}-{os.getpid()}"
+    repo.safe_path(family)  # the family directory must not be a link out of the repository
+    scratch = fam_dir / f".build-{variant}-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir()
     try:
-        write_variant(scratch, fam, var)
+        write(scratch)
         if final.is_symlink() or final.is_file():
             final.unlink()
         elif final.exists():
@@ -148,7 +155,6 @@ def _ensure_built(repo: ModelRepository, fam: FamilySpec, var: VariantSpec) -> b
                 raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return True
 
 
 def write_variant(target: Path, fam: FamilySpec, var: VariantSpec) -> VariantConfig:

@@ -1,0 +1,185 @@
+"""Coding groups: which queries are coded together, and when a group's answers are complete.
+
+**Forming groups** (ParM section 4.1). Queries join coding groups in arrival order, whoever sent
+them; a group is complete at k queries. As in the paper, a data query is never delayed by coding:
+the caller dispatches it to its data instance as soon as it joins (its :class:`Slot` says which
+group and member index it has), and only the parity queries wait for the group to fill. The public
+code (Clipper's ``ModelQueue``) waits for the k-th query without bound; failsoft closes a group that
+has waited ``fill_timeout_ms`` (``CodedParams``) since its first query. **A partial group is
+released uncoded**: its queries were dispatched already and are answered by their data instances
+alone; no parity query is made (the parity models are trained on k-query parities only, so a
+zero-padded parity would be out of their training distribution) and no reconstruction is possible
+for them. So no query is ever held, and a trickle of requests costs no accuracy, only protection.
+
+:class:`GroupFormer` keeps one open group per *shape* (queries of different shapes, e.g. batches of
+different sizes, cannot be encoded together). Time is passed in (``now_s``); the driver calls
+:meth:`GroupFormer.poll` at :meth:`GroupFormer.next_timeout_s` (a timer in the gateway, a SimPy
+timeout in the simulator) and :meth:`GroupFormer.join` on each arrival.
+
+**Tracking answers** (section 4.1, "first k of k+r"). :class:`AnswerTracker` follows one complete
+group: each member's answer (or loss) is reported as it comes; as soon as any k of the k+r are
+present it decodes every missing data output, and it says which members' work is no longer needed:
+the stragglers to cancel (the still-running data members once decoded, or every parity member once
+all k data answers are in). A driver may create a group's tracker when the group opens (its first
+:class:`Slot` has index 0) and report data answers that come back while the group is still filling:
+nothing decodes before a parity answer, which only exists once the group is complete. The tracker
+of a group released uncoded is simply dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import ConfigError
+from failsoft.policies.coding.interface import Decoder, check_code, check_member
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Where a query sits: coding group ``group``, data member ``index`` (0..k-1)."""
+
+    group: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A closed coding group. ``complete``: k queries, to be encoded; else released uncoded."""
+
+    id: int
+    keys: tuple[Any, ...]
+    shape: Hashable
+    opened_s: float
+    closed_s: float
+    complete: bool
+
+
+@dataclass(slots=True)
+class _Open:
+    id: int
+    shape: Hashable
+    opened_s: float
+    keys: list[Any] = field(default_factory=list)
+
+
+class GroupFormer:
+    """Queries in arrival order into groups of k, a partial group released after ``fill_timeout_ms``."""
+
+    def __init__(self, k: int, fill_timeout_ms: float) -> None:
+        self.k, _ = check_code(k, 1)
+        if not (isinstance(fill_timeout_ms, (int, float)) and 0 < fill_timeout_ms <= 10_000):
+            raise ConfigError(f"fill_timeout_ms must be in (0, 10000]; got {fill_timeout_ms!r}")
+        self.fill_timeout_s = float(fill_timeout_ms) / 1000.0
+        self._open: dict[Hashable, _Open] = {}
+        self._next_id = 0
+
+    def join(self, key: Any, now_s: float, shape: Hashable = None) -> tuple[Slot, tuple[Group, ...]]:
+        """Place query ``key``; returns its slot and the groups this closes (timed-out ones first)."""
+        closed = list(self.poll(now_s))
+        group = self._open.get(shape)
+        if group is None:
+            group = self._open[shape] = _Open(self._next_id, shape, now_s)
+            self._next_id += 1
+        group.keys.append(key)
+        slot = Slot(group.id, len(group.keys) - 1)
+        if len(group.keys) == self.k:
+            closed.append(self._close(group, now_s, complete=True))
+        return slot, tuple(closed)
+
+    def poll(self, now_s: float) -> tuple[Group, ...]:
+        """The open groups whose fill timeout has passed by ``now_s``, released uncoded."""
+        due = [g for g in self._open.values() if now_s >= g.opened_s + self.fill_timeout_s]
+        return tuple(self._close(g, now_s, complete=False) for g in sorted(due, key=lambda g: g.id))
+
+    def flush(self, now_s: float) -> tuple[Group, ...]:
+        """Release every open group uncoded (shutting down, or the service is being changed)."""
+        return tuple(
+            self._close(g, now_s, complete=False) for g in sorted(self._open.values(), key=lambda g: g.id)
+        )
+
+    def next_timeout_s(self) -> float | None:
+        """When the oldest open group times out; ``None`` when no group is open."""
+        if not self._open:
+            return None
+        return min(g.opened_s for g in self._open.values()) + self.fill_timeout_s
+
+    @property
+    def waiting(self) -> int:
+        """Queries in open groups."""
+        return sum(len(g.keys) for g in self._open.values())
+
+    def _close(self, group: _Open, now_s: float, complete: bool) -> Group:
+        del self._open[group.shape]
+        return Group(group.id, tuple(group.keys), group.shape, group.opened_s, now_s, complete)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What one report to :class:`AnswerTracker` changed.
+
+    ``decoded``: data outputs reconstructed now (member index to output); ``cancel``: members whose
+    answers are no longer needed (cancel their queued or running work); ``done``: every data output
+    is now known, or can never be (``unrecoverable`` names the data members lost for good).
+    """
+
+    decoded: dict[int, np.ndarray] = field(default_factory=dict)
+    cancel: tuple[int, ...] = ()
+    done: bool = False
+    unrecoverable: tuple[int, ...] = ()
+
+
+class AnswerTracker:
+    """The answers of one complete coding group: decode from the first k of k+r, cancel the rest."""
+
+    def __init__(self, decoder: Decoder) -> None:
+        self.decoder = decoder
+        self.k, self.r = decoder.k, decoder.r
+        self.outputs: dict[int, np.ndarray] = {}
+        self.lost: set[int] = set()
+        self.reconstructed: dict[int, np.ndarray] = {}
+        self.done = False
+
+    @property
+    def pending(self) -> tuple[int, ...]:
+        """Members neither answered nor lost."""
+        return tuple(i for i in range(self.k + self.r) if i not in self.outputs and i not in self.lost)
+
+    def answered(self, index: int, output: np.ndarray) -> Progress:
+        """Member ``index`` answered. A data answer goes to its client at once (not through here)."""
+        self._check(index)
+        if self.done or index in self.outputs or index in self.lost:
+            return Progress(done=self.done)
+        self.outputs[index] = np.asarray(output)
+        return self._step()
+
+    def failed(self, index: int) -> Progress:
+        """Member ``index`` will never answer (its server failed, its call errored)."""
+        self._check(index)
+        if self.done or index in self.outputs:
+            return Progress(done=self.done)
+        self.lost.add(index)
+        return self._step()
+
+    def _step(self) -> Progress:
+        if all(i in self.outputs for i in range(self.k)):
+            self.done = True
+            return Progress(cancel=self.pending, done=True)
+        decoded = self.decoder.decode(self.outputs)
+        if decoded is not None:
+            self.reconstructed = decoded
+            self.done = True
+            return Progress(decoded=decoded, cancel=self.pending, done=True)
+        if len(self.outputs) + len(self.pending) < self.k:  # k answers can never be present
+            self.done = True
+            gone = tuple(i for i in range(self.k) if i not in self.outputs and i in self.lost)
+            return Progress(
+                cancel=tuple(i for i in self.pending if i >= self.k), done=True, unrecoverable=gone
+            )
+        return Progress()
+
+    def _check(self, index: int) -> None:
+        check_member(index, self.k, self.r)

@@ -1,0 +1,152 @@
+"""Coding groups on explicit times: arrival order, fill timeout, first k of k+r, stragglers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from failsoft.errors import ConfigError
+from failsoft.policies.coding.groups import AnswerTracker, GroupFormer, Slot
+from failsoft.policies.registry import get_decoder
+
+
+def test_queries_fill_groups_of_k_in_arrival_order():
+    former = GroupFormer(k=3, fill_timeout_ms=10)
+    slots = []
+    for i, t in enumerate([0.0, 0.001, 0.002, 0.003]):
+        slot, closed = former.join(f"q{i}", t)
+        slots.append(slot)
+        if i < 2:
+            assert closed == ()
+        if i == 2:
+            (group,) = closed
+            assert group.complete and group.keys == ("q0", "q1", "q2") and group.closed_s == 0.002
+    assert slots == [Slot(0, 0), Slot(0, 1), Slot(0, 2), Slot(1, 0)]
+    assert former.waiting == 1
+
+
+def test_a_group_that_waits_past_the_fill_timeout_is_released_uncoded():
+    former = GroupFormer(k=2, fill_timeout_ms=10)
+    former.join("lone", 1.0)
+    assert former.next_timeout_s() == pytest.approx(1.010)
+    assert former.poll(1.0099) == ()
+    (group,) = former.poll(1.010)
+    assert not group.complete and group.keys == ("lone",) and group.opened_s == 1.0
+    assert former.next_timeout_s() is None and former.waiting == 0
+
+
+def test_a_late_arrival_releases_the_timed_out_group_and_opens_a_new_one():
+    former = GroupFormer(k=2, fill_timeout_ms=5)
+    former.join("a", 0.0)
+    slot, closed = former.join("b", 0.006)
+    assert [(g.keys, g.complete) for g in closed] == [(("a",), False)]
+    assert slot == Slot(1, 0)
+    slot, closed = former.join("c", 0.007)
+    assert slot == Slot(1, 1) and [(g.keys, g.complete) for g in closed] == [(("b", "c"), True)]
+
+
+def test_queries_of_different_shapes_are_never_coded_together():
+    former = GroupFormer(k=2, fill_timeout_ms=10)
+    former.join("row", 0.0, shape=(1, 64))
+    _, closed = former.join("batch", 0.001, shape=(4, 64))
+    assert closed == ()
+    _, closed = former.join("row2", 0.002, shape=(1, 64))
+    assert [g.keys for g in closed] == [("row", "row2")]
+    assert [g.keys for g in former.flush(0.003)] == [("batch",)]
+
+
+def test_former_refuses_bad_parameters():
+    with pytest.raises(ConfigError, match="got 0"):
+        GroupFormer(k=2, fill_timeout_ms=0)
+    with pytest.raises(ConfigError, match=r"k must be .* got 5"):
+        GroupFormer(k=5, fill_timeout_ms=10)
+
+
+def outputs(k: int, r: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    data = [rng.normal(size=10).astype(np.float32) for _ in range(k)]
+    g = get_decoder(k, r).coefficients
+    return data + [sum(g[p, i] * data[i] for i in range(k)) for p in range(r)]
+
+
+def test_first_k_of_k_plus_1_decodes_the_straggler_and_cancels_it():
+    outs = outputs(2, 1)
+    tracker = AnswerTracker(get_decoder(2, 1))
+    assert tracker.answered(0, outs[0]).decoded == {}
+    progress = tracker.answered(2, outs[2])
+    assert progress.done and progress.cancel == (1,)
+    np.testing.assert_allclose(progress.decoded[1], outs[1], atol=1e-5)
+    assert tracker.answered(1, outs[1]) == type(progress)(done=True)  # a late original changes nothing
+
+
+def test_all_data_answers_first_cancel_the_parity():
+    outs = outputs(3, 1)
+    tracker = AnswerTracker(get_decoder(3, 1))
+    for i in (2, 0):
+        assert not tracker.answered(i, outs[i]).done
+    progress = tracker.answered(1, outs[1])
+    assert progress.done and progress.cancel == (3,) and progress.decoded == {}
+
+
+def test_with_fewer_than_k_answers_nothing_is_decoded():
+    outs = outputs(3, 1)
+    tracker = AnswerTracker(get_decoder(3, 1))
+    assert tracker.answered(3, outs[3]).decoded == {}
+    assert tracker.answered(0, outs[0]).decoded == {}
+    assert not tracker.done and tracker.pending == (1, 2)
+
+
+def test_two_lost_members_are_decoded_from_two_parities():
+    outs = outputs(2, 2)
+    tracker = AnswerTracker(get_decoder(2, 2))
+    tracker.failed(0)
+    tracker.answered(3, outs[3])
+    tracker.failed(1)
+    progress = tracker.answered(2, outs[2])
+    assert progress.done and set(progress.decoded) == {0, 1}
+    for j in (0, 1):
+        np.testing.assert_allclose(progress.decoded[j], outs[j], atol=1e-4)
+
+
+def test_too_many_losses_are_unrecoverable_and_cancel_the_parities():
+    outs = outputs(3, 2)
+    tracker = AnswerTracker(get_decoder(3, 2))
+    tracker.answered(0, outs[0])
+    tracker.failed(1)
+    tracker.failed(3)
+    progress = tracker.failed(4)
+    assert progress.done and progress.unrecoverable == (1,) and progress.cancel == ()
+    with pytest.raises(ConfigError, match="got 5"):
+        tracker.answered(5, outs[0])
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    k=st.integers(2, 4),
+    gaps_ms=st.lists(st.floats(0, 30, allow_nan=False), min_size=1, max_size=40),
+    timeout_ms=st.floats(1, 20),
+)
+def test_every_query_lands_in_one_group_in_arrival_order_and_none_waits_past_the_timeout(
+    k, gaps_ms, timeout_ms
+):
+    """Driven as a gateway would (poll at each due timeout, join on each arrival): each query is in
+    exactly one group, groups keep arrival order, complete ones hold k, and no group is released
+    later than its fill timeout."""
+    former = GroupFormer(k, timeout_ms)
+    closed: list = []
+    now = 0.0
+    for key, gap in enumerate(gaps_ms):
+        arrival = now + gap / 1000
+        while (due := former.next_timeout_s()) is not None and due <= arrival:
+            closed += former.poll(due)
+        now = arrival
+        slot, done = former.join(key, now)
+        closed += done
+        assert slot.index < k
+    closed += former.flush(now)
+    assert [key for g in closed for key in g.keys] == list(range(len(gaps_ms)))
+    for g in closed:
+        assert g.complete == (len(g.keys) == k) and 1 <= len(g.keys) <= k
+        assert g.closed_s - g.opened_s <= timeout_ms / 1000 + 1e-9
