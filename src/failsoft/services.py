@@ -161,11 +161,11 @@ class LlmParams:
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
 
-    checkpoint_budget_mb: Annotated[float, Ge(0)] = 256.0
-    alpha: Annotated[float, Ge(0)] = 1.0
-    beta: Annotated[float, Ge(0)] = 1.0
-    theta: Annotated[float, Gt(0)] = 2.0
-    tau: Annotated[int, Ge(1)] = 8
+    checkpoint_budget_mb: Annotated[float, Ge(0)] = 40960.0  # 0: no checkpoints
+    alpha: Annotated[float, Ge(0)] = 1.0  # per GB of KV checkpoints held
+    beta: Annotated[float, Ge(0)] = 1.0  # per request in flight
+    theta: Annotated[float, Gt(0)] = 2.0  # times the up workers' mean load
+    tau: Annotated[int, Ge(1)] = 32  # KV pages of 16 tokens (512 tokens)
     draft_tokens: Annotated[int, Ge(1), Le(16)] = 4
 
     def __post_init__(self) -> None:

@@ -28,6 +28,8 @@ from failsoft.errors import UnknownNameError
 from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
 from failsoft.policies.failover.faillite import FailLitePolicy
 from failsoft.policies.failover.interface import FailoverPolicy
+from failsoft.policies.llm_recovery.policy import POLICIES as LLM_RECOVERY_POLICIES
+from failsoft.policies.llm_recovery.policy import LlmRecoveryPolicy
 from failsoft.policies.queueing import BatchLazyDrop, Edf, Fifo, QueueDiscipline
 
 FAILOVER: Mapping[str, type[FailoverPolicy]] = {
@@ -43,13 +45,15 @@ QUEUEING: Mapping[str, type[QueueDiscipline]] = {
     "edf": Edf,
 }
 
+LLM_RECOVERY: Mapping[str, type[LlmRecoveryPolicy]] = {p.name: p for p in LLM_RECOVERY_POLICIES}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
     "queueing": QUEUEING,
     "coding": {},
     "adaptation": {},
     "replication": {},
-    "llm_recovery": {},
+    "llm_recovery": LLM_RECOVERY,
 }
 
 
