@@ -29,8 +29,17 @@ from pathlib import Path
 OUT = Path("src/failsoft/data/llm")
 WINDOW_S = 900.0
 SHAREGPT_ROWS = 4000
-_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_act", "mlp_down_proj", "input_layernorm",
-        "post_attention_layernorm", "attn_rope", "add")
+_OPS = (
+    "attn_pre_proj",
+    "attn_post_proj",
+    "mlp_up_proj",
+    "mlp_act",
+    "mlp_down_proj",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "attn_rope",
+    "add",
+)
 
 
 def step_times(root: Path) -> list[tuple[str, float, float]]:
@@ -93,9 +102,10 @@ def main(root: Path) -> None:
             w = csv.writer(fh)
             w.writerow(["arrival_s", "prompt_tokens", "output_tokens"])
             w.writerows(azure(root / f"traces/azure_llm_2023/AzureLLMInferenceTrace_{name}.csv"))
-    with (root / "traces/sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv").open() as src, (
-        OUT / "sharegpt.csv"
-    ).open("w", newline="") as fh:
+    with (
+        (root / "traces/sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv").open() as src,
+        (OUT / "sharegpt.csv").open("w", newline="") as fh,
+    ):
         w = csv.writer(fh)
         w.writerow(["prompt_tokens", "output_tokens"])
         for i, r in enumerate(csv.DictReader(src)):

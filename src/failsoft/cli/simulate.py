@@ -26,17 +26,16 @@ from failsoft.sim.output import summary
 from failsoft.sim.runner import row_count
 
 _LLM_EXPERIMENTS = ("llm-recovery", "llm-recovery-sweep")  # failsoft.sim.llm, imported when run
+_NAMES = ", ".join([*EXPERIMENTS, *_LLM_EXPERIMENTS])
 
 _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms", "plan_ms")
 
 
 def simulate(
-    experiment: Annotated[
-        str, typer.Argument(help=f"One of: {', '.join([*EXPERIMENTS, *_LLM_EXPERIMENTS])}", show_default=False)
-    ],
+    experiment: Annotated[str, typer.Argument(help=f"One of: {_NAMES}", show_default=False)],
     out: Annotated[Path | None, typer.Option(help="Output directory (default: out/sim/EXPERIMENT)")] = None,
     seeds: Annotated[
-        int | None, typer.Option(min=1, help="Seeds 0..N-1 (clusters, failures, phases); default 3, llm-recovery 1")
+        int | None, typer.Option(min=1, help="Seeds 0..N-1 (clusters, failures, phases); default 3, llm-* 1")
     ] = None,
     policy: Annotated[
         list[str] | None,

@@ -21,7 +21,9 @@ from failsoft.sim.llm.output import llm_summary, write_llm_outputs
 _DIGEST = ("ttft_ms_mean", "tpot_ms_mean", "recovery_ms", "reload_ms", "failed_requests")
 
 
-def simulate_llm(name: str, out: Path | None, seeds: int, policies: Sequence[str] | None, quick: bool) -> None:
+def simulate_llm(
+    name: str, out: Path | None, seeds: int, policies: Sequence[str] | None, quick: bool
+) -> None:
     exp = get_llm_experiment(name, quick, policies)
     started = time.perf_counter()
 
@@ -42,11 +44,15 @@ def simulate_llm(name: str, out: Path | None, seeds: int, policies: Sequence[str
         "wall_s": full["wall_s"],
         "outputs": paths,
         "by_point": {
-            f"{e['label']} {e['policy']}": {m: e[m]["mean"] for m in _DIGEST if m in e} for e in full["by_point"]
+            f"{e['label']} {e['policy']}": {m: e[m]["mean"] for m in _DIGEST if m in e}
+            for e in full["by_point"]
         },
     }
     if "vs_review_4_workers" in full:
         digest["vs_review_4_workers"] = full["vs_review_4_workers"]
     typer.echo(json.dumps(digest, indent=2))
-    typer.echo(f"simulate {exp.name}: {len(result.rows)} rows in {result.wall_s:.1f} s; wrote\n"
-               + "\n".join(f"  {p}" for p in paths.values()), err=True)
+    typer.echo(
+        f"simulate {exp.name}: {len(result.rows)} rows in {result.wall_s:.1f} s; wrote\n"
+        + "\n".join(f"  {p}" for p in paths.values()),
+        err=True,
+    )

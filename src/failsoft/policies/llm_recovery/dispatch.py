@@ -76,7 +76,9 @@ class RecoveryDispatch(ABC):
 
     name: ClassVar[str]
 
-    def route(self, interrupted: Sequence[Interrupted], view: ClusterView, params: LlmParams) -> tuple[Route, ...]:
+    def route(
+        self, interrupted: Sequence[Interrupted], view: ClusterView, params: LlmParams
+    ) -> tuple[Route, ...]:
         threshold = params.theta * view.mean_load(params)
         routes = []
         for item in interrupted:
@@ -115,9 +117,13 @@ class LocalityAware(RecoveryDispatch):
         assert item.holder is not None
         load = recovery_load(view.get(item.holder), params)
         if load <= threshold:
-            return Route(item.request, item.holder, True, f"holder load {load:.2f} <= theta bound {threshold:.2f}")
+            return Route(
+                item.request, item.holder, True, f"holder load {load:.2f} <= theta bound {threshold:.2f}"
+            )
         if pages(item.checkpoint_tokens) > params.tau:
-            return Route(item.request, item.holder, True, f"prefix of {pages(item.checkpoint_tokens)} pages > tau")
+            return Route(
+                item.request, item.holder, True, f"prefix of {pages(item.checkpoint_tokens)} pages > tau"
+            )
         return self._recompute(item, view, params, f"holder overloaded ({load:.2f}) and prefix short")
 
 

@@ -31,8 +31,12 @@ MB_PER_GB = 1024.0
 
 def kv_mb_per_token(n_layers: int, n_kv_heads: int, d_head: int, dtype_bytes: int = 2) -> float:
     """KV-cache megabytes per token (review Eq. 1): keys and values of every layer and KV head."""
-    for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("d_head", d_head),
-                        ("dtype_bytes", dtype_bytes)):
+    for name, value in (
+        ("n_layers", n_layers),
+        ("n_kv_heads", n_kv_heads),
+        ("d_head", d_head),
+        ("dtype_bytes", dtype_bytes),
+    ):
         if value < 1:
             raise ConfigError(f"kv_mb_per_token: {name} must be >= 1; got {value!r}")
     return 2 * n_layers * n_kv_heads * d_head * dtype_bytes / (1024 * 1024)

@@ -78,7 +78,9 @@ class LoadAware(CheckpointPlacement):
         if not peers:
             return PlacementDecision(None, "no up peer has budget left")
         best = min(peers, key=lambda w: (recovery_load(w, params), w.held_kv_mb))
-        return PlacementDecision(best.name, f"lowest expected recovery load {recovery_load(best, params):.2f}")
+        return PlacementDecision(
+            best.name, f"lowest expected recovery load {recovery_load(best, params):.2f}"
+        )
 
 
 class RingNeighbour(CheckpointPlacement):
@@ -125,7 +127,7 @@ class Checkpoint:
 
 
 class _Live:
-    __slots__ = ("serving", "holder", "tokens", "kv_mb")
+    __slots__ = ("holder", "kv_mb", "serving", "tokens")
 
     def __init__(self, serving: str, holder: str, tokens: int, kv_mb: float) -> None:
         self.serving, self.holder, self.tokens, self.kv_mb = serving, holder, tokens, kv_mb

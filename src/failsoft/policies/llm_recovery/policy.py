@@ -21,7 +21,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from failsoft.policies.llm_recovery.dispatch import HolderFirst, LocalityAware, RecomputeAll, RecoveryDispatch
-from failsoft.policies.llm_recovery.placement import CheckpointPlacement, LoadAware, NoCheckpoint, RingNeighbour
+from failsoft.policies.llm_recovery.placement import (
+    CheckpointPlacement,
+    LoadAware,
+    NoCheckpoint,
+    RingNeighbour,
+)
 from failsoft.policies.llm_recovery.progressive import ProgressiveRecovery
 from failsoft.services import LlmParams
 

@@ -71,11 +71,15 @@ class SpeculationCost:
 
     def peer_speedup(self, draft_tokens: int) -> float:
         """Decode speed-up of a survivor assisted by a drafting peer (pipelined on two GPUs)."""
-        return expected_tokens(self.acceptance, draft_tokens) / max(draft_tokens * self.draft_step, self.verify_step)
+        return expected_tokens(self.acceptance, draft_tokens) / max(
+            draft_tokens * self.draft_step, self.verify_step
+        )
 
     def self_speedup(self, draft_tokens: int) -> float:
         """Decode speed-up of a worker drafting for itself (draft and verification in turn)."""
-        return expected_tokens(self.acceptance, draft_tokens) / (draft_tokens * self.draft_step + self.verify_step)
+        return expected_tokens(self.acceptance, draft_tokens) / (
+            draft_tokens * self.draft_step + self.verify_step
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +113,21 @@ class ProgressiveRecovery:
             if worker.target_ready:
                 gain = cost.self_speedup(k)
                 if gain >= SELF_DRAFT_MIN_GAIN:
-                    out.append(ProgressiveDecision(worker.name, "self-draft", None, gain, "drafting on its own GPU pays"))
+                    out.append(
+                        ProgressiveDecision(
+                            worker.name, "self-draft", None, gain, "drafting on its own GPU pays"
+                        )
+                    )
                 else:
-                    out.append(ProgressiveDecision(worker.name, "full", None, 1.0, f"self-drafting gains {gain:.2f}x < {SELF_DRAFT_MIN_GAIN}x"))
+                    out.append(
+                        ProgressiveDecision(
+                            worker.name,
+                            "full",
+                            None,
+                            1.0,
+                            f"self-drafting gains {gain:.2f}x < {SELF_DRAFT_MIN_GAIN}x",
+                        )
+                    )
                 continue
             if not worker.draft_ready:
                 out.append(ProgressiveDecision(worker.name, "loading", None, 1.0, "draft model loading"))
@@ -119,11 +135,17 @@ class ProgressiveRecovery:
             gain = cost.peer_speedup(k)
             survivors = [w for w in view.up() if w.name not in taken]
             if gain <= 1:
-                out.append(ProgressiveDecision(worker.name, "idle", None, 1.0, f"peer drafting gains {gain:.2f}x <= 1"))
+                out.append(
+                    ProgressiveDecision(
+                        worker.name, "idle", None, 1.0, f"peer drafting gains {gain:.2f}x <= 1"
+                    )
+                )
             elif not survivors:
                 out.append(ProgressiveDecision(worker.name, "idle", None, 1.0, "no survivor to assist"))
             else:
                 target = max(survivors, key=lambda w: (recovery_load(w, params), w.queue))
                 taken.add(target.name)
-                out.append(ProgressiveDecision(worker.name, "peer-verify", target.name, gain, "most loaded survivor"))
+                out.append(
+                    ProgressiveDecision(worker.name, "peer-verify", target.name, gain, "most loaded survivor")
+                )
         return tuple(out)

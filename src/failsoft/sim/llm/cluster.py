@@ -57,8 +57,8 @@ class LlmSimConfig:
     workers: int = 4
     failed: int = 1  # workers killed at once at ``warmup_s``; 0: no failure (the baseline)
     workload: str = "conv"
-    rate_per_worker: float = 4.0  # requests/s per worker: no-failure mean TTFT about 1.1 s (review: 1.16 s)
-    warmup_s: float = 40.0  # the kill time
+    rate_per_worker: float = 3.0  # requests/s per worker: 25% fewer workers run at about capacity
+    warmup_s: float = 30.0  # the kill time
     arrivals_after_s: float = 90.0  # arrivals go on this long after the kill
     window_s: float = 60.0  # TTFT/TPOT are averaged over requests arriving this long after the kill
     max_batch: int = 64
@@ -80,9 +80,22 @@ class LlmSimConfig:
 
 class Req:
     __slots__ = (
-        "id", "arrival", "prompt", "output", "first_token", "finish", "generated", "prefill_left",
-        "restore_mb", "interrupted", "replay_first", "start_clock", "base", "reserved", "recomputed",
+        "arrival",
+        "base",
+        "finish",
+        "first_token",
+        "generated",
+        "id",
+        "interrupted",
+        "output",
+        "prefill_left",
+        "prompt",
+        "recomputed",
+        "replay_first",
+        "reserved",
+        "restore_mb",
         "restored",
+        "start_clock",
     )
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int) -> None:
@@ -158,14 +171,21 @@ class LlmCluster:
         scale = (n / span) / (self.c.rate_per_worker * self.c.workers)
         start = int(self.rng.integers(0, n))
         end = self.c.warmup_s + self.c.arrivals_after_s
-        out, i, offset = [], start, -float(times[start])
+        out: list[tuple[float, int, int]] = []
+        i, offset = start, -float(times[start])
         while True:
             if i == n:
                 i, offset = 0, offset + span + float(times[1] - times[0])
             t = (float(times[i]) + offset) * scale
             if t > end:
                 return out
-            out.append((t, min(int(prompt[i]), self.c.max_prompt_tokens), max(1, min(int(output[i]), self.c.max_output_tokens))))
+            out.append(
+                (
+                    t,
+                    min(int(prompt[i]), self.c.max_prompt_tokens),
+                    max(1, min(int(output[i]), self.c.max_output_tokens)),
+                )
+            )
             i += 1
 
     def _arrive(self, arrivals: list[tuple[float, int, int]]) -> Any:
@@ -288,10 +308,14 @@ class LlmCluster:
         heapq.heappush(w.heap, (w.clock + r.output - r.generated, r.id))
         if self.policy.checkpoints and r.id not in self.ledger:
             tokens = r.prompt + r.generated
-            decision = self.policy.placement.choose(w.name, tokens * self.c.kv_mb_per_token, self.view(), self.params)
+            decision = self.policy.placement.choose(
+                w.name, tokens * self.c.kv_mb_per_token, self.view(), self.params
+            )
             if decision.holder is not None and self.ledger.assign(r.id, w.name, decision.holder, tokens):
                 assert self._view is not None
-                self._view = self._view.with_added(decision.holder, held_kv_mb=tokens * self.c.kv_mb_per_token)
+                self._view = self._view.with_added(
+                    decision.holder, held_kv_mb=tokens * self.c.kv_mb_per_token
+                )
 
     def _finish(self, w: Worker, r: Req) -> None:
         r.finish = self.env.now
@@ -326,7 +350,10 @@ class LlmCluster:
             orphans += active + list(w.waiting)
             w.alive = w.serving = False
             w.epoch += 1
-            w.waiting.clear(), w.prefilling.clear(), w.decoding.clear(), w.heap.clear()
+            w.waiting.clear()
+            w.prefilling.clear()
+            w.decoding.clear()
+            w.heap.clear()
             w.kv, w.spec, w.restore_ms = 0.0, None, 0.0
             self._wake(w)
             self.ledger.lose_holder(w.name)
@@ -386,7 +413,9 @@ class LlmCluster:
         self._view = None
         self.env.process(self._run(w, w.epoch))
         if self.policy.progressive is not None:
-            decision = self.policy.progressive.decide([Recovering(w.name, True, True)], self.view(), self.params, self._cost())
+            decision = self.policy.progressive.decide(
+                [Recovering(w.name, True, True)], self.view(), self.params, self._cost()
+            )
             w.spec = ("self", self.k) if decision[0].mode == "self-draft" else None
         if all(v.serving for v in self.victims):
             self.reload_done_at = self.env.now

@@ -48,17 +48,17 @@ class StepTimes:
 
     def prefill_ms(self, tokens: float) -> float:
         key = ("p", tokens)
-        memo: dict = self._memo  # type: ignore[attr-defined]
+        memo: dict[tuple[str, float], float] = self._memo  # type: ignore[attr-defined]
         if key not in memo:
             memo[key] = _interp(tokens, self.prefill_x, self.prefill_ms_)
-        return memo[key]  # type: ignore[no-any-return]
+        return memo[key]
 
     def decode_ms(self, batch: float) -> float:
         key = ("d", batch)
-        memo: dict = self._memo  # type: ignore[attr-defined]
+        memo: dict[tuple[str, float], float] = self._memo  # type: ignore[attr-defined]
         if key not in memo:
             memo[key] = _interp(batch, self.decode_x, self.decode_ms_)
-        return memo[key]  # type: ignore[no-any-return]
+        return memo[key]
 
     def step_ms(self, prefill_tokens: int, batch: int) -> float:
         """One continuous-batching iteration: ``batch`` decoding requests plus ``prefill_tokens``

@@ -53,7 +53,7 @@ SWEEP = {
     "checkpoint_budget_mb": (0.0, 5120.0, 10240.0, 20480.0, 40960.0),
     "acceptance": (0.3, 0.6, 0.8),
 }
-_SIM_AXES = ("acceptance",)
+_SIM_AXES = ("acceptance",)  # a property of the draft model, set on the simulated cluster
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,9 @@ class LlmResult:
 
 
 def _quick(config: LlmSimConfig) -> LlmSimConfig:
-    return dataclasses.replace(config, warmup_s=20.0, arrivals_after_s=40.0, window_s=30.0, target_load_s=10.0)
+    return dataclasses.replace(
+        config, warmup_s=20.0, arrivals_after_s=40.0, window_s=30.0, target_load_s=10.0
+    )
 
 
 def _scale(quick: bool, policies: Sequence[str] | None) -> LlmExperiment:
@@ -92,9 +94,15 @@ def _scale(quick: bool, policies: Sequence[str] | None) -> LlmExperiment:
     for n in (4, 8) if quick else SCALES:
         config = LlmSimConfig(workers=n, failed=max(1, n // 4))
         chosen = tuple(policies) if policies else (ALL_POLICIES if n <= ABLATION_MAX_WORKERS else HEADLINE)
-        points.append(LlmPoint("workers", n, str(n), _quick(config) if quick else config, LlmParams(), chosen))
-    return LlmExperiment("llm-recovery", "LUMEN recovery: 25% of the workers fail (Azure conversation trace)",
-                         tuple(points), "scale")
+        points.append(
+            LlmPoint("workers", n, str(n), _quick(config) if quick else config, LlmParams(), chosen)
+        )
+    return LlmExperiment(
+        "llm-recovery",
+        "LUMEN recovery: 25% of the workers fail (Azure conversation trace)",
+        tuple(points),
+        "scale",
+    )
 
 
 def _sweep(quick: bool, policies: Sequence[str] | None) -> LlmExperiment:
@@ -106,11 +114,13 @@ def _sweep(quick: bool, policies: Sequence[str] | None) -> LlmExperiment:
     for axis, values in SWEEP.items():
         for value in values[:2] if quick else values:
             if axis in _SIM_AXES:
-                config, params = dataclasses.replace(base, **{axis: value}), LlmParams()
+                config, params = dataclasses.replace(base, acceptance=float(value)), LlmParams()
             else:
                 config, params = base, LlmParams(**{axis: type(getattr(LlmParams(), axis))(value)})
             points.append(LlmPoint(axis, float(value), f"{axis}={value:g}", config, params, chosen))
-    return LlmExperiment("llm-recovery-sweep", "LUMEN parameter sweep (8 workers, 2 fail)", tuple(points), "sweep")
+    return LlmExperiment(
+        "llm-recovery-sweep", "LUMEN parameter sweep (8 workers, 2 fail)", tuple(points), "sweep"
+    )
 
 
 LLM_EXPERIMENTS: dict[str, Callable[[bool, Sequence[str] | None], LlmExperiment]] = {
@@ -119,7 +129,9 @@ LLM_EXPERIMENTS: dict[str, Callable[[bool, Sequence[str] | None], LlmExperiment]
 }
 
 
-def get_llm_experiment(name: str, quick: bool = False, policies: Sequence[str] | None = None) -> LlmExperiment:
+def get_llm_experiment(
+    name: str, quick: bool = False, policies: Sequence[str] | None = None
+) -> LlmExperiment:
     if name not in LLM_EXPERIMENTS:
         raise ConfigError(f"unknown LLM experiment {name!r} (known: {', '.join(LLM_EXPERIMENTS)})")
     unknown = [p for p in policies or () if p not in ALL_POLICIES]
@@ -161,7 +173,9 @@ def run_llm_experiment(
     return LlmResult(experiment, rows, list(range(seeds)), time.perf_counter() - started, policies)
 
 
-def _row(experiment: LlmExperiment, point: LlmPoint, policy: str, seed: int, metrics: dict[str, Any]) -> dict[str, Any]:
+def _row(
+    experiment: LlmExperiment, point: LlmPoint, policy: str, seed: int, metrics: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "experiment": experiment.name,
         "policy": policy,
@@ -177,8 +191,13 @@ def _row(experiment: LlmExperiment, point: LlmPoint, policy: str, seed: int, met
 
 def headline(rows: Sequence[dict[str, Any]], workers: int = 4) -> dict[str, Any]:
     """LUMEN against each baseline at ``workers``, in percent (mean over seeds), beside the review's."""
+
     def mean(policy: str, metric: str) -> float:
-        values = [r[metric] for r in rows if r["policy"] == policy and r["workers"] == workers and r["axis"] == "workers"]
+        values = [
+            r[metric]
+            for r in rows
+            if r["policy"] == policy and r["workers"] == workers and r["axis"] == "workers"
+        ]
         finite = [v for v in values if isinstance(v, float | int) and math.isfinite(v)]
         return sum(finite) / len(finite) if finite else math.nan
 

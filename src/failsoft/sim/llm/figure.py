@@ -9,12 +9,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from failsoft.sim.llm.experiment import BASELINE, LlmResult  # noqa: E402
-from failsoft.sim.runner import aggregate  # noqa: E402
+from failsoft.sim.llm.experiment import BASELINE, LlmResult
+from failsoft.sim.runner import aggregate
 
-_METRICS = (("ttft_ms_mean", "mean TTFT (s)"), ("tpot_ms_mean", "mean TPOT (ms)"), ("recovery_ms", "recovery (s)"))
+_METRICS = (
+    ("ttft_ms_mean", "mean TTFT (s)"),
+    ("tpot_ms_mean", "mean TPOT (ms)"),
+    ("recovery_ms", "recovery (s)"),
+)
 _SCALE = {"ttft_ms_mean": 1e-3, "tpot_ms_mean": 1.0, "recovery_ms": 1e-3}
 
 
@@ -29,8 +33,12 @@ def plot_llm(result: LlmResult, path: Path) -> Path:
                 pts = sorted((e["x"], e[metric]["mean"]) for e in entries if e["policy"] == policy)
                 pts = [(x, y * _SCALE[metric]) for x, y in pts if y is not None and y == y]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=policy,
-                            linestyle="--" if policy.startswith("lumen-") or policy == BASELINE else "-")
+                    ax.plot(
+                        *zip(*pts, strict=True),
+                        marker="o",
+                        label=policy,
+                        linestyle="--" if policy.startswith("lumen-") or policy == BASELINE else "-",
+                    )
             ax.set_xscale("log", base=2)
             ax.set_xlabel("workers (25% fail)")
             ax.set_ylabel(name)
@@ -44,7 +52,11 @@ def plot_llm(result: LlmResult, path: Path) -> Path:
                 for policy in result.policies:
                     if policy == BASELINE:
                         continue
-                    pts = sorted((e["x"], e[metric]["mean"]) for e in entries if e["policy"] == policy and e["axis"] == axis)
+                    pts = sorted(
+                        (e["x"], e[metric]["mean"])
+                        for e in entries
+                        if e["policy"] == policy and e["axis"] == axis
+                    )
                     pts = [(x, y * _SCALE[metric]) for x, y in pts if y is not None and y == y]
                     if pts:
                         ax.plot(*zip(*pts, strict=True), marker="o", label=policy)

@@ -24,7 +24,9 @@ def llm_summary(result: LlmResult) -> dict[str, Any]:
         "title": exp.title,
         "policies": result.policies,
         "seeds": result.seeds,
-        "config": {k: v for k, v in dataclasses.asdict(point.config).items() if k not in ("workers", "failed")},
+        "config": {
+            k: v for k, v in dataclasses.asdict(point.config).items() if k not in ("workers", "failed")
+        },
         "params": dataclasses.asdict(point.params),
         "wall_s": round(result.wall_s, 3),
         "by_point": _clean(aggregate(result.rows, ("policy", "axis", "x", "label"))),
