@@ -166,7 +166,7 @@ class LlmParams:
     beta: Annotated[float, Ge(0)] = 1.0  # per request in flight
     theta: Annotated[float, Gt(0)] = 2.0  # times the up workers' mean load
     tau: Annotated[int, Ge(1)] = 32  # KV pages of 16 tokens (512 tokens)
-    draft_tokens: Annotated[int, Ge(1), Le(16)] = 4
+    draft_tokens: Annotated[int, Ge(1), Le(16)] = 3  # best of the simulator sweep (docs/lumen.md)
 
     def __post_init__(self) -> None:
         check_bounds(self)
