@@ -27,7 +27,7 @@ def plot_llm(result: LlmResult, path: Path) -> Path:
     if result.experiment.plot == "scale":
         fig, axes = plt.subplots(1, 3, figsize=(14, 4))
         for ax, (metric, name) in zip(axes, _METRICS, strict=True):
-            for policy in result.policies:
+            for i, policy in enumerate(result.policies):
                 if policy == BASELINE and metric == "recovery_ms":
                     continue
                 pts = sorted((e["x"], e[metric]["mean"]) for e in entries if e["policy"] == policy)
@@ -36,6 +36,7 @@ def plot_llm(result: LlmResult, path: Path) -> Path:
                     ax.plot(
                         *zip(*pts, strict=True),
                         marker="o",
+                        color=f"C{i}",
                         label=policy,
                         linestyle="--" if policy.startswith("lumen-") or policy == BASELINE else "-",
                     )
