@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from failsoft.cli import app, main
 from failsoft.policies import registry
 from failsoft.services import LlmParams
-from failsoft.sim.llm import ALL_POLICIES, LlmCluster, LlmSimConfig
+from failsoft.sim.llm import ALL_POLICIES, LlmCluster, LlmSimConfig, get_llm_experiment
 from failsoft.sim.llm.data import load_trace, step_times
 from failsoft.sim.llm.metrics import measure
 
@@ -104,3 +104,12 @@ def test_the_command_writes_csv_summary_and_figure(tmp_path):
 def test_an_unknown_policy_is_refused(capsys):
     assert main(["simulate", "llm-recovery", "--quick", "--policy", "nope"]) == 2
     assert "unknown llm recovery policy 'nope'" in capsys.readouterr().err
+
+
+def test_each_workload_runs_at_the_same_relative_load():
+    exp = get_llm_experiment("llm-recovery-workloads", quick=True)
+    rates = {p.label: p.config.rate_per_worker for p in exp.points}
+    assert set(rates) == {"conv", "code", "sharegpt"}
+    # ShareGPT's long outputs cost more per request than conversations, code's short ones less
+    assert rates["sharegpt"] < rates["conv"] < rates["code"]
+    assert rates["conv"] == LlmSimConfig().rate_per_worker

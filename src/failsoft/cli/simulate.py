@@ -25,7 +25,8 @@ from failsoft.sim.deploy import DEFAULT_POLICIES, policy_labels
 from failsoft.sim.output import summary
 from failsoft.sim.runner import row_count
 
-_LLM_EXPERIMENTS = ("llm-recovery", "llm-recovery-sweep")  # failsoft.sim.llm, imported when run
+# failsoft.sim.llm, imported when one of these runs
+_LLM_EXPERIMENTS = ("llm-recovery", "llm-recovery-sweep", "llm-recovery-workloads")
 _NAMES = ", ".join([*EXPERIMENTS, *_LLM_EXPERIMENTS])
 
 _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms", "plan_ms")

@@ -107,3 +107,14 @@ def load_trace(workload: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         np.array([int(r["prompt_tokens"]) for r in rows]),
         np.array([int(r["output_tokens"]) for r in rows]),
     )
+
+
+def capacity_per_worker(workload: str, max_batch: int = 64) -> float:
+    """Requests/s one worker serves at full batches, estimated from the step times: a request costs
+    the prefill of its prompt (averaged over the trace's prompts, clipped at 8192 tokens) plus its
+    output's share of full-batch decode steps."""
+    _, prompt, output = load_trace(workload)
+    steps = step_times()
+    prefill_s = sum(steps.prefill_ms(float(min(p, 8192))) for p in prompt) / len(prompt) / 1000
+    decode_s = float(output.mean()) * steps.decode_ms(max_batch) / 1000 / max_batch
+    return 1.0 / (prefill_s + decode_s)

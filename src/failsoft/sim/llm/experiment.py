@@ -12,6 +12,10 @@ experiment             setup
 ``llm-recovery-sweep`` ``lumen`` on 8 workers (2 killed), one parameter varied at a time around
                        the defaults: alpha, beta, theta, tau, draft_tokens, checkpoint budget,
                        and the draft's acceptance rate (a property of the draft model)
+``llm-recovery-        the three headline policies on 8 workers (2 killed) under the Azure
+workloads``            conversation and code traces and ShareGPT lengths (on the conversation
+                       trace's arrival times), each at the same load relative to its estimated
+                       capacity (:func:`~failsoft.sim.llm.data.capacity_per_worker`)
 =====================  ======================================================================
 
 Every (point, seed) also runs once without a failure (same arrivals): the baseline of
@@ -31,6 +35,7 @@ from failsoft.errors import ConfigError
 from failsoft.policies import registry
 from failsoft.services import LlmParams
 from failsoft.sim.llm.cluster import LlmCluster, LlmSimConfig
+from failsoft.sim.llm.data import WORKLOADS, capacity_per_worker
 from failsoft.sim.llm.metrics import measure
 
 HEADLINE = ("lumen", "fixed-checkpointing", "stop-and-restart")
@@ -123,9 +128,26 @@ def _sweep(quick: bool, policies: Sequence[str] | None) -> LlmExperiment:
     )
 
 
+def _workloads(quick: bool, policies: Sequence[str] | None) -> LlmExperiment:
+    base = LlmSimConfig(workers=8, failed=2)
+    if quick:
+        base = _quick(dataclasses.replace(base, workers=4, failed=1))
+    chosen = tuple(policies) if policies else HEADLINE
+    reference = capacity_per_worker("conv")
+    points = []
+    for i, workload in enumerate(WORKLOADS):
+        rate = base.rate_per_worker * capacity_per_worker(workload) / reference  # the same relative load
+        config = dataclasses.replace(base, workload=workload, rate_per_worker=round(rate, 3))
+        points.append(LlmPoint("workload", float(i), workload, config, LlmParams(), chosen))
+    return LlmExperiment(
+        "llm-recovery-workloads", "LUMEN recovery by workload (8 workers, 2 fail)", tuple(points), "sweep"
+    )
+
+
 LLM_EXPERIMENTS: dict[str, Callable[[bool, Sequence[str] | None], LlmExperiment]] = {
     "llm-recovery": _scale,
     "llm-recovery-sweep": _sweep,
+    "llm-recovery-workloads": _workloads,
 }
 
 
