@@ -161,12 +161,12 @@ class LlmParams:
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
 
-    checkpoint_budget_mb: Annotated[float, Ge(0)] = 256.0
-    alpha: Annotated[float, Ge(0)] = 1.0
-    beta: Annotated[float, Ge(0)] = 1.0
-    theta: Annotated[float, Gt(0)] = 2.0
-    tau: Annotated[int, Ge(1)] = 8
-    draft_tokens: Annotated[int, Ge(1), Le(16)] = 4
+    checkpoint_budget_mb: Annotated[float, Ge(0)] = 40960.0  # 0: no checkpoints
+    alpha: Annotated[float, Ge(0)] = 1.0  # per GB of KV checkpoints held
+    beta: Annotated[float, Ge(0)] = 1.0  # per request in flight
+    theta: Annotated[float, Gt(0)] = 2.0  # times the up workers' mean load
+    tau: Annotated[int, Ge(1)] = 32  # KV pages of 16 tokens (512 tokens)
+    draft_tokens: Annotated[int, Ge(1), Le(16)] = 3  # best of the simulator sweep (docs/lumen.md)
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -25,15 +25,19 @@ from failsoft.sim.deploy import DEFAULT_POLICIES, policy_labels
 from failsoft.sim.output import summary
 from failsoft.sim.runner import row_count
 
+# failsoft.sim.llm, imported when one of these runs
+_LLM_EXPERIMENTS = ("llm-recovery", "llm-recovery-sweep", "llm-recovery-workloads")
+_NAMES = ", ".join([*EXPERIMENTS, "jellyfish", *_LLM_EXPERIMENTS])
+
 _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms", "plan_ms")
 
 
 def simulate(
-    experiment: Annotated[
-        str, typer.Argument(help=f"One of: {', '.join(EXPERIMENTS)}, jellyfish", show_default=False)
-    ],
+    experiment: Annotated[str, typer.Argument(help=f"One of: {_NAMES}", show_default=False)],
     out: Annotated[Path | None, typer.Option(help="Output directory (default: out/sim/EXPERIMENT)")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..N-1 (clusters, failures, phases)")] = 3,
+    seeds: Annotated[
+        int | None, typer.Option(min=1, help="Seeds 0..N-1 (default 3; jellyfish, llm-*: 1)")
+    ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option("--policy", "-p", help=f"Repeatable; default all of: {', '.join(DEFAULT_POLICIES)}"),
@@ -49,12 +53,19 @@ def simulate(
     charge_plan_time: Annotated[bool, typer.Option(help="Add the planner's wall time to MTTR")] = False,
     profiles: Annotated[Path | None, typer.Option(help="Profile CSV (default: bundled A2 profiles)")] = None,
     zoo: Annotated[Path | None, typer.Option(help="Model repository whose measured profiles to use")] = None,
+    quick: Annotated[bool, typer.Option(help="llm-recovery: the small, test-sized variant")] = False,
 ) -> None:
-    """Run a FailLite experiment (Figs. 7-11, 13) or Jellyfish's client sets under every policy and
-    seed; write CSV, JSON, PNG."""
+    """Run a FailLite experiment (Figs. 7-11, 13), Jellyfish's client sets or LUMEN's llm-recovery
+    under every policy and seed; write CSV, JSON, PNG."""
     if experiment == "jellyfish":
-        _jellyfish(out, seeds, policy)
+        _jellyfish(out, seeds or 1, policy)
         return
+    if experiment in _LLM_EXPERIMENTS:
+        from failsoft.cli.simulate_llm import simulate_llm
+
+        simulate_llm(experiment, out, seeds or 1, policy, quick)
+        return
+    seeds = seeds or 3
     families = load_families(str(profiles) if profiles else None, str(zoo) if zoo else None)
     exp = get_experiment(experiment, families)
     policies = list(policy or DEFAULT_POLICIES)

@@ -34,6 +34,8 @@ from failsoft.policies.coding.interface import Decoder, Encoder
 from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy, FullWarmPolicy
 from failsoft.policies.failover.faillite import FailLitePolicy
 from failsoft.policies.failover.interface import FailoverPolicy
+from failsoft.policies.llm_recovery.policy import POLICIES as LLM_RECOVERY_POLICIES
+from failsoft.policies.llm_recovery.policy import LlmRecoveryPolicy
 from failsoft.policies.queueing import BatchLazyDrop, Edf, Fifo, QueueDiscipline
 
 FAILOVER: Mapping[str, type[FailoverPolicy]] = {
@@ -64,13 +66,15 @@ CODING: Mapping[str, type[Encoder] | type[Decoder]] = {
     "linear": LinearDecoder,
 }
 
+LLM_RECOVERY: Mapping[str, type[LlmRecoveryPolicy]] = {p.name: p for p in LLM_RECOVERY_POLICIES}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
     "queueing": QUEUEING,
     "coding": CODING,
     "adaptation": ADAPTATION,
     "replication": {},
-    "llm_recovery": {},
+    "llm_recovery": LLM_RECOVERY,
 }
 
 
