@@ -54,7 +54,7 @@ from failsoft.policies.adaptation.network import (
     next_frame_rung,
     server_deadline_s,
 )
-from failsoft.policies.queueing import BatchLazyDrop, Edf, Queued, QueueDiscipline, ServiceModel
+from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
 
 POLICIES = ("jellyfish", "edf-small", "edf-medium", "edf-large")
 TRACES = ("synthetic", "wifi", "lte")
@@ -247,9 +247,9 @@ def simulate_run(
     if policy is not None:
         env.process(_controller(run, policy))
     discipline: Callable[[int], QueueDiscipline] = (
-        (lambda b: Edf(max_batch=cfg.max_batch, max_queue=None))
+        (lambda b: registry.make("queueing", "edf", max_batch=cfg.max_batch, max_queue=None))
         if pooled
-        else (lambda b: BatchLazyDrop(max_batch=b, max_queue=None))
+        else (lambda b: registry.make("queueing", "batch-lazy-drop", max_batch=b, max_queue=None))
     )
     for w in range(cfg.workers):
         env.process(_worker(run, w, discipline))
