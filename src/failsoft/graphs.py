@@ -98,9 +98,8 @@ def parse_hams_dag(text: str, source: str = "dag") -> GraphParams:
                     raise ConfigError(f"{source}:{n}: a reduce joins two or more nodes into one: {group!r}")
                 joins[down_names[0]] = tuple(up_names)
             edges += [(u, d) for u in up_names for d in down_names if (u, d) not in edges]
-    nodes = tuple(
-        _hams_node(line, source, n, joins.get(name, ())) for n, (name, line) in enumerate(zip(names, body), 3)
-    )
+    node_lines = enumerate(zip(names, body, strict=False), start=3)
+    nodes = tuple(_hams_node(line, source, n, joins.get(name, ())) for n, (name, line) in node_lines)
     return _graph(source, nodes, tuple(edges))
 
 
@@ -229,7 +228,9 @@ def _hams_node(line: str, source: str, n: int, joins: tuple[str, ...]) -> GraphN
     try:
         size = int(batch)
     except ValueError:
-        raise ConfigError(f"{source}:{n}: node {name!r}: batch size must be an integer, got {batch!r}") from None
+        raise ConfigError(
+            f"{source}:{n}: node {name!r}: batch size must be an integer, got {batch!r}"
+        ) from None
     try:
         return GraphNode(name, name, stateful.lower() == "true", image, max(1, abs(size)), size < 0, joins)
     except ValueError as exc:

@@ -29,6 +29,9 @@ from failsoft.policies.failover.baselines import FullColdPolicy, FullWarmKPolicy
 from failsoft.policies.failover.faillite import FailLitePolicy
 from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.policies.queueing import BatchLazyDrop, Edf, Fifo, QueueDiscipline
+from failsoft.policies.replication.baselines import CheckpointReplay, NoReplication, StopAndCopy
+from failsoft.policies.replication.interface import ReplicationProtocol
+from failsoft.policies.replication.nspb import Nspb
 
 FAILOVER: Mapping[str, type[FailoverPolicy]] = {
     "faillite": FailLitePolicy,
@@ -43,12 +46,19 @@ QUEUEING: Mapping[str, type[QueueDiscipline]] = {
     "edf": Edf,
 }
 
+REPLICATION: Mapping[str, type[ReplicationProtocol]] = {
+    "nspb": Nspb,
+    "stop-and-copy": StopAndCopy,
+    "checkpoint-replay": CheckpointReplay,
+    "none": NoReplication,
+}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
     "queueing": QUEUEING,
     "coding": {},
     "adaptation": {},
-    "replication": {},
+    "replication": REPLICATION,
     "llm_recovery": {},
 }
 
