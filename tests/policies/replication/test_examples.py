@@ -80,3 +80,16 @@ def test_the_replication_seam_names_the_four_policies_and_topology_finds_statefu
     assert topo.previous_stateful("j") == {"s2", "s3"} and topo.sinks == ("j",)
     with pytest.raises(ValueError, match="interval must be >= 1; got 0"):
         registry.make("replication", "checkpoint-replay", GRAPH, interval=0)
+
+
+def test_nspb_answers_a_client_only_once_every_state_behind_the_answer_is_durable():
+    world = World(registry.make("replication", "nspb", GRAPH))
+    for value in (1, 2, 3):
+        world.request(value)
+    while world.computable():  # every output released downstream, no state transfer landed
+        world.compute(world.computable()[0], nonce=1)
+    assert world.out["j"].keys() == {1, 2, 3} and world.client == {}
+    world.crash("s1", Role.PRIMARY)  # its outputs after 0 were consumed by s2 and j, then lost
+    world.drain(lambda: 2)  # the replay's kernels choose otherwise
+    assert sorted(world.client) == [1, 2, 3] and world.consistent()
+    assert world.attempts[("s1", 1)] == 2  # s1 computed request 1 again, and s2 and j with it

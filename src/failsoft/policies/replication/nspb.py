@@ -62,6 +62,7 @@ class Nspb(PrimaryBackup):
                 restart[below] = 0
                 continue
             down.reset(j, has_backup=down.has_backup)
+            down.held, down.durable = j, max(down.durable, j)  # an apply under way ends at j
             commands.append(Rollback(below, j))
             restart[below] = j
         return commands + self._replay(restart)
