@@ -102,13 +102,28 @@ class SloParams:
 
 @dataclass(frozen=True, slots=True)
 class GraphNode:
-    """A node of a service graph: the member app that computes it, and whether it keeps state."""
+    """A node of a service graph: the member app that computes it, and whether it keeps state.
+
+    ``variant`` names the model variant the node runs ("" for its app's primary variant); a stateful
+    node's variant must expose ``state()`` and ``apply_state()``. ``batch_size`` is the most requests
+    one call computes; ``dynamic_batching`` batches what is queued up to it, otherwise a batch is
+    padded to ``batch_size`` (the HAMS format's negative and positive sizes). ``joins`` names the
+    upstream nodes whose outputs for one request this node joins (a fan-in, HAMS ``reduce``): it must
+    list exactly the node's inputs, and a node with several inputs must declare it.
+    """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
 
     name: str
     app: str
     stateful: bool = False
+    variant: str = ""
+    batch_size: Annotated[int, Ge(1), Le(4096)] = 1
+    dynamic_batching: bool = False
+    joins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +152,7 @@ class GraphParams:
         cycle = _cycle(names, self.edges)
         if cycle:
             raise ValueError(f"GraphParams: the graph has a cycle through node {cycle!r}")
+        _check_fan_in(self.nodes, self.edges)
 
     def check_members(self, service: str, members: tuple[str, ...]) -> None:
         _count(service, "graph", members, 1, 256)
@@ -270,6 +286,28 @@ def _count(service: str, mode: str, members: tuple[str, ...], least: int, most: 
         raise ConfigError(
             f"service {service!r}: a {mode} service has {want} members{how}, got {len(members)}"
         )
+
+
+def _check_fan_in(nodes: tuple[GraphNode, ...], edges: tuple[tuple[str, str], ...]) -> None:
+    """Every node with several inputs joins exactly those inputs (HAMS joins a fan-in by request)."""
+    inputs: dict[str, list[str]] = {n.name: [] for n in nodes}
+    for up, down in edges:
+        inputs[down].append(up)
+    for node in nodes:
+        have = sorted(inputs[node.name])
+        dupes = [n for n, c in Counter(node.joins).items() if c > 1]
+        if dupes:
+            raise ValueError(f"GraphParams: node {node.name!r} joins {dupes[0]!r} twice")
+        if node.joins and sorted(node.joins) != have:
+            raise ValueError(
+                f"GraphParams: node {node.name!r} joins {sorted(node.joins)}, but its inputs are {have} "
+                f"(a fan-in joins exactly the node's inputs)"
+            )
+        if len(have) > 1 and not node.joins:
+            raise ValueError(
+                f"GraphParams: node {node.name!r} has inputs {have} but declares no join of them "
+                f"(list them in its 'joins')"
+            )
 
 
 def _cycle(nodes: list[str], edges: tuple[tuple[str, str], ...]) -> str | None:

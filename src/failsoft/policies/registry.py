@@ -37,6 +37,9 @@ from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.policies.llm_recovery.policy import POLICIES as LLM_RECOVERY_POLICIES
 from failsoft.policies.llm_recovery.policy import LlmRecoveryPolicy
 from failsoft.policies.queueing import BatchLazyDrop, Edf, Fifo, QueueDiscipline
+from failsoft.policies.replication.baselines import CheckpointReplay, NoReplication, StopAndCopy
+from failsoft.policies.replication.interface import ReplicationProtocol
+from failsoft.policies.replication.nspb import Nspb
 
 FAILOVER: Mapping[str, type[FailoverPolicy]] = {
     "faillite": FailLitePolicy,
@@ -68,12 +71,19 @@ CODING: Mapping[str, type[Encoder] | type[Decoder]] = {
 
 LLM_RECOVERY: Mapping[str, type[LlmRecoveryPolicy]] = {p.name: p for p in LLM_RECOVERY_POLICIES}
 
+REPLICATION: Mapping[str, type[ReplicationProtocol]] = {
+    "nspb": Nspb,
+    "stop-and-copy": StopAndCopy,
+    "checkpoint-replay": CheckpointReplay,
+    "none": NoReplication,
+}
+
 SEAMS: dict[str, Mapping[str, type]] = {
     "failover": FAILOVER,
     "queueing": QUEUEING,
     "coding": CODING,
     "adaptation": ADAPTATION,
-    "replication": {},
+    "replication": REPLICATION,
     "llm_recovery": LLM_RECOVERY,
 }
 
