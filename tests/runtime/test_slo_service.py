@@ -9,6 +9,7 @@ clients are re-mapped to the live workers and served again within seconds.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -103,6 +104,7 @@ def test_clients_register_and_are_served_within_their_slo(cluster):
         body = response.json()
         assert body["worker"] in WORKERS and body["variant"] in VARIANTS
         ids.append(body["client"])
+    print("registered:", json.dumps(body))
     split = load_digits_split()
     answers, e2e = [], []
     for i in range(60):
@@ -133,6 +135,11 @@ def test_clients_register_and_are_served_within_their_slo(cluster):
     )
     code, body, _ = frame(http, ids[0], split.x_test[0])
     assert code == 200 and body["parameters"]["variant"] in VARIANTS
+    print("answer parameters:", json.dumps(body["parameters"]))
+    print(
+        f"served {len(served)} of {len(answers)}; round trip p50 {np.percentile(e2e, 50):.1f} ms, "
+        f"p90 {np.percentile(e2e, 90):.1f} ms"
+    )
 
 
 def test_bad_client_input_gets_a_4xx_naming_the_value_and_others_are_unaffected(cluster):
