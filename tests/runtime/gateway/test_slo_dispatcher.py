@@ -106,9 +106,9 @@ async def test_bad_registrations_are_refused_naming_the_value(rig):
     d = rig.dispatcher
     with pytest.raises(ConfigError, match=r"slo_ms 1\.5 is below what the fastest variant 'v0' needs"):
         await d.register(1.5, 10)
-    with pytest.raises(ConfigError, match="frame rate must be in .*got 0"):
+    with pytest.raises(ConfigError, match=r"frame rate must be in .*got 0"):
         await d.register(100, 0)
-    with pytest.raises(ConfigError, match="bandwidth_kbps must be in .*got -1"):
+    with pytest.raises(ConfigError, match=r"bandwidth_kbps must be in .*got -1"):
         await d.register(100, 10, bandwidth_kbps=-1)
     with pytest.raises(ConfigError, match="slo_ms must be a number; got 'fast'"):
         await d.register("fast", 10)
