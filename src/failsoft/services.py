@@ -93,8 +93,9 @@ class CodedParams:
 class SloParams:
     """Jellyfish (sections 3.3, 4): workers of one family serve clients under end-to-end SLOs.
 
-    ``slo_ms`` is the SLO of a client that states none; the controller re-plans the client-to-worker
-    mapping and the workers' variants every ``replan_s``; a worker batches up to ``max_batch``.
+    ``slo_ms`` is the SLO of a client that states none; the gateway's slo dispatcher re-plans the
+    client-to-worker mapping and the workers' variants every ``replan_s``; a plan's batches go up
+    to ``max_batch``.
     """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT

@@ -1,7 +1,8 @@
 """The client endpoints of ``slo`` services (Jellyfish): register, report bandwidth, leave.
 
-* ``POST /v2/clients`` with ``{"service": NAME, "slo_ms": 100, "fps": 15}`` (optional
-  ``"bandwidth_kbps"``: the client's first estimate, default 20000; ``"rtt_ms"``, default 1) answers
+* ``POST /v2/clients`` with ``{"service": NAME, "slo_ms": 100, "fps": 15}`` (optional: ``slo_ms``,
+  default the service's ``params.slo_ms``; ``bandwidth_kbps``, the client's first estimate, default
+  20000; ``rtt_ms``, default 1) answers
   ``{"client": ID, "service", "slo_ms", "fps", "worker", "variant", "frame_px"}``: the id to send
   with every frame, the worker and variant it is mapped to now (``null``: no variant fits its budget
   at the moment) and the frame size to send first;
@@ -51,11 +52,10 @@ def install(api: FastAPI, services: Mapping[str, SloDispatcher]) -> None:
         if dispatcher is None:
             known = ", ".join(sorted(services)) or "none"
             raise UnknownNameError(f"unknown slo service {name[:40]!r} (slo services: {known})")
-        for field in ("slo_ms", "fps"):
-            if field not in body:
-                raise InvalidRequestError(f"'{field}' is required")
+        if "fps" not in body:
+            raise InvalidRequestError("'fps' is required")
         return await dispatcher.register(
-            body["slo_ms"], body["fps"], body.get("bandwidth_kbps"), body.get("rtt_ms")
+            body.get("slo_ms"), body["fps"], body.get("bandwidth_kbps"), body.get("rtt_ms")
         )
 
     @api.post("/v2/clients/{client_id}/bandwidth")

@@ -159,7 +159,9 @@ class SloDispatcher(Dispatcher):
     async def register(
         self, slo_ms: Any, fps: Any, bandwidth_kbps: Any = None, rtt_ms: Any = None
     ) -> dict[str, Any]:
-        """Add a client (ConfigError naming the value when one is out of bounds) and re-plan."""
+        """Add a client (ConfigError naming the value when one is out of bounds) and re-plan; a
+        client that states no SLO gets the service's (``SloParams.slo_ms``)."""
+        slo_ms = self.params.slo_ms if slo_ms is None else slo_ms
         slo = check_slo(_number(slo_ms, "slo_ms"), self.ladder)
         rate = check_fps(_number(fps, "fps"))
         kbps = DEFAULT_BANDWIDTH_KBPS if bandwidth_kbps is None else bandwidth_kbps
@@ -270,6 +272,8 @@ class SloDispatcher(Dispatcher):
                 continue
             self.suspect.pop(member, None)
             w = self.workers.get(member)
+            if w is not None and w.server == route.server and w.route_variant != route.variant:
+                self._unload_later(w, w.serving)  # the controller moved the route on this server
             if w is None or (w.server, w.route_variant) != (route.server, route.variant):
                 w = self.workers[member] = _Worker(
                     member, route.server, route.variant, (member, route.variant)
