@@ -21,6 +21,7 @@ from failsoft.domain import App, Family, Variant
 from failsoft.errors import ConfigError, DeadlineExceededError, ServerUnavailableError, UnknownNameError
 from failsoft.policies.adaptation.network import frame_kbit
 from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SloDispatcher
+from failsoft.runtime.gateway.dispatch.slo import IDLE_S
 from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
 
@@ -175,3 +176,17 @@ async def test_a_variant_switch_loads_in_the_background_and_drops_no_frame(rig):
     assert (after.variant, after.dropped) == ("v2", False)
     assert rig.agents[server].calls[-1]["app"] == key
     assert rig.agents[server].unloads == []  # the route's v0 stays with the controller
+
+
+@rigged_test
+async def test_a_client_silent_for_the_idle_time_has_left_and_one_that_reports_stays(rig):
+    d = rig.dispatcher
+    quiet = (await d.register(200, 10))["client"]
+    talking = (await d.register(200, 10))["client"]
+    rig.clock.advance(IDLE_S - 1)
+    d.report_bandwidth(talking, 30_000)
+    rig.clock.advance(2)
+    await d.replan_now()
+    assert set(d.clients) == {talking} and d.plan.worker_of(talking) is not None
+    with pytest.raises(UnknownNameError, match="is not registered"):
+        await d.dispatch(Request("pool", ROW, rig.clock.now() + 1, "r", {"client": quiet}))

@@ -88,6 +88,7 @@ DEFAULT_BANDWIDTH_KBPS = 20_000.0  # a client's first estimate when it states no
 DEFAULT_RTT_MS = 1.0
 MAX_RTT_MS = 10_000.0
 MAX_CLIENTS = 1024  # per service
+IDLE_S = 10.0  # a client that sends nothing (no frame, no report) this long has left
 POLICY = "jellyfish"
 SEED = 0
 
@@ -117,6 +118,7 @@ class SloClient:
     fps: float
     rtt_ms: float
     window: BandwidthWindow
+    last_seen_s: float
     frame_rung: int = 0
 
 
@@ -171,7 +173,8 @@ class SloDispatcher(Dispatcher):
             raise ConfigError(f"rtt_ms must be in [0, {MAX_RTT_MS:g}]; got {rtt_ms!r}")
         if len(self.clients) >= MAX_CLIENTS:
             raise OverloadedError(f"service {self.service.name!r} has {MAX_CLIENTS} clients already", 5.0)
-        client = SloClient(uuid.uuid4().hex[:16], slo, rate, rtt, BandwidthWindow(kbps))
+        now = self.context.clock.now()
+        client = SloClient(uuid.uuid4().hex[:16], slo, rate, rtt, BandwidthWindow(kbps), now)
         self.clients[client.id] = client
         await self.replan_now()
         return {"client": client.id, "service": self.service.name, **self.client_state(client)}
@@ -185,6 +188,7 @@ class SloDispatcher(Dispatcher):
         client = self.client(client_id)
         now = self.context.clock.now()
         client.window.report(now, check_bandwidth(_number(kbps, "bandwidth_kbps"), "bandwidth_kbps"))
+        client.last_seen_s = now
         return {"client": client_id, "bandwidth_kbps": round(client.window.estimate(now), 3)}
 
     def client(self, client_id: Any) -> SloClient:
@@ -231,6 +235,9 @@ class SloDispatcher(Dispatcher):
     async def replan(self) -> None:
         now = self.context.clock.now()
         live = self._live_workers()
+        for c in [c for c in self.clients.values() if now - c.last_seen_s > IDLE_S]:
+            log.info("service %s: client %s silent for %.0f s: it has left", self.service.name, c.id, IDLE_S)
+            del self.clients[c.id]
         clients = list(self.clients.values())
         if not live or not clients:
             self.plan = None
@@ -341,7 +348,7 @@ class SloDispatcher(Dispatcher):
                 f"service {self.service.name!r} serves registered clients: parameters.client is missing"
             )
         client = self.client(params["client"])
-        received = clock.now()
+        received = client.last_seen_s = clock.now()
         if "bandwidth_kbps" in params:
             self.report_bandwidth(client.id, params["bandwidth_kbps"])
         kbit = self._frame_kbit(params.get("frame_px"), client)
