@@ -18,7 +18,13 @@ import pytest
 
 from failsoft.clock import ManualClock
 from failsoft.domain import App, Family, Variant
-from failsoft.errors import ConfigError, DeadlineExceededError, ServerUnavailableError, UnknownNameError
+from failsoft.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    ModelNotLoadedError,
+    ServerUnavailableError,
+    UnknownNameError,
+)
 from failsoft.policies.adaptation.network import frame_kbit
 from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SloDispatcher
 from failsoft.runtime.gateway.dispatch.slo import IDLE_S
@@ -44,6 +50,15 @@ class SwitchingAgent(FakeAgent):
         super().__init__(server, clock, latency_s=0.002)
         self.loads: list[tuple[str, str, bool]] = []
         self.unloads: list[tuple[str, str]] = []
+        self.missing: set[tuple[str, str]] = set()  # (app, variant) answered ModelNotLoadedError
+
+    async def infer(
+        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
+    ) -> np.ndarray:
+        if (app, variant) in self.missing:
+            self.calls.append({"app": app, "variant": variant, "request_id": request_id})
+            raise ModelNotLoadedError(f"server {self.server!r} does not hold {variant!r} for {app!r}")
+        return await super().infer(app, variant, batch, timeout_s, request_id)
 
     async def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
         self.loads.append((app, variant, background))
@@ -190,3 +205,19 @@ async def test_a_client_silent_for_the_idle_time_has_left_and_one_that_reports_s
     assert set(d.clients) == {talking} and d.plan.worker_of(talking) is not None
     with pytest.raises(UnknownNameError, match="is not registered"):
         await d.dispatch(Request("pool", ROW, rig.clock.now() + 1, "r", {"client": quiet}))
+
+
+@rigged_test
+async def test_a_frame_whose_switched_variant_was_unloaded_is_retried_on_the_route_variant(rig):
+    d = rig.dispatcher
+    client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
+    worker = d.plan.worker_of(client).worker
+    agent = rig.agents["s1" if worker == "w1" else "s2"]
+    await asyncio.sleep(0)
+    await rig.clock.run_for(LOAD_S)  # switched to worker~slo/v2
+    await asyncio.sleep(0)
+    key = worker + DISPATCHER_OWNED_SUFFIX
+    agent.missing.add((key, "v2"))  # unloaded behind the dispatcher's back (a restarted agent)
+    answer = await rig.finish(rig.send(client))
+    assert (answer.variant, answer.dropped, answer.attempts) == ("v0", False, 2)
+    assert [(c["app"], c["variant"]) for c in agent.calls[-2:]] == [(key, "v2"), (worker, "v0")]
