@@ -33,6 +33,16 @@ from annotated_types import Ge, Gt, Le
 from failsoft.bounds import STRICT, check_bounds
 from failsoft.errors import ConfigError
 
+# Models a dispatcher loads itself (the slo mode's variant switches) are held under the member app's
+# name plus this suffix, which no configured app name can contain; the controller's garbage
+# collection leaves them to their dispatcher (:func:`dispatcher_owned`).
+DISPATCHER_OWNED_SUFFIX = "~slo"
+
+
+def dispatcher_owned(app: str) -> bool:
+    """Whether a server's holding ``app`` was loaded by a dispatcher, not by the controller."""
+    return app.endswith(DISPATCHER_OWNED_SUFFIX)
+
 
 class ServiceMode(StrEnum):
     SINGLE = "single"
@@ -83,8 +93,9 @@ class CodedParams:
 class SloParams:
     """Jellyfish (sections 3.3, 4): workers of one family serve clients under end-to-end SLOs.
 
-    ``slo_ms`` is the SLO of a client that states none; the controller re-plans the client-to-worker
-    mapping and the workers' variants every ``replan_s``; a worker batches up to ``max_batch``.
+    ``slo_ms`` is the SLO of a client that states none; the gateway's slo dispatcher re-plans the
+    client-to-worker mapping and the workers' variants every ``replan_s``; a plan's batches go up
+    to ``max_batch``.
     """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT

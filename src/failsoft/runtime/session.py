@@ -168,6 +168,7 @@ class Session:
             p.variants,
             p.admin_token,
             services=p.deployment.all_services(),
+            families={f.name: f for f in p.deployment.families},
         )
         for name, agent in self.agents.items():  # PIDs now, while every agent answers
             try:

@@ -12,11 +12,12 @@ from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.gateway.dispatch import (
     DISPATCHERS,
     SingleDispatcher,
+    SloDispatcher,
     check_dispatchable,
     dispatcher_class,
 )
 from failsoft.runtime.session import Session
-from failsoft.services import CodedParams, Service, ServiceMode, SloParams
+from failsoft.services import CodedParams, LlmParams, Service, ServiceMode, SloParams
 
 
 def test_every_dispatcher_serves_the_mode_it_is_filed_under():
@@ -31,8 +32,9 @@ def test_a_mode_without_a_dispatcher_is_refused_naming_the_service_and_the_mode(
         ConfigError, match=r"service 'pair': mode 'coded' cannot be served yet.*modes served: single"
     ):
         check_dispatchable([Service.single("x"), coded])
-    with pytest.raises(ConfigError, match="mode 'slo'"):
-        dispatcher_class(Service("fleet", ServiceMode.SLO, ("a",), SloParams()))
+    with pytest.raises(ConfigError, match="mode 'llm'"):
+        dispatcher_class(Service("fleet", ServiceMode.LLM, ("a",), LlmParams()))
+    assert dispatcher_class(Service("pool", ServiceMode.SLO, ("a",), SloParams())) is SloDispatcher
     check_dispatchable([Service.single("x")])  # FailLite's apps: served
 
 

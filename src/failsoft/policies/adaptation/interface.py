@@ -1,9 +1,10 @@
 """The adaptation seam's contract (registered in :mod:`failsoft.policies.registry` as ``adaptation``).
 
-Who calls it: the slo service's controller every re-plan period (``SloParams.replan_s``) and when a
-client joins or leaves or a worker fails; the simulator at the same moments; ``failsoft bench
-adaptation-plan``. Each builds a frozen :class:`~failsoft.policies.adaptation.model.Snapshot` (clients
-with their budgets, live workers with the variant each holds) and applies the frozen
+Who calls it: the slo service's dispatcher in the gateway every re-plan period
+(``SloParams.replan_s``) and when a client joins or leaves or a worker fails; the simulator at the
+same moments; ``failsoft bench adaptation-plan``. Each builds a frozen
+:class:`~failsoft.policies.adaptation.model.Snapshot` (clients with their budgets, live workers with
+the variant each holds) and applies the frozen
 :class:`~failsoft.policies.adaptation.model.Plan` it gets back: load the variants (in the background),
 route each client's frames to its worker, set the batch size, tell each client its next frame size.
 A policy keeps no state between calls except its random generator.

@@ -7,6 +7,8 @@ Endpoints:
   ``name`` names a *service*: an app served alone is a service of the app's name;
 * ``POST /v2/repository/index`` (Triton's repository extension): every service with its state;
 * ``GET /v2/events`` (websocket, optional ``?app=NAME``): the controller's events as JSON;
+* ``POST /v2/clients``, ``POST /v2/clients/{id}/bandwidth``, ``DELETE /v2/clients/{id}``: the
+  clients of ``slo`` services (:mod:`failsoft.runtime.gateway.slo_clients`);
 * ``GET /metrics``: Prometheus text (:mod:`failsoft.runtime.gateway.metrics`);
 * ``/admin/...`` (:mod:`failsoft.runtime.gateway.admin`): need ``Authorization: Bearer <token>``.
 
@@ -27,7 +29,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +40,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from failsoft.clock import AsyncClock, MonotonicClock
-from failsoft.domain import App
+from failsoft.domain import App, Family
 from failsoft.errors import (
     FailsoftError,
     InvalidRequestError,
@@ -51,9 +53,10 @@ from failsoft.policies.detection import RouteHealth
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
-from failsoft.runtime.gateway import admin
+from failsoft.runtime.gateway import admin, slo_clients
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
+from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
 from failsoft.runtime.gateway.events import EventHub, Feed
 from failsoft.runtime.gateway.link import ControllerLink
 from failsoft.runtime.gateway.metrics import GatewayMetrics
@@ -90,6 +93,7 @@ class Gateway:
         admin_token: str,
         services: Sequence[Service] | None = None,
         clock: AsyncClock | None = None,
+        families: Mapping[str, Family] | None = None,
     ) -> None:
         self.settings, self.controller, self.chaos = settings, controller, chaos
         self.apps, self.models, self.variants = apps, models, variants
@@ -102,7 +106,9 @@ class Gateway:
         services = with_singles(services or (), apps)
         self.health = RouteHealth(settings.unhealthy_after)
         self._reports: set[asyncio.Task[Any]] = set()
-        context = DispatchContext(self.mirror, self._agent, self.clock, self._outcome)
+        context = DispatchContext(
+            self.mirror, self._agent, self.clock, self._outcome, apps, dict(families or {})
+        )
         dispatchers = build_dispatchers(services, context)
         self.served = {s.name: Served(s, dispatchers[s.name], apps[s.members[0]]) for s in services}
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
@@ -112,7 +118,9 @@ class Gateway:
     # background tasks ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        tasks = [asyncio.create_task(c) for c in (self.mirror.run(), self.hub.run(), self._poll_stats())]
+        loops = [self.mirror.run(), self.hub.run(), self._poll_stats()]
+        loops += [d.run() for d in self._slo_dispatchers().values()]  # their re-planning
+        tasks = [asyncio.create_task(c) for c in loops]
         try:
             yield
         finally:
@@ -193,7 +201,7 @@ class Gateway:
             meta = self.models[served.lead.family]
             req = parse_infer_request(body, name, meta, self.settings.max_batch, header_length)
             deadline = self.clock.now() + self._timeout_s(served.lead, req.timeout_s)
-            work = Work(name, req.batch, deadline, uuid.uuid4().hex)
+            work = Work(name, req.batch, deadline, uuid.uuid4().hex, req.parameters)
             answer = await _unless_the_client_leaves(request, served.dispatcher.dispatch(work))
             if answer is None:
                 code = CLIENT_LEFT
@@ -211,6 +219,9 @@ class Gateway:
         finally:
             self.metrics.observe(label, code, time.perf_counter() - started, answer if code == 200 else None)
 
+    def _slo_dispatchers(self) -> dict[str, SloDispatcher]:
+        return {n: s.dispatcher for n, s in self.served.items() if isinstance(s.dispatcher, SloDispatcher)}
+
     def repository_index(self) -> list[dict[str, Any]]:
         return [
             {"name": name, "mode": s.service.mode.value, **s.dispatcher.describe()}
@@ -223,6 +234,7 @@ class Gateway:
         _install_error_handlers(api)
         self._inference_routes(api)
         self._observability_routes(api)
+        slo_clients.install(api, self._slo_dispatchers())
         admin.install(api, self)
         return api
 

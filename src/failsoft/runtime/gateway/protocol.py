@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 import reprlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ class InferRequest:
     input_name: str
     timeout_s: float | None
     classification: int | None = None  # top-K classes asked for instead of the logits
+    parameters: dict[str, Any] = field(default_factory=dict)  # the request's own, as sent
 
 
 def show(value: Any) -> str:
@@ -106,6 +107,7 @@ def parse_infer_request(
         name,
         _timeout(data.get("parameters")),
         _classification(data.get("outputs"), app, meta),
+        dict(data.get("parameters") or {}),
     )
 
 
@@ -253,8 +255,12 @@ def classify(logits: np.ndarray, k: int) -> list[list[str]]:
 
 
 def infer_response(
-    app: str, outputs: np.ndarray, request: InferRequest, parameters: dict[str, Any]
+    app: str, outputs: np.ndarray | None, request: InferRequest, parameters: dict[str, Any]
 ) -> dict[str, Any]:
+    """The v2 response; a request dropped to keep others in their SLO (``outputs`` None) has no outputs."""
+    if outputs is None:
+        tensors: list[dict[str, Any]] = []
+        return _response(app, tensors, request, parameters)
     out = np.asarray(outputs, dtype=np.float32)
     if request.classification is not None:
         top = classify(out, request.classification)
@@ -266,10 +272,16 @@ def infer_response(
         }
     else:
         tensor = {"name": OUTPUT, "datatype": "FP32", "shape": list(out.shape), "data": out.ravel().tolist()}
+    return _response(app, [tensor], request, parameters)
+
+
+def _response(
+    app: str, tensors: list[dict[str, Any]], request: InferRequest, parameters: dict[str, Any]
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model_name": app,
         "model_version": parameters.get("variant"),
-        "outputs": [tensor],
+        "outputs": tensors,
         "parameters": parameters,
     }
     if request.request_id is not None:

@@ -13,10 +13,12 @@ from collections.abc import Iterable, Mapping
 from failsoft.errors import ConfigError
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
+from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
 from failsoft.services import Service, ServiceMode
 
 DISPATCHERS: Mapping[ServiceMode, type[Dispatcher]] = {
     ServiceMode.SINGLE: SingleDispatcher,
+    ServiceMode.SLO: SloDispatcher,
 }
 
 
@@ -50,6 +52,7 @@ __all__ = [
     "Dispatcher",
     "Request",
     "SingleDispatcher",
+    "SloDispatcher",
     "build_dispatchers",
     "check_dispatchable",
     "dispatcher_class",

@@ -33,11 +33,12 @@ its fields (:meth:`Answer.parameters`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from failsoft.clock import AsyncClock
+from failsoft.domain import App, Family
 from failsoft.services import Service, ServiceMode
 
 if TYPE_CHECKING:
@@ -55,23 +56,29 @@ class DispatchContext:
     has no agent at the moment (it is being replaced). ``outcome(server, ok, error)`` is told how
     each call a server took on ended: answered, or failed by the server's own fault (an error while
     serving, or no answer by the deadline); app-level health is judged from it. Refusals by a full
-    queue, bad input and calls that moved to a newer route are not outcomes."""
+    queue, bad input and calls that moved to a newer route are not outcomes. ``apps`` and
+    ``families`` are the deployment's (a dispatcher that chooses variants reads their profiles)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
     clock: AsyncClock
     outcome: Callable[[str, bool, str], None] = _ignore
+    apps: Mapping[str, App] = field(default_factory=dict)
+    families: Mapping[str, Family] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
     """One infer request to a service: a validated batch, a deadline on the context's clock, and an
-    id unique in this gateway (a dispatcher derives one id per call it makes from it)."""
+    id unique in this gateway (a dispatcher derives one id per call it makes from it);
+    ``parameters`` are the request's own (``parameters`` of the infer body), for the modes that read
+    some (the ``slo`` mode: the client id and its bandwidth report)."""
 
     service: str
     batch: Any
     deadline: float
     request_id: str
+    parameters: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +105,7 @@ class Answer:
     dropped: bool = False
     detected_at: float | None = None
     route_at: float | None = None
+    extra: tuple[tuple[str, Any], ...] = ()  # a mode's own answer parameters (slo: residence_ms, ...)
 
     def parameters(self) -> dict[str, Any]:
         """The infer response's ``parameters``."""
@@ -110,6 +118,7 @@ class Answer:
             "accuracy": self.accuracy,
             "kind": self.kind,
             "attempts": self.attempts,
+            **dict(self.extra),
         }
 
 

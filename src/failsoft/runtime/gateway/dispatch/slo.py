@@ -1,0 +1,527 @@
+"""The ``slo`` dispatcher: Jellyfish at run time, clients with end-to-end SLOs mapped to workers.
+
+A ``slo`` service's members are its *workers*: apps of one family, each placed and failed over by
+the controller like any app (FailLite). Its *clients* register with the gateway
+(:mod:`failsoft.runtime.gateway.slo_clients`: SLO, frame rate, first bandwidth guess), report the
+bandwidth they measure, and send frames to ``POST /v2/models/{service}/infer`` with their client id.
+This dispatcher, one per slo service in the gateway, carries out the step-1 policies
+(:mod:`failsoft.policies.adaptation`) the way the simulator (:mod:`failsoft.sim.jellyfish`) does:
+
+* **Planning** (:meth:`SloDispatcher.replan`): a frozen :class:`~failsoft.policies.adaptation.model.
+  Snapshot` (each client's frame rate and latency budget per variant, from the harmonic mean of its
+  last second of bandwidth reports and the measured server overhead; the live workers and the variant
+  each serves now) goes to the ``jellyfish`` policy; the plan maps clients to workers, with a variant
+  and a batch size per worker. It runs every ``SloParams.replan_s``, and at once when a client
+  registers or leaves, when the routing table changes (a worker failed over or lost its route), and
+  when a request finds its worker's server gone: the failed worker's clients are re-mapped to the
+  live ones before the request is retried (Jellyfish meets FailLite).
+* **Variant switches**: a worker whose planned variant is not its route's loads it on the route's
+  server in the background (:meth:`AgentRef.load` with ``background=True``), under the member's name
+  plus :data:`~failsoft.services.DISPATCHER_OWNED_SUFFIX` (the controller's garbage collection leaves
+  those to the dispatcher), and keeps serving the old variant until the load answers; then requests go
+  to the new one and the previous dispatcher-owned variant is unloaded (its queued requests are
+  answered ModelNotLoadedError and retried here on the new one: no request is dropped by a switch).
+  Switching back to the route's variant needs no load: the controller keeps it.
+* **Per frame**: its server deadline is eq. 1's (:func:`~failsoft.policies.adaptation.network.
+  server_deadline_s`: SLO minus the frame's transfer time at the client's estimated bandwidth, the
+  RTT and the overhead), capped by the request's ``timeout``; the agent's serving queue, configured
+  with the ``batch-lazy-drop`` discipline, batches up to ``max_batch`` and drops lazily a request that
+  cannot make it even alone. A dropped request (lazily, refused by admission, or its client mapped to
+  no worker) is answered 200 with ``dropped: true`` and no outputs, as the paper's server answers.
+  Every answer carries ``variant``, ``server``, ``dropped``, ``residence_ms`` (receipt to answer in
+  the gateway, which the client subtracts from its round trip to measure its upload time) and
+  ``next_frame_px`` (:func:`~failsoft.policies.adaptation.network.next_frame_rung`).
+
+Variants and frame sizes: the family's variants, by accuracy, take frame sizes from
+:data:`SIZE_LADDER_PX` (the EfficientNet B0-B7 input sizes of the step-1 ladder), spread evenly from
+its smallest to its largest; a family whose models all take one input (the digits families) then
+still has the real trade-off Jellyfish adapts: a more accurate variant wants a larger frame, which
+takes longer to send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from failsoft.adaptation_data import DEFAULT_BATCH_COST
+from failsoft.domain import Family
+from failsoft.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    FailsoftError,
+    InvalidRequestError,
+    ModelNotLoadedError,
+    OverloadedError,
+    ServerUnavailableError,
+    UnknownNameError,
+)
+from failsoft.policies import registry
+from failsoft.policies.adaptation.interface import AdaptationPolicy
+from failsoft.policies.adaptation.model import ClientSnapshot, Ladder, Plan, Rung, Snapshot, WorkerPlan
+from failsoft.policies.adaptation.network import (
+    BandwidthWindow,
+    OverheadTracker,
+    check_bandwidth,
+    check_fps,
+    check_slo,
+    frame_kbit,
+    latency_budgets_ms,
+    next_frame_rung,
+    server_deadline_s,
+)
+from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
+from failsoft.runtime.gateway.dispatch.single import _withdraw
+from failsoft.runtime.gateway.routes import Route
+from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
+
+log = logging.getLogger(__name__)
+SIZE_LADDER_PX = (224, 240, 260, 300, 380, 456, 528, 600)  # EfficientNet B0-B7 inputs (step 1)
+DEFAULT_BANDWIDTH_KBPS = 20_000.0  # a client's first estimate when it states none
+DEFAULT_RTT_MS = 1.0
+MAX_RTT_MS = 10_000.0
+MAX_CLIENTS = 1024  # per service
+IDLE_S = 10.0  # a client that sends nothing (no frame, no report) this long has left
+POLICY = "jellyfish"
+SEED = 0
+
+
+def frame_sizes_px(count: int) -> tuple[int, ...]:
+    """Frame sizes for ``count`` variants: evenly spread over :data:`SIZE_LADDER_PX`, smallest first."""
+    if not 1 <= count <= len(SIZE_LADDER_PX):
+        raise ConfigError(f"a slo family has 1 to {len(SIZE_LADDER_PX)} variants; got {count}")
+    picks = np.round(np.linspace(0, len(SIZE_LADDER_PX) - 1, count)).astype(int) if count > 1 else [0]
+    return tuple(SIZE_LADDER_PX[int(i)] for i in picks)
+
+
+def service_ladder(family: Family, max_batch: int) -> Ladder:
+    """The family's variants, by accuracy, as an adaptation ladder with growing frame sizes."""
+    ordered = sorted(family.variants, key=lambda v: (v.accuracy, v.latency_ms, v.name))
+    sizes = frame_sizes_px(len(ordered))
+    rungs = [Rung(v, px, frame_kbit(px)) for v, px in zip(ordered, sizes, strict=True)]
+    return Ladder.build(rungs, max_batch, DEFAULT_BATCH_COST)
+
+
+@dataclass(slots=True)
+class SloClient:
+    """A registered client: its SLO, frame rate, round trip, bandwidth window and last frame size."""
+
+    id: str
+    slo_ms: float
+    fps: float
+    rtt_ms: float
+    window: BandwidthWindow
+    last_seen_s: float
+    frame_rung: int = 0
+
+
+@dataclass(slots=True)
+class _Worker:
+    """A member app on its route's server: the (app key, variant) its requests go to now."""
+
+    member: str
+    server: str
+    route_variant: str
+    serving: tuple[str, str]
+    loading: str | None = None
+
+
+class SloDispatcher(Dispatcher):
+    """Clients mapped to the service's workers by the adaptation policy; frames batched, dropped lazily."""
+
+    mode = ServiceMode.SLO
+
+    def __init__(self, service: Service, context: DispatchContext) -> None:
+        super().__init__(service, context)
+        if not isinstance(service.params, SloParams):
+            raise ConfigError(f"service {service.name!r}: an slo service takes SloParams")
+        self.params = service.params
+        self.members = service.members
+        self.family = _family_of(service, context)
+        self.ladder = service_ladder(self.family, self.params.max_batch)
+        self.policy: AdaptationPolicy = registry.make("adaptation", POLICY, SEED)
+        self.overhead = OverheadTracker()
+        self.clients: dict[str, SloClient] = {}
+        self.plan: Plan | None = None
+        self.workers: dict[str, _Worker] = {}
+        self.suspect: dict[str, Route] = {}  # member -> the route a request found dead
+        self.replans = 0
+        self._generation = 0
+        self._lock: asyncio.Lock | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # clients ---------------------------------------------------------------------------------
+    async def register(
+        self, slo_ms: Any, fps: Any, bandwidth_kbps: Any = None, rtt_ms: Any = None
+    ) -> dict[str, Any]:
+        """Add a client (ConfigError naming the value when one is out of bounds) and re-plan; a
+        client that states no SLO gets the service's (``SloParams.slo_ms``)."""
+        slo_ms = self.params.slo_ms if slo_ms is None else slo_ms
+        slo = check_slo(_number(slo_ms, "slo_ms"), self.ladder)
+        rate = check_fps(_number(fps, "fps"))
+        kbps = DEFAULT_BANDWIDTH_KBPS if bandwidth_kbps is None else bandwidth_kbps
+        kbps = check_bandwidth(_number(kbps, "bandwidth_kbps"), "bandwidth_kbps")
+        rtt = DEFAULT_RTT_MS if rtt_ms is None else _number(rtt_ms, "rtt_ms")
+        if not 0 <= rtt <= MAX_RTT_MS:
+            raise ConfigError(f"rtt_ms must be in [0, {MAX_RTT_MS:g}]; got {rtt_ms!r}")
+        if len(self.clients) >= MAX_CLIENTS:
+            raise OverloadedError(f"service {self.service.name!r} has {MAX_CLIENTS} clients already", 5.0)
+        now = self.context.clock.now()
+        client = SloClient(uuid.uuid4().hex[:16], slo, rate, rtt, BandwidthWindow(kbps), now)
+        self.clients[client.id] = client
+        await self.replan_now()
+        return {"client": client.id, "service": self.service.name, **self.client_state(client)}
+
+    async def unregister(self, client_id: str) -> None:
+        self.client(client_id)
+        del self.clients[client_id]
+        await self.replan_now()
+
+    def report_bandwidth(self, client_id: str, kbps: Any) -> dict[str, Any]:
+        client = self.client(client_id)
+        now = self.context.clock.now()
+        client.window.report(now, check_bandwidth(_number(kbps, "bandwidth_kbps"), "bandwidth_kbps"))
+        client.last_seen_s = now
+        return {"client": client_id, "bandwidth_kbps": round(client.window.estimate(now), 3)}
+
+    def client(self, client_id: Any) -> SloClient:
+        client = self.clients.get(client_id) if isinstance(client_id, str) else None
+        if client is None:
+            raise UnknownNameError(
+                f"service {self.service.name!r}: client {str(client_id)[:40]!r} is not registered "
+                "(register with POST /v2/clients)"
+            )
+        return client
+
+    def client_state(self, client: SloClient) -> dict[str, Any]:
+        wp = self.plan.worker_of(client.id) if self.plan else None
+        return {
+            "slo_ms": client.slo_ms,
+            "fps": client.fps,
+            "worker": None if wp is None else wp.worker,
+            "variant": None if wp is None else self.ladder.rungs[wp.rung].name,
+            "frame_px": self.ladder.rungs[client.frame_rung].input_px,
+        }
+
+    # planning --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Re-plan every ``replan_s`` and whenever the routing table changes (the gateway runs it)."""
+        while True:
+            try:
+                await self.replan_now()
+            except Exception:  # a planning bug must not stop serving: the last plan stays
+                log.exception("service %s: planning failed", self.service.name)
+            await self.context.routes.wait_change(self.params.replan_s)
+
+    async def replan_now(self) -> None:
+        """Plan once; callers that waited while another plan ran take that one (it saw their change
+        only if it started after it: the generation tells)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        asked = self._generation
+        async with self._lock:
+            if self._generation > asked:
+                return  # a plan started after this call was made: it saw everything this one would
+            self._generation += 1
+            await self.replan()
+
+    async def replan(self) -> None:
+        now = self.context.clock.now()
+        live = self._live_workers()
+        for c in [c for c in self.clients.values() if now - c.last_seen_s > IDLE_S]:
+            log.info("service %s: client %s silent for %.0f s: it has left", self.service.name, c.id, IDLE_S)
+            del self.clients[c.id]
+        clients = list(self.clients.values())
+        if not live or not clients:
+            self.plan = None
+            self.replans += 1
+            return
+        overhead = self.overhead.total_ms
+        snap = Snapshot(
+            self.ladder,
+            tuple(
+                ClientSnapshot(
+                    c.id,
+                    c.fps,
+                    latency_budgets_ms(
+                        self.ladder, c.slo_ms, c.fps, c.window.estimate(now), c.rtt_ms, overhead
+                    ),
+                )
+                for c in clients
+            ),
+            tuple(w.member for w in live),
+            tuple(self.ladder.index(w.serving[1]) for w in live),
+        )
+        plan = await asyncio.to_thread(self.policy.plan, snap)
+        self.plan = plan
+        self.replans += 1
+        for wp in plan.workers:
+            self._switch(wp.worker, self.ladder.rungs[wp.rung].name)
+        for c in clients:
+            c.frame_rung = self._next_rung(c, now)
+
+    def _live_workers(self) -> list[_Worker]:
+        """Members with a route that no request found dead; a moved route starts a fresh worker."""
+        live = []
+        for member in self.members:
+            route = self.context.routes.route(member)
+            if route is None:
+                self.workers.pop(member, None)
+                continue
+            if self.suspect.get(member) == route:
+                continue
+            self.suspect.pop(member, None)
+            w = self.workers.get(member)
+            if w is not None and w.server == route.server and w.route_variant != route.variant:
+                self._unload_later(w, w.serving)  # the controller moved the route on this server
+            if w is None or (w.server, w.route_variant) != (route.server, route.variant):
+                w = self.workers[member] = _Worker(
+                    member, route.server, route.variant, (member, route.variant)
+                )
+            live.append(w)
+        return live
+
+    def _switch(self, member: str, variant: str) -> None:
+        w = self.workers.get(member)
+        if w is None or variant in (w.serving[1], w.loading):
+            return
+        if variant == w.route_variant:  # the controller holds it: switch now
+            old, w.serving, w.loading = w.serving, (member, variant), None
+            self._unload_later(w, old)
+            return
+        w.loading = variant
+        task = asyncio.ensure_future(self._load(w, variant))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _load(self, w: _Worker, variant: str) -> None:
+        key = w.member + DISPATCHER_OWNED_SUFFIX
+        try:
+            await self.context.agents(w.server).load(key, self.family.name, variant, background=True)
+        except FailsoftError as exc:  # no room, or the server is gone: keep serving what it has
+            log.warning(
+                "service %s: %s cannot load %s on %s: %s", self.service.name, w.member, variant, w.server, exc
+            )
+            if w.loading == variant:
+                w.loading = None
+            return
+        if self.workers.get(w.member) is not w or w.loading != variant:
+            with contextlib.suppress(FailsoftError):  # the worker moved or was re-planned meanwhile
+                await self.context.agents(w.server).unload(key, variant)
+            return
+        old, w.serving, w.loading = w.serving, (key, variant), None
+        self._unload_later(w, old)
+
+    def _unload_later(self, w: _Worker, old: tuple[str, str]) -> None:
+        if old[0] == w.member or old == w.serving:
+            return  # the route's variant belongs to the controller
+        task = asyncio.ensure_future(self._unload(w.server, old))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _unload(self, server: str, held: tuple[str, str]) -> None:
+        with contextlib.suppress(FailsoftError):
+            await self.context.agents(server).unload(*held)
+
+    def _next_rung(self, client: SloClient, now: float) -> int:
+        wp = self.plan.worker_of(client.id) if self.plan else None
+        w = self.workers.get(wp.worker) if wp else None
+        rung = self.ladder.index(w.serving[1]) if w else None
+        return next_frame_rung(
+            self.ladder, rung, wp.batch if wp else 0, client.slo_ms, client.fps,
+            client.window.estimate(now), client.rtt_ms, self.overhead.total_ms,
+        )  # fmt: skip
+
+    # requests --------------------------------------------------------------------------------
+    async def dispatch(self, request: Request) -> Answer:
+        clock = self.context.clock
+        params = request.parameters
+        if "client" not in params:
+            raise InvalidRequestError(
+                f"service {self.service.name!r} serves registered clients: parameters.client is missing"
+            )
+        client = self.client(params["client"])
+        received = client.last_seen_s = clock.now()
+        if "bandwidth_kbps" in params:
+            self.report_bandwidth(client.id, params["bandwidth_kbps"])
+        kbit = self._frame_kbit(params.get("frame_px"), client)
+        attempts = 0
+        while True:
+            wp = self.plan.worker_of(client.id) if self.plan else None
+            w = self.workers.get(wp.worker) if wp else None
+            if wp is None or w is None:
+                return self._dropped(client, None, attempts, "unmapped", received)
+            bw = client.window.estimate(clock.now())
+            deadline = server_deadline_s(
+                received, client.slo_ms, kbit, bw, client.rtt_ms, self.overhead.total_ms
+            )
+            left = min(deadline, request.deadline) - clock.now()
+            if left <= 0:
+                return self._dropped(client, w, attempts, "deadline", received)
+            attempts += 1
+            outcome = await self._attempt(w, request, f"{request.request_id}#{attempts}", left)
+            if outcome is _LAZY_DROP:
+                return self._dropped(client, w, attempts, "deadline", received)
+            if outcome is _RETRY:
+                continue
+            return self._served(client, w, wp, outcome, attempts, received)
+
+    async def _attempt(self, w: _Worker, request: Request, call_id: str, left: float) -> Any:
+        app, variant = w.serving
+        try:
+            agent = self.context.agents(w.server)
+        except ServerUnavailableError:
+            await self._worker_failed(w)
+            return _RETRY
+        started = self.context.clock.now()
+        try:
+            outputs = await agent.infer(app, variant, request.batch, timeout_s=left, request_id=call_id)
+        except (DeadlineExceededError, OverloadedError):
+            _withdraw(agent, call_id)
+            return _LAZY_DROP  # dropped by the serving queue, refused by its admission, or late
+        except ModelNotLoadedError:
+            if app != w.member and w.serving == (app, variant):  # our switch target was unloaded
+                w.serving = (w.member, w.route_variant)
+            elif w.serving == (app, variant):
+                await self._worker_failed(w)
+            return _RETRY
+        except ServerUnavailableError:
+            await self._worker_failed(w)
+            return _RETRY
+        except asyncio.CancelledError:
+            _withdraw(agent, call_id)
+            raise
+        except FailsoftError as exc:
+            self.context.outcome(w.server, False, f"{type(exc).__name__}: {exc}")
+            raise
+        self.context.outcome(w.server, True, "")
+        call_ms = (self.context.clock.now() - started) * 1000.0
+        compute_ms = float(self.ladder.latency_ms[self.ladder.index(variant), 0])
+        self.overhead.observe(max(call_ms - compute_ms, 0.0) / 2, 0.0, self.overhead.noise_ms)
+        return outputs
+
+    async def _worker_failed(self, w: _Worker) -> None:
+        """A request found ``w``'s server gone: leave it out until its route changes, re-map now."""
+        route = self.context.routes.route(w.member)
+        if route is not None and route.server == w.server:
+            self.suspect[w.member] = route
+        if self.workers.get(w.member) is w:
+            del self.workers[w.member]
+        await self.replan_now()
+
+    def _served(
+        self, client: SloClient, w: _Worker, wp: WorkerPlan, outputs: Any, attempts: int, received: float
+    ) -> Answer:
+        variant = w.serving[1]
+        j = self.ladder.index(variant)
+        route = self.context.routes.route(w.member)
+        return Answer(
+            outputs=outputs,
+            server=w.server,
+            variant=variant,
+            degraded=j < self.ladder.size - 1,
+            accuracy=self.ladder.rungs[j].accuracy,
+            kind=route.kind if route else "slo",
+            attempts=attempts,
+            detected_at=route.detected_at if route else None,
+            route_at=route.route_at if route else None,
+            extra=self._extra(client, w.member, received, batch=wp.batch),
+        )
+
+    def _dropped(
+        self, client: SloClient, w: _Worker | None, attempts: int, reason: str, received: float
+    ) -> Answer:
+        return Answer(
+            outputs=None,
+            server="" if w is None else w.server,
+            variant="" if w is None else w.serving[1],
+            degraded=False,
+            accuracy=0.0,
+            kind="slo",
+            attempts=attempts,
+            dropped=True,
+            extra=(*self._extra(client, None if w is None else w.member, received), ("drop_reason", reason)),
+        )
+
+    def _extra(
+        self, client: SloClient, worker: str | None, received: float, batch: int = 0
+    ) -> tuple[tuple[str, Any], ...]:
+        now = self.context.clock.now()
+        client.frame_rung = self._next_rung(client, now)
+        return (
+            ("client", client.id),
+            ("worker", worker),
+            ("batch", batch),
+            ("residence_ms", round((now - received) * 1000.0, 3)),
+            ("next_frame_px", self.ladder.rungs[client.frame_rung].input_px),
+        )
+
+    def _frame_kbit(self, frame_px: Any, client: SloClient) -> float:
+        if frame_px is None:
+            return self.ladder.rungs[client.frame_rung].frame_kbit
+        if isinstance(frame_px, bool) or not isinstance(frame_px, int) or not 1 <= frame_px <= 8192:
+            raise InvalidRequestError(f"parameters.frame_px must be an integer in 1..8192; got {frame_px!r}")
+        return frame_kbit(frame_px)
+
+    # state -----------------------------------------------------------------------------------
+    def ready(self) -> bool:
+        return any(self.context.routes.route(m) is not None for m in self.members)
+
+    def describe(self) -> dict[str, Any]:
+        ready = self.ready()
+        mapped = {wp.worker: wp for wp in self.plan.workers} if self.plan else {}
+        workers = {}
+        for member in self.members:
+            w = self.workers.get(member)
+            wp = mapped.get(member)
+            workers[member] = {
+                "server": None if w is None else w.server,
+                "variant": None if w is None else w.serving[1],
+                "loading": None if w is None else w.loading,
+                "planned": None if wp is None else self.ladder.rungs[wp.rung].name,
+                "batch": 0 if wp is None else wp.batch,
+                "clients": [] if wp is None else list(wp.clients),
+            }
+        return {
+            "version": None,
+            "state": "READY" if ready else "UNAVAILABLE",
+            "reason": "" if ready else "no worker has a live server",
+            "policy": POLICY,
+            "clients": len(self.clients),
+            "unmapped": [] if self.plan is None else list(self.plan.unserved),
+            "replans": self.replans,
+            "overhead_ms": round(self.overhead.total_ms, 3),
+            "variants": {r.name: r.input_px for r in self.ladder.rungs},
+            "workers": workers,
+        }
+
+
+_RETRY = object()  # the worker failed under the request: re-mapped, try again
+_LAZY_DROP = object()  # the serving queue dropped or refused it: it cannot make its deadline
+
+
+def _family_of(service: Service, context: DispatchContext) -> Family:
+    apps: Mapping[str, Any] = context.apps
+    families = {apps[m].family for m in service.members if m in apps}
+    if len(families) != 1 or len(apps) == 0:
+        raise ConfigError(
+            f"slo service {service.name!r}: its workers must be apps of one family; got {sorted(families)}"
+        )
+    (name,) = families
+    family = context.families.get(name)
+    if family is None:
+        raise ConfigError(f"slo service {service.name!r}: no profiles for its family {name!r}")
+    return family
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{what} must be a number; got {str(value)[:40]!r}")
+    return float(value)

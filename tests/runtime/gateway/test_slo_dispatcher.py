@@ -1,0 +1,223 @@
+"""The ``slo`` dispatcher on a manual clock: registration bounds, the frame's server deadline, lazy
+drop, re-mapping when a worker's server is gone, and a variant switch that drops nothing.
+
+No Ray: the route mirror long-polls a fake controller (the real long-poll host), the agents are fakes
+on the same virtual clock; the adaptation policy is the real ``jellyfish`` one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+from failsoft.clock import ManualClock
+from failsoft.domain import App, Family, Variant
+from failsoft.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    ModelNotLoadedError,
+    ServerUnavailableError,
+    UnknownNameError,
+)
+from failsoft.policies.adaptation.network import frame_kbit
+from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SloDispatcher
+from failsoft.runtime.gateway.dispatch.slo import IDLE_S
+from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
+from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
+
+ROW = np.zeros((1, 64), dtype=np.float32)
+FAMILY = Family(
+    "fam",
+    (
+        Variant("v0", 10.0, 0.80, 5.0, 1.0),
+        Variant("v1", 20.0, 0.85, 5.0, 2.0),
+        Variant("v2", 40.0, 0.90, 5.0, 3.0),
+    ),
+)
+LOAD_S = 1.0
+
+
+class SwitchingAgent(FakeAgent):
+    """A fake agent that also loads (taking ``LOAD_S`` on the clock) and unloads."""
+
+    def __init__(self, server: str, clock: ManualClock) -> None:
+        super().__init__(server, clock, latency_s=0.002)
+        self.loads: list[tuple[str, str, bool]] = []
+        self.unloads: list[tuple[str, str]] = []
+        self.missing: set[tuple[str, str]] = set()  # (app, variant) answered ModelNotLoadedError
+
+    async def infer(
+        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
+    ) -> np.ndarray:
+        if (app, variant) in self.missing:
+            self.calls.append({"app": app, "variant": variant, "request_id": request_id})
+            raise ModelNotLoadedError(f"server {self.server!r} does not hold {variant!r} for {app!r}")
+        return await super().infer(app, variant, batch, timeout_s, request_id)
+
+    async def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
+        self.loads.append((app, variant, background))
+        await self.clock.sleep(LOAD_S)
+        return {}
+
+    async def unload(self, app: str, variant: str) -> bool:
+        self.unloads.append((app, variant))
+        return True
+
+
+@dataclass
+class Rig:
+    clock: ManualClock
+    agents: dict[str, SwitchingAgent]
+    dispatcher: SloDispatcher
+
+    def send(self, client: str, rid: str = "r1", **params: Any) -> asyncio.Task[Any]:
+        request = Request("pool", ROW, self.clock.now() + 2.0, rid, {"client": client, **params})
+        return asyncio.ensure_future(self.dispatcher.dispatch(request))
+
+    async def finish(self, task: asyncio.Task[Any], most_s: float = 5.0) -> Any:
+        """Run the virtual clock in small steps (plans run in a real thread) until ``task`` ends."""
+        for _ in range(int(most_s / 0.001)):
+            if task.done():
+                return task.result()
+            await asyncio.sleep(0.0005)
+            await self.clock.run_for(0.001)
+        raise AssertionError("the request did not end")
+
+
+@contextlib.asynccontextmanager
+async def rigged() -> AsyncIterator[Rig]:
+    clock = ManualClock(1000.0)
+    agents = {s: SwitchingAgent(s, clock) for s in ("s1", "s2")}
+
+    def agent(server: str) -> SwitchingAgent:
+        if server not in agents:
+            raise ServerUnavailableError(f"server {server!r} has no agent at the moment")
+        return agents[server]
+
+    routes = {"w1": route_entry("s1", "v0"), "w2": route_entry("s2", "v0")}
+    async with mirrored(clock, routes) as (_, mirror):
+        apps = {w: App(w, "fam") for w in ("w1", "w2")}
+        context = DispatchContext(mirror, agent, clock, apps=apps, families={"fam": FAMILY})  # type: ignore[arg-type]
+        service = Service("pool", ServiceMode.SLO, ("w1", "w2"), SloParams())
+        yield Rig(clock, agents, SloDispatcher(service, context))
+
+
+def rigged_test(fn: Any) -> Any:
+    async def run() -> None:
+        async with rigged() as rig:
+            await fn(rig)
+
+    run.__name__ = fn.__name__
+    return sync(run)
+
+
+@rigged_test
+async def test_bad_registrations_are_refused_naming_the_value(rig):
+    d = rig.dispatcher
+    with pytest.raises(ConfigError, match=r"slo_ms 1\.5 is below what the fastest variant 'v0' needs"):
+        await d.register(1.5, 10)
+    with pytest.raises(ConfigError, match=r"frame rate must be in .*got 0"):
+        await d.register(100, 0)
+    with pytest.raises(ConfigError, match=r"bandwidth_kbps must be in .*got -1"):
+        await d.register(100, 10, bandwidth_kbps=-1)
+    with pytest.raises(ConfigError, match="slo_ms must be a number; got 'fast'"):
+        await d.register("fast", 10)
+    assert d.clients == {}
+    with pytest.raises(UnknownNameError, match="'ghost' is not registered"):
+        d.report_bandwidth("ghost", 100)
+
+
+@rigged_test
+async def test_a_frame_gets_the_server_deadline_of_eq_1_and_the_answer_says_how_it_was_served(rig):
+    reg = await rig.dispatcher.register(200, 10, bandwidth_kbps=50_000, rtt_ms=1)
+    client = reg["client"]
+    assert reg["worker"] in ("w1", "w2")
+    answer = await rig.finish(rig.send(client, frame_px=224))
+    call = next(c for a in rig.agents.values() for c in a.calls)
+    # SLO - transfer of a 224 px frame at 50 Mbit/s - RTT - the overhead's starting 4 ms
+    expected_ms = 200 - frame_kbit(224) / 50_000 * 1000 - 1 - 4
+    assert call["timeout_s"] * 1000 == pytest.approx(expected_ms, abs=0.01)
+    params = answer.parameters()
+    assert not answer.dropped and answer.outputs.shape == (1, 10)
+    assert params["client"] == client and params["worker"] == reg["worker"]
+    assert params["next_frame_px"] in (224, 380, 600) and params["residence_ms"] >= 2.0
+
+
+@rigged_test
+async def test_a_frame_the_queue_cannot_serve_in_time_is_answered_dropped_and_withdrawn(rig):
+    client = (await rig.dispatcher.register(200, 10))["client"]
+    for agent in rig.agents.values():
+        agent.error = DeadlineExceededError("dropped: cannot finish before its deadline")
+    answer = await rig.finish(rig.send(client))
+    assert answer.dropped and answer.outputs is None
+    assert answer.parameters()["drop_reason"] == "deadline"
+    assert [c for a in rig.agents.values() for c in a.cancelled] == ["r1#1"]
+
+
+@rigged_test
+async def test_a_dead_workers_clients_are_remapped_at_once_and_the_frame_is_served_there(rig):
+    d = rig.dispatcher
+    ids = [(await d.register(200, 10))["client"] for _ in range(2)]
+    victim = d.plan.worker_of(ids[0]).worker
+    dead, alive = ("s1", "s2") if victim == "w1" else ("s2", "s1")
+    rig.agents[dead].error = ServerUnavailableError(f"server {dead!r}: actor died")
+    answer = await rig.finish(rig.send(ids[0]))
+    assert (answer.server, answer.dropped, answer.attempts) == (alive, False, 2)
+    assert all(d.plan.worker_of(c).worker != victim for c in ids)  # both on the live worker now
+    assert victim not in [w.worker for w in d.plan.workers]
+
+
+@rigged_test
+async def test_a_variant_switch_loads_in_the_background_and_drops_no_frame(rig):
+    d = rig.dispatcher
+    client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
+    worker = d.plan.worker_of(client).worker
+    server = "s1" if worker == "w1" else "s2"
+    assert d.ladder.rungs[d.plan.worker_of(client).rung].name == "v2"  # room for the most accurate
+    key = worker + DISPATCHER_OWNED_SUFFIX
+    await asyncio.sleep(0)  # the load task starts
+    assert rig.agents[server].loads[:1] == [(key, "v2", True)]
+    during = await rig.finish(rig.send(client, "r1"))  # the load is still running
+    assert (during.variant, during.dropped) == ("v0", False)
+    await rig.clock.run_for(LOAD_S)
+    await asyncio.sleep(0)
+    after = await rig.finish(rig.send(client, "r2"))
+    assert (after.variant, after.dropped) == ("v2", False)
+    assert rig.agents[server].calls[-1]["app"] == key
+    assert rig.agents[server].unloads == []  # the route's v0 stays with the controller
+
+
+@rigged_test
+async def test_a_client_silent_for_the_idle_time_has_left_and_one_that_reports_stays(rig):
+    d = rig.dispatcher
+    quiet = (await d.register(200, 10))["client"]
+    talking = (await d.register(200, 10))["client"]
+    rig.clock.advance(IDLE_S - 1)
+    d.report_bandwidth(talking, 30_000)
+    rig.clock.advance(2)
+    await d.replan_now()
+    assert set(d.clients) == {talking} and d.plan.worker_of(talking) is not None
+    with pytest.raises(UnknownNameError, match="is not registered"):
+        await d.dispatch(Request("pool", ROW, rig.clock.now() + 1, "r", {"client": quiet}))
+
+
+@rigged_test
+async def test_a_frame_whose_switched_variant_was_unloaded_is_retried_on_the_route_variant(rig):
+    d = rig.dispatcher
+    client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
+    worker = d.plan.worker_of(client).worker
+    agent = rig.agents["s1" if worker == "w1" else "s2"]
+    await asyncio.sleep(0)
+    await rig.clock.run_for(LOAD_S)  # switched to worker~slo/v2
+    await asyncio.sleep(0)
+    key = worker + DISPATCHER_OWNED_SUFFIX
+    agent.missing.add((key, "v2"))  # unloaded behind the dispatcher's back (a restarted agent)
+    answer = await rig.finish(rig.send(client))
+    assert (answer.variant, answer.dropped, answer.attempts) == ("v0", False, 2)
+    assert [(c["app"], c["variant"]) for c in agent.calls[-2:]] == [(key, "v2"), (worker, "v0")]
