@@ -10,7 +10,7 @@ seam              contract                                         who calls it
 ``failover``      ``policies.failover.interface.FailoverPolicy``   controller, simulator, ``plan``
 ``queueing``      ``policies.queueing.QueueDiscipline``            agents' serving queues, simulator
 ``coding``        ``policies.coding.interface`` (ParM)             gateway (coded services), simulator
-``adaptation``    Jellyfish mapping and variant selection          controller (slo services)
+``adaptation``    Jellyfish mapping and variant selection          gateway (slo services), simulator
 ``replication``   HAMS state propagation                           gateway and agents (graphs)
 ``llm_recovery``  LUMEN checkpoint placement and dispatch          controller (llm services)
 ================  ===============================================  ===============================
