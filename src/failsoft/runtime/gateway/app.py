@@ -102,7 +102,9 @@ class Gateway:
         services = with_singles(services or (), apps)
         self.health = RouteHealth(settings.unhealthy_after)
         self._reports: set[asyncio.Task[Any]] = set()
-        context = DispatchContext(self.mirror, self._agent, self.clock, self._outcome)
+        context = DispatchContext(
+            self.mirror, self._agent, self.clock, self._outcome, self._input_shape, self._publish
+        )
         dispatchers = build_dispatchers(services, context)
         self.served = {s.name: Served(s, dispatchers[s.name], apps[s.members[0]]) for s in services}
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
@@ -147,6 +149,14 @@ class Gateway:
             log.warning("could not report server %s as unhealthy: %s", server, exc)
 
     # helpers -------------------------------------------------------------------------------------
+    def _input_shape(self, app: str) -> tuple[int, ...] | None:
+        meta = self.models.get(self.apps[app].family) if app in self.apps else None
+        return None if meta is None else tuple(meta.input_shape)
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        """A dispatcher's event (a coded service reconstructing a failed member), stamped and sent."""
+        self.hub.publish({"timestamp": time.time(), "source": "gateway", **event})
+
     def _agent(self, server: str) -> AgentRef:
         agent = self._agents.get(server)
         if agent is None:  # being replaced (revived) right now

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from failsoft.errors import ConfigError
+from failsoft.runtime.gateway.dispatch.coded import CodedDispatcher
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.services import Service, ServiceMode
 
 DISPATCHERS: Mapping[ServiceMode, type[Dispatcher]] = {
     ServiceMode.SINGLE: SingleDispatcher,
+    ServiceMode.CODED: CodedDispatcher,
 }
 
 
@@ -46,6 +48,7 @@ def build_dispatchers(services: Iterable[Service], context: DispatchContext) -> 
 __all__ = [
     "DISPATCHERS",
     "Answer",
+    "CodedDispatcher",
     "DispatchContext",
     "Dispatcher",
     "Request",

@@ -49,18 +49,30 @@ def _ignore(server: str, ok: bool, error: str) -> None:
     return None
 
 
+def _no_shape(app: str) -> tuple[int, ...] | None:
+    return None
+
+
+def _no_event(event: dict[str, Any]) -> None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchContext:
     """What a dispatcher may use. ``agents(server)`` raises ServerUnavailableError when the server
     has no agent at the moment (it is being replaced). ``outcome(server, ok, error)`` is told how
     each call a server took on ended: answered, or failed by the server's own fault (an error while
     serving, or no answer by the deadline); app-level health is judged from it. Refusals by a full
-    queue, bad input and calls that moved to a newer route are not outcomes."""
+    queue, bad input and calls that moved to a newer route are not outcomes. ``input_shape(app)`` is
+    the shape of one query to a member app (without the batch dimension; None when unknown), and
+    ``event(dict)`` publishes a gateway event to the event stream (``/v2/events``)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
     clock: AsyncClock
     outcome: Callable[[str, bool, str], None] = _ignore
+    input_shape: Callable[[str], tuple[int, ...] | None] = _no_shape
+    event: Callable[[dict[str, Any]], None] = _no_event
 
 
 @dataclass(frozen=True, slots=True)
