@@ -122,7 +122,7 @@ def test_a_killed_data_member_is_reconstructed_and_no_request_of_the_service_fai
     slowest_ms = max(s.latency_ms for s in after)
     detection = [e for e in events if e["type"] == "failure" and e.get("server") == "s2"]
     assert detection, "the controller detected the kill"
-    print(f"coded failover: {len(after)} requests after the kill, slowest {slowest_ms:.0f} ms, coding {coding}")
+    print(f"coded failover: {len(after)} requests after the kill, slowest {slowest_ms:.0f} ms; {coding}")
 
 
 def _all_home(client: Client) -> bool:

@@ -39,6 +39,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ from failsoft.runtime.gateway.routes import Route
 from failsoft.services import CodedParams, Service, ServiceMode
 
 log = logging.getLogger(__name__)
+TIMINGS = 10_000  # encode and decode times kept (microseconds), for their median in describe()
 
 
 class _Member(SingleDispatcher):
@@ -112,7 +114,11 @@ class CodedDispatcher(Dispatcher):
         self._expected: dict[int, str] = {}  # member index -> the variant its first answer came from
         self._down: dict[int, int] = {}  # data member -> requests reconstructed while it fails
         self.counts = {"requests": 0, "coded_groups": 0, "uncoded_groups": 0, "reconstructed": 0}
-        self.counts |= {"reconstructed_during_failover": 0, "encode_us_total": 0, "decode_us_total": 0}
+        self.counts["reconstructed_during_failover"] = 0
+        self.timings_us: dict[str, deque[float]] = {
+            "encode": deque(maxlen=TIMINGS),
+            "decode": deque(maxlen=TIMINGS),
+        }
 
     # the contract ----------------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -127,7 +133,13 @@ class CodedDispatcher(Dispatcher):
             "state": "READY" if ready else "UNAVAILABLE",
             "reason": "" if ready else f"data members with no live server: {down}",
             "members": [{"app": m.app, **d} for m, d in zip(self.data + self.parity, members, strict=True)],
-            "coding": {"k": self.k, "r": self.r, "encoder": self.params.encoder, **self.counts},
+            "coding": {
+                "k": self.k,
+                "r": self.r,
+                "encoder": self.params.encoder,
+                **self.counts,
+                **{f"{op}_us_p50": _median(times) for op, times in self.timings_us.items()},
+            },
         }
 
     async def dispatch(self, request: Request) -> Answer:
@@ -178,9 +190,9 @@ class CodedDispatcher(Dispatcher):
             return
         queries = [np.asarray(group.queries[i].request.batch, dtype=np.float32) for i in range(self.k)]
         encoder = self._encoder(queries[0].shape[1:])
-        started = _perf_us()
+        started = time.perf_counter()
         parities = encoder.encode(queries)
-        self.counts["encode_us_total"] += _perf_us() - started
+        self.timings_us["encode"].append((time.perf_counter() - started) * 1e6)
         deadline = max(q.request.deadline for q in group.queries.values())
         first = group.queries[0].request
         for p, parity in enumerate(parities):
@@ -240,10 +252,10 @@ class CodedDispatcher(Dispatcher):
             progress = tracker.failed(index)
         else:
             group.variants[index] = answer.variant
-            started = _perf_us()
+            started = time.perf_counter()
             progress = tracker.answered(index, np.asarray(answer.outputs))
             if progress.decoded:
-                self.counts["decode_us_total"] += _perf_us() - started
+                self.timings_us["decode"].append((time.perf_counter() - started) * 1e6)
         self._apply(group, progress)
         self._forget_if_done(group)
 
@@ -327,5 +339,5 @@ def _member_request(request: Request, tag: str) -> Request:
     return Request(request.service, request.batch, request.deadline, f"{request.request_id}#{tag}")
 
 
-def _perf_us() -> int:
-    return time.perf_counter_ns() // 1000
+def _median(values: deque[float]) -> float | None:
+    return round(float(np.median(values)), 2) if values else None
