@@ -192,3 +192,20 @@ async def test_a_killed_member_is_reconstructed_from_the_kill_and_events_say_so(
         assert not t6.result().reconstructed and t6.result().server == "s-new"
         assert [e["type"] for e in rig.events] == ["coded_failover", "coded_recovered"]
         assert rig.events[1]["reconstructed"] == 2
+
+
+@sync
+async def test_a_lone_query_of_a_killed_member_is_served_by_another_data_member_at_the_fill_timeout():
+    async with rigged(fill_timeout_ms=10.0) as rig:
+        del rig.agents["s-d0"]  # killed, not failed over yet
+        lone, x = rig.send(1.0)  # slot 0 of a group that never fills: no parity can help it
+        await rig.clock.run_for(0.009)
+        assert not lone.done()
+        await rig.clock.run_for(0.002 + 0.01)  # released uncoded at 10 ms, then served by d1
+        answer = lone.result()
+        assert not answer.reconstructed and answer.server == "s-d1"
+        np.testing.assert_allclose(answer.outputs, x @ WEIGHTS, rtol=1e-5)
+        assert rig.calls("s-d1") == ["r1#f#1"] and rig.dispatcher.counts["served_by_another_member"] == 1
+        late, _ = rig.send(1.0)  # d0 already known failing: the next lone query falls back too
+        await rig.clock.run_for(0.021)
+        assert late.result().server == "s-d1"

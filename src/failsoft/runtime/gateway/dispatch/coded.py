@@ -40,6 +40,7 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,14 +62,16 @@ TIMINGS = 10_000  # encode and decode times kept (microseconds), for their media
 class _Member(SingleDispatcher):
     """One member app served like a ``single`` service, remembering when its calls fail over."""
 
-    def __init__(self, app: str, context: DispatchContext) -> None:
+    def __init__(self, app: str, context: DispatchContext, on_failing: Callable[[], None]) -> None:
         super().__init__(Service.single(app), context)
         self.failing = False  # a call found its server gone, or its route moved under it
+        self.on_failing = on_failing
 
     async def _attempt(self, route: Route, request: Request, call_id: str, left: float) -> Any:
         outputs = await super()._attempt(route, request, call_id, left)
         if outputs is MOVED:
             self.failing = True
+            self.on_failing()
         return outputs
 
 
@@ -80,6 +83,7 @@ class _Query:
     index: int
     result: asyncio.Future[Answer]
     own: asyncio.Task[Answer] | None = None
+    fallen_back: bool = False
 
 
 @dataclass(slots=True)
@@ -103,8 +107,11 @@ class CodedDispatcher(Dispatcher):
         assert isinstance(params, CodedParams)
         self.params = params
         self.k, self.r = params.k, params.r
-        self.data = [_Member(app, context) for app in service.members[: self.k]]
-        self.parity = [_Member(app, context) for app in service.members[self.k :]]
+        self.data = [
+            _Member(app, context, functools.partial(self._member_failing, i))
+            for i, app in enumerate(service.members[: self.k])
+        ]
+        self.parity = [_Member(app, context, lambda: None) for app in service.members[self.k :]]
         self.former = GroupFormer(self.k, params.fill_timeout_ms)
         self.decoder = get_decoder(self.k, self.r)
         self.input_shape = context.input_shape(service.members[0])
@@ -115,6 +122,7 @@ class CodedDispatcher(Dispatcher):
         self._down: dict[int, int] = {}  # data member -> requests reconstructed while it fails
         self.counts = {"requests": 0, "coded_groups": 0, "uncoded_groups": 0, "reconstructed": 0}
         self.counts["reconstructed_during_failover"] = 0
+        self.counts["served_by_another_member"] = 0  # uncoded queries of a failing member
         self.timings_us: dict[str, deque[float]] = {
             "encode": deque(maxlen=TIMINGS),
             "decode": deque(maxlen=TIMINGS),
@@ -182,6 +190,8 @@ class CodedDispatcher(Dispatcher):
         if not closed.complete:  # released uncoded: its queries are answered by their members alone
             self.counts["uncoded_groups"] += 1
             group.tracker = None
+            for query in group.queries.values():
+                self._fall_back(query)
             self._forget_if_done(group)
             return
         self.counts["coded_groups"] += 1
@@ -217,6 +227,35 @@ class CodedDispatcher(Dispatcher):
             await clock.sleep(max(due - clock.now(), 0.0))
             for closed in self.former.poll(clock.now()):
                 self._closed(closed)
+
+    def _member_failing(self, index: int) -> None:
+        """Data member ``index`` failed a call: its queries in uncoded groups go to another member."""
+        for group in list(self._groups.values()):
+            if group.closed and group.tracker is None and index in group.queries:
+                self._fall_back(group.queries[index])
+
+    def _fall_back(self, query: _Query) -> None:
+        """A query of an uncoded group whose member is failing: also sent to a healthy data member
+        (every data member serves the same model); the first answer wins."""
+        if query.fallen_back or query.result.done() or not self.data[query.index].failing:
+            return
+        healthy = [m for i, m in enumerate(self.data) if i != query.index and not m.failing and m.ready()]
+        if not healthy:
+            return
+        member = healthy[hash(query.request.request_id) % len(healthy)]
+        query.fallen_back = True
+        self.counts["served_by_another_member"] += 1
+        task = asyncio.ensure_future(member.dispatch(_member_request(query.request, "f")))
+
+        def done(task: asyncio.Task[Answer]) -> None:
+            if task.cancelled() or task.exception() is not None or query.result.done():
+                return
+            query.result.set_result(task.result())
+            if query.own is not None:
+                query.own.cancel()
+
+        task.add_done_callback(done)
+        query.result.add_done_callback(lambda _: task.cancel())
 
     # answers -----------------------------------------------------------------------------------------
     def _own_done(self, group: _Group, query: _Query, task: asyncio.Task[Answer]) -> None:
