@@ -53,10 +53,10 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class CodingBenchSettings:
     policies: tuple[str, ...] = POLICIES
-    duration_s: float = 25.0  # load per policy
-    rate_rps: float = 60.0  # open-loop request rate
-    slow_ms: float = 25.0  # the straggler's added latency per batch
-    shuffle_s: float = 0.5  # a new straggler this often
+    duration_s: float = 30.0  # load per policy
+    rate_rps: float = 20.0  # open-loop request rate (what this 2-core box serves without queueing)
+    slow_ms: float = 100.0  # the straggler's added latency per batch
+    shuffle_s: float = 1.0  # a new straggler this often
     timeout_s: float = 5.0
     max_in_flight: int = 64
     failover: bool = True
