@@ -37,7 +37,7 @@ import tempfile
 import time
 import timeit
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,9 @@ class CodingBenchSettings:
     policies: tuple[str, ...] = POLICIES
     duration_s: float = 30.0  # load per policy
     rate_rps: float = 20.0  # open-loop request rate (what this 2-core box serves without queueing)
-    slow_ms: float = 100.0  # the straggler's added latency per batch
+    slow_ms: float = 50.0  # the straggler's added latency per batch
+    rounds: int = 3  # the policies take turns, each duration_s / rounds at a time (drift spread evenly)
+    warmup_s: float = 5.0  # load on every policy before measuring
     shuffle_s: float = 1.0  # a new straggler this often
     timeout_s: float = 5.0
     max_in_flight: int = 64
@@ -126,12 +128,23 @@ def run(
                     "shuffle_s": settings.shuffle_s,
                     "servers": sorted(set(plan.servers)),
                 }
+                say(f"warm-up: {settings.warmup_s:.0f} s")
+                warm = replace(settings, duration_s=settings.warmup_s / len(settings.policies))
+                for policy in settings.policies:
+                    asyncio.run(_drive(url, token, _targets(plan, policy), warm, plan, stragglers=False))
+                shots: dict[str, list[Shot]] = {p: [] for p in settings.policies}
+                turn = replace(settings, duration_s=settings.duration_s / settings.rounds)
+                for n in range(settings.rounds):
+                    for policy in settings.policies:
+                        say(f"round {n + 1}/{settings.rounds}, policy {policy}: {turn.duration_s:.0f} s")
+                        seeded = replace(turn, seed=settings.seed + n)  # the same stragglers per policy
+                        targets = _targets(plan, policy)
+                        shots[policy] += asyncio.run(
+                            _drive(url, token, targets, seeded, plan, stragglers=True)
+                        )
                 policies: dict[str, Any] = {}
                 for policy in settings.policies:
-                    say(f"policy {policy}: {settings.duration_s:.0f} s of load")
-                    targets = _targets(plan, policy)
-                    shots = asyncio.run(_drive(url, token, targets, settings, plan, stragglers=True))
-                    policies[policy] = {"instances": _instances(plan, policy), **_summary(shots)}
+                    policies[policy] = {"instances": _instances(plan, policy), **_summary(shots[policy])}
                     if policy == "parm":
                         coding = _coding(client, plan.service)
                         policies[policy]["encode_us"] = {"p50": coding.get("encode_us_p50")}
@@ -208,7 +221,8 @@ def _wait_home(client: Any, timeout_s: float = 120.0) -> None:
         with _quiet():
             status = client.status()
             home = all(a["route"] == a["primary"] for a in status["apps"])
-            if home and all(s["state"] == "up" for s in status["servers"]) and client.ready():
+            warm = all(w["state"] == "warm" for a in status["apps"] for w in a["warm_backups"])
+            if home and warm and all(s["state"] == "up" for s in status["servers"]) and client.ready():
                 return
         time.sleep(0.2)
     raise FailsoftError(f"the cluster did not deploy within {timeout_s:.0f} s")

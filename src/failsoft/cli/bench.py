@@ -97,7 +97,7 @@ def coding(
     ] = None,
     duration_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load per policy")] = 30.0,
     rate_rps: Annotated[float, typer.Option(min=1, max=1000, help="Open-loop request rate")] = 20.0,
-    slow_ms: Annotated[float, typer.Option(min=0, max=10_000, help="Straggler's added ms per batch")] = 100.0,
+    slow_ms: Annotated[float, typer.Option(min=0, max=10_000, help="Straggler's added ms per batch")] = 50.0,
     shuffle_s: Annotated[float, typer.Option(min=0.05, max=60, help="New straggler this often")] = 1.0,
     failover: Annotated[bool, typer.Option(help="Kill data member 1's server under load at the end")] = True,
     root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,

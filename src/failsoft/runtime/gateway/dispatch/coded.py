@@ -64,13 +64,24 @@ class _Member(SingleDispatcher):
 
     def __init__(self, app: str, context: DispatchContext, on_failing: Callable[[], None]) -> None:
         super().__init__(Service.single(app), context)
-        self.failing = False  # a call found its server gone, or its route moved under it
+        self.failed_route: Route | None = None  # the route a call found dead (server gone, route moved)
         self.on_failing = on_failing
+
+    @property
+    def failing(self) -> bool:
+        """A call found this member's route dead, and no newer route has been published since."""
+        if self.failed_route is None:
+            return False
+        now = self.context.routes.route(self.app)
+        if now is None or now == self.failed_route:
+            return True
+        self.failed_route = None  # failed over: the member serves again (maybe a smaller variant first)
+        return False
 
     async def _attempt(self, route: Route, request: Request, call_id: str, left: float) -> Any:
         outputs = await super()._attempt(route, request, call_id, left)
         if outputs is MOVED:
-            self.failing = True
+            self.failed_route = route
             self.on_failing()
         return outputs
 
@@ -153,6 +164,8 @@ class CodedDispatcher(Dispatcher):
     async def dispatch(self, request: Request) -> Answer:
         batch = self._checked(request.batch)
         self.counts["requests"] += 1
+        for index in list(self._down):
+            self._recovered(index)
         now = self.context.clock.now()
         slot, closed = self.former.join(request.request_id, now, shape=batch.shape)
         group = self._groups.get(slot.group)
@@ -271,6 +284,7 @@ class CodedDispatcher(Dispatcher):
         answer = task.result()
         if not query.result.done():
             query.result.set_result(answer)
+        self.data[query.index].failed_route = None  # it answered: not failing
         self._recovered(query.index)
         self._feed(group, query.index, answer)
 
@@ -338,16 +352,16 @@ class CodedDispatcher(Dispatcher):
         )
 
     def _recovered(self, index: int) -> None:
-        member = self.data[index]
-        member.failing = False
-        count = self._down.pop(index, 0)
-        if count:
-            self._event(
-                "coded_recovered",
-                index,
-                f"answers again; {count} requests were reconstructed meanwhile",
-                reconstructed=count,
-            )
+        """End member ``index``'s failover episode once it answers again or has a new route."""
+        if index not in self._down or self.data[index].failing:
+            return
+        count = self._down.pop(index)
+        self._event(
+            "coded_recovered",
+            index,
+            f"serves again; {count} of its requests were reconstructed meanwhile",
+            reconstructed=count,
+        )
 
     def _event(self, kind: str, index: int, what: str, **extra: Any) -> None:
         app = self.data[index].app
