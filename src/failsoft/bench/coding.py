@@ -53,7 +53,7 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class CodingBenchSettings:
     policies: tuple[str, ...] = POLICIES
-    duration_s: float = 30.0  # load per policy
+    duration_s: float = 24.0  # load per policy
     rate_rps: float = 20.0  # open-loop request rate (what this 2-core box serves without queueing)
     slow_ms: float = 50.0  # the straggler's added latency per batch
     rounds: int = 3  # the policies take turns, each duration_s / rounds at a time (drift spread evenly)

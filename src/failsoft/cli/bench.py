@@ -95,7 +95,7 @@ def coding(
         list[str] | None,
         typer.Option("--policy", "-p", help="parm, equal-resources, none (repeatable; default: all three)"),
     ] = None,
-    duration_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load per policy")] = 30.0,
+    duration_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load per policy")] = 24.0,
     rate_rps: Annotated[float, typer.Option(min=1, max=1000, help="Open-loop request rate")] = 20.0,
     slow_ms: Annotated[float, typer.Option(min=0, max=10_000, help="Straggler's added ms per batch")] = 50.0,
     shuffle_s: Annotated[float, typer.Option(min=0.05, max=60, help="New straggler this often")] = 1.0,
