@@ -360,6 +360,8 @@ async def _failover(
     detected = [e for e in events if e["type"] == "failure" and e.get("server") == victim]
     recovered = [e for e in events if e["type"] == "coded_recovered"]
     latencies = [s.latency_ms for s in window if s.ok]
+    before = [s.latency_ms for s in shots if s.ok and t_kill - 1.5 <= s.sent < t_kill]
+    after = [s.latency_ms for s in shots if s.ok and s.sent > t_back]
     return {
         "killed": victim,
         "member": plan.members[1],
@@ -368,6 +370,14 @@ async def _failover(
             "max": _round(max(latencies)) if latencies else None,
         },
         "outage_requests": len(window),
+        "before_kill_ms": {
+            "p50": _round(np.percentile(before, 50)) if before else None,
+            "requests": len(before),
+        },
+        "after_recovery_ms": {
+            "p50": _round(np.percentile(after, 50)) if after else None,
+            "requests": len(after),
+        },
         "failed_requests": sum(not s.ok for s in shots),
         "reconstructed_in_window": sum(s.reconstructed for s in window),
         "recovered": bool(recovered),
