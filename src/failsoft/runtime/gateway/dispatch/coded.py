@@ -19,10 +19,13 @@ serving its parity models (:class:`~failsoft.services.CodedParams`). Per request
 **No outage during a failover** (the issue's item 5). When a data member's server dies, its calls
 fail at once (the agent is gone) and the ``single`` path waits for a newer route; meanwhile the
 group's parity answer and the other k - 1 answers decode its output, from the moment of the kill:
-before the controller has detected it and while the member is reloaded. The dispatcher publishes a
-``coded_failover`` event when a member's reconstructions begin while that member is failing, and a
-``coded_recovered`` event (with the number of requests reconstructed meanwhile) when it answers
-again; :meth:`CodedDispatcher.describe` counts both.
+before the controller has detected it and while the member is reloaded. A query of a failing member
+in a group that never fills (no parity to decode from) is sent to another data member (they serve
+one model) when its group is released, so it waits at most ``fill_timeout_ms`` more. A member is
+*failing* from a call that found its route dead until a newer route is published (or it answers).
+The dispatcher publishes a ``coded_failover`` event at the first reconstruction of a failing member,
+and a ``coded_recovered`` event (``reconstructed``: how many of its requests were decoded meanwhile)
+once it is back; :meth:`CodedDispatcher.describe` counts both, and the encode and decode medians.
 
 A request whose shape does not match the service's input is refused (InvalidRequestError, 400)
 before it joins a group, so the group it would have joined is unaffected.
