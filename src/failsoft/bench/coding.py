@@ -370,6 +370,15 @@ async def _failover(
             "max": _round(max(latencies)) if latencies else None,
         },
         "outage_requests": len(window),
+        "outage_detail": [
+            {
+                "sent_after_kill_ms": _round((s.sent - t_kill) * 1000),
+                "latency_ms": _round(s.latency_ms),
+                "reconstructed": s.reconstructed,
+                "ok": s.ok,
+            }
+            for s in sorted(window, key=lambda s: s.sent)
+        ],
         "before_kill_ms": {
             "p50": _round(np.percentile(before, 50)) if before else None,
             "requests": len(before),
