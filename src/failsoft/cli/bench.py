@@ -84,3 +84,36 @@ def adaptation_plan(
     from failsoft.bench.adaptation_plan import run
 
     typer.echo(json.dumps(run(seeds=seeds, milp_time_s=milp_time_s), indent=2))
+
+
+@app.command("coding")
+def coding(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML) with one coded service, e.g. examples/coded.yaml")
+    ],
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", "-p", help="parm, equal-resources, none (repeatable; default: all three)"),
+    ] = None,
+    duration_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load per policy")] = 24.0,
+    rate_rps: Annotated[float, typer.Option(min=1, max=1000, help="Open-loop request rate")] = 20.0,
+    slow_ms: Annotated[float, typer.Option(min=0, max=10_000, help="Straggler's added ms per batch")] = 50.0,
+    shuffle_s: Annotated[float, typer.Option(min=0.05, max=60, help="New straggler this often")] = 1.0,
+    failover: Annotated[bool, typer.Option(help="Kill data member 1's server under load at the end")] = True,
+    root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,
+    seed: Annotated[int, typer.Option(help="Load and straggler seed")] = 0,
+) -> None:
+    """ParM vs Equal-Resources vs no redundancy under shuffled stragglers; a killed member with no outage."""
+    from failsoft.bench.coding import POLICIES, CodingBenchSettings, run
+
+    settings = CodingBenchSettings(
+        policies=tuple(policy or POLICIES),
+        duration_s=duration_s,
+        rate_rps=rate_rps,
+        slow_ms=slow_ms,
+        shuffle_s=shuffle_s,
+        failover=failover,
+        root=root,
+        seed=seed,
+    )
+    typer.echo(json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2))

@@ -79,6 +79,7 @@ class Sample:
     attempts: int = 0
     correct: bool | None = None
     error: str | None = None
+    reconstructed: bool = False  # decoded by a coded service (ParM), not computed by the model asked
 
     @property
     def latency_ms(self) -> float:
@@ -223,7 +224,20 @@ async def _one(
         out.append(Sample(app, sent, time.time(), False, error=f"{type(exc).__name__}: {exc}"))
         return
     correct = None if label is None else bool(int(r.predictions[0]) == label)
-    out.append(Sample(app, sent, time.time(), True, r.server, r.variant, r.degraded, r.attempts, correct))
+    out.append(
+        Sample(
+            app,
+            sent,
+            time.time(),
+            True,
+            r.server,
+            r.variant,
+            r.degraded,
+            r.attempts,
+            correct,
+            reconstructed=r.reconstructed,
+        )
+    )
 
 
 class LoadThread:

@@ -38,6 +38,7 @@ from failsoft.runtime.gateway.dispatch import check_dispatchable
 from failsoft.runtime.gateway.protocol import ModelMeta
 from failsoft.runtime.security import check_bind, checked_token, read_token_file
 from failsoft.runtime.store import open_store
+from failsoft.services import ServiceMode
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0
@@ -272,6 +273,7 @@ def prepare(config: RuntimeConfig) -> Prepared:
         )
     deployment = resolve(config, repo.families(), repository=f"model repository {str(root)!r}")
     check_dispatchable(deployment.all_services())  # a mode the gateway cannot serve yet: refused now
+    _check_coded(repo, deployment)
     models, variants = {}, {}
     for family in deployment.families:
         shapes = {}
@@ -289,6 +291,17 @@ def prepare(config: RuntimeConfig) -> Prepared:
     with open_store(config.store_url, config.state_dir, config.name):
         pass  # reachable (Redis) and writable (SQLite), or a StoreError now rather than later
     return Prepared(deployment, models, variants, repo.root, token)
+
+
+def _check_coded(repo: Any, deployment: Any) -> None:
+    """Each coded service's parity members hold parity models trained for its data variant (ParM)."""
+    coded = [s for s in deployment.all_services() if s.mode is ServiceMode.CODED]
+    if coded:
+        from failsoft.zoo.parity import check_coded_service
+
+        apps = {a.name: a for a in deployment.apps}
+        for service in coded:
+            check_coded_service(repo, service, apps)
 
 
 def admin_token(config: RuntimeConfig) -> str:

@@ -455,3 +455,38 @@ def check_parity(repo: ModelRepository, family: str, variant: str, expected: Par
             f"sha256 {info.deployed_sha256[:12]}..., the repository holds {current[:12]}...: train it again"
         )
     return info
+
+
+def check_coded_service(repo: ModelRepository, service: Any, apps: Any) -> None:
+    """A coded service's members against the repository, before anything is deployed.
+
+    ``service`` is a :class:`~failsoft.services.Service` of mode ``coded``; ``apps`` maps member names
+    to apps with ``family`` and a ``primary`` placement (``variant``). The k data members must serve
+    one variant of one family, and parity member p must serve a parity model trained for that
+    variant with the service's k, r and encoder, as parity index p (:func:`check_parity`).
+    """
+    params = service.params
+    data = service.members[: params.k]
+    served = {(apps[m].family, _variant_of(apps[m], service.name)) for m in data}
+    if len(served) > 1:
+        raise ConfigError(
+            f"coded service {service.name!r}: its data members {list(data)} serve "
+            f"{sorted(f'{f}/{v}' for f, v in served)}; a coding group serves one variant"
+        )
+    ((family, variant),) = served
+    for index, member in enumerate(service.members[params.k :]):
+        app = apps[member]
+        code = ParityCode(family, variant, params.k, params.r, params.encoder, index)
+        try:
+            check_parity(repo, app.family, _variant_of(app, service.name), code)
+        except (ConfigError, CorruptModelError) as exc:
+            raise ConfigError(f"coded service {service.name!r}: parity member {member!r}: {exc}") from exc
+
+
+def _variant_of(app: Any, service: str) -> str:
+    if app.primary is None:
+        raise ConfigError(
+            f"coded service {service!r}: member {app.name!r} has no primary placement; a coded "
+            "service's members name their server and variant"
+        )
+    return str(app.primary.variant)

@@ -11,6 +11,7 @@ from failsoft.errors import ConfigError
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.gateway.dispatch import (
     DISPATCHERS,
+    CodedDispatcher,
     SingleDispatcher,
     SloDispatcher,
     check_dispatchable,
@@ -27,14 +28,16 @@ def test_every_dispatcher_serves_the_mode_it_is_filed_under():
 
 
 def test_a_mode_without_a_dispatcher_is_refused_naming_the_service_and_the_mode():
-    coded = Service("pair", ServiceMode.CODED, ("a", "b", "p"), CodedParams(k=2, r=1))
+    llm = Service("pair", ServiceMode.LLM, ("a", "b"), LlmParams())
     with pytest.raises(
-        ConfigError, match=r"service 'pair': mode 'coded' cannot be served yet.*modes served: single"
+        ConfigError, match=r"service 'pair': mode 'llm' cannot be served yet.*modes served: single"
     ):
-        check_dispatchable([Service.single("x"), coded])
+        check_dispatchable([Service.single("x"), llm])
     with pytest.raises(ConfigError, match="mode 'llm'"):
         dispatcher_class(Service("fleet", ServiceMode.LLM, ("a",), LlmParams()))
     assert dispatcher_class(Service("pool", ServiceMode.SLO, ("a",), SloParams())) is SloDispatcher
+    coded = Service("digits", ServiceMode.CODED, ("a", "b", "p"), CodedParams())
+    assert dispatcher_class(coded) is CodedDispatcher
     check_dispatchable([Service.single("x")])  # FailLite's apps: served
 
 
@@ -46,7 +49,7 @@ def test_serve_refuses_a_config_whose_service_has_no_dispatcher_before_starting_
             "servers": [{"name": n, "site": n, "memory_mb": 200} for n in ("s1", "s2", "s3")],
             "apps": [{"name": a, "family": "digits_mlp"} for a in ("d1", "d2", "parity")],
             "services": [
-                {"name": "coded-pair", "mode": "coded", "members": ["d1", "d2", "parity"], "params": {"k": 2}}
+                {"name": "llm-pair", "mode": "llm", "members": ["d1", "d2", "parity"], "params": {}}
             ],
             "state_dir": str(tmp_path / "state"),
         },
@@ -54,6 +57,6 @@ def test_serve_refuses_a_config_whose_service_has_no_dispatcher_before_starting_
     )
     session = Session(config)
     started = time.monotonic()
-    with pytest.raises(ConfigError, match="service 'coded-pair': mode 'coded' cannot be served yet"):
+    with pytest.raises(ConfigError, match="service 'llm-pair': mode 'llm' cannot be served yet"):
         session.start()
     assert time.monotonic() - started < 5 and session.cluster is None  # no Ray, no process

@@ -32,10 +32,10 @@ class SubtractionDecoder(Decoder):
             raise ConfigError(f"the subtraction decoder decodes r=1 codes; got r={self.r} (use 'linear')")
 
     def _solve(self, available: Mapping[int, np.ndarray], missing: list[int]) -> dict[int, np.ndarray]:
-        out = np.array(available[self.k], dtype=np.float32)  # a copy
-        for i in range(self.k):
-            if i != missing[0]:
-                out -= available[i]
+        others = [available[i] for i in range(self.k) if i != missing[0]]
+        out = np.subtract(available[self.k], others[0], dtype=np.float32)  # a new array: inputs kept
+        for other in others[1:]:
+            np.subtract(out, other, out=out, dtype=np.float32)
         return {missing[0]: out}
 
 

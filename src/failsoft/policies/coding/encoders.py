@@ -35,11 +35,14 @@ class AddEncoder(Encoder):
     name = "add"
 
     def _combine(self, queries: list[np.ndarray], weights: tuple[float, ...]) -> np.ndarray:
-        out = np.array(queries[0], dtype=np.float32)  # a copy: the caller's queries stay as they are
-        if weights[0] != 1.0:
-            out *= np.float32(weights[0])
-        for q, w in zip(queries[1:], weights[1:], strict=True):
-            out += q if w == 1.0 else np.float32(w) * q
+        if weights[0] == weights[1] == 1.0:  # r = 1 (and row 0): one new array, then in place
+            out = np.add(queries[0], queries[1], dtype=np.float32)
+            rest = zip(queries[2:], weights[2:], strict=True)
+        else:
+            out = np.multiply(queries[0], np.float32(weights[0]), dtype=np.float32)
+            rest = zip(queries[1:], weights[1:], strict=True)
+        for q, w in rest:
+            np.add(out, q if w == 1.0 else np.float32(w) * q, out=out, dtype=np.float32)
         return out
 
 

@@ -157,16 +157,18 @@ class Decoder(ABC):
         return self._solve(available, missing)
 
     def _check(self, available: Mapping[int, np.ndarray]) -> set[int]:
-        present = set(available)
-        if not present <= self._members:
+        present = available.keys()
+        if not self._members.issuperset(present):
             for index in available:
                 check_member(index, self.k, self.r)
-        shapes = {np.shape(out) for out in available.values()}
-        if len(shapes) > 1:
-            first = np.shape(next(iter(available.values())))
-            index, got = next((i, np.shape(o)) for i, o in available.items() if np.shape(o) != first)
-            raise ConfigError(f"output of member {index} has shape {got}; others have {first}")
-        return present
+        first = None
+        for index, out in available.items():  # a plain loop: this runs once per answer, keep it lean
+            shape = out.shape if isinstance(out, np.ndarray) else np.shape(out)
+            if first is None:
+                first = shape
+            elif shape != first:
+                raise ConfigError(f"output of member {index} has shape {shape}; others have {first}")
+        return set(present)
 
     @abstractmethod
     def _solve(self, available: Mapping[int, np.ndarray], missing: list[int]) -> dict[int, np.ndarray]:

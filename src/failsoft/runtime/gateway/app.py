@@ -107,7 +107,8 @@ class Gateway:
         self.health = RouteHealth(settings.unhealthy_after)
         self._reports: set[asyncio.Task[Any]] = set()
         context = DispatchContext(
-            self.mirror, self._agent, self.clock, self._outcome, apps, dict(families or {})
+            self.mirror, self._agent, self.clock, self._outcome, apps, dict(families or {}),
+            input_shape=self._input_shape, event=self._publish,
         )
         dispatchers = build_dispatchers(services, context)
         self.served = {s.name: Served(s, dispatchers[s.name], apps[s.members[0]]) for s in services}
@@ -155,6 +156,14 @@ class Gateway:
             log.warning("could not report server %s as unhealthy: %s", server, exc)
 
     # helpers -------------------------------------------------------------------------------------
+    def _input_shape(self, app: str) -> tuple[int, ...] | None:
+        meta = self.models.get(self.apps[app].family) if app in self.apps else None
+        return None if meta is None else tuple(meta.input_shape)
+
+    def _publish(self, event: dict[str, Any]) -> None:
+        """A dispatcher's event (a coded service reconstructing a failed member), stamped and sent."""
+        self.hub.publish({"timestamp": time.time(), "source": "gateway", **event})
+
     def _agent(self, server: str) -> AgentRef:
         agent = self._agents.get(server)
         if agent is None:  # being replaced (revived) right now

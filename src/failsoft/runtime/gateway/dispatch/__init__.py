@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from failsoft.errors import ConfigError
+from failsoft.runtime.gateway.dispatch.coded import CodedDispatcher
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
@@ -19,6 +20,7 @@ from failsoft.services import Service, ServiceMode
 DISPATCHERS: Mapping[ServiceMode, type[Dispatcher]] = {
     ServiceMode.SINGLE: SingleDispatcher,
     ServiceMode.SLO: SloDispatcher,
+    ServiceMode.CODED: CodedDispatcher,
 }
 
 
@@ -48,6 +50,7 @@ def build_dispatchers(services: Iterable[Service], context: DispatchContext) -> 
 __all__ = [
     "DISPATCHERS",
     "Answer",
+    "CodedDispatcher",
     "DispatchContext",
     "Dispatcher",
     "Request",

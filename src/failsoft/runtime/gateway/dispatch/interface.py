@@ -50,6 +50,14 @@ def _ignore(server: str, ok: bool, error: str) -> None:
     return None
 
 
+def _no_shape(app: str) -> tuple[int, ...] | None:
+    return None
+
+
+def _no_event(event: dict[str, Any]) -> None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchContext:
     """What a dispatcher may use. ``agents(server)`` raises ServerUnavailableError when the server
@@ -57,7 +65,9 @@ class DispatchContext:
     each call a server took on ended: answered, or failed by the server's own fault (an error while
     serving, or no answer by the deadline); app-level health is judged from it. Refusals by a full
     queue, bad input and calls that moved to a newer route are not outcomes. ``apps`` and
-    ``families`` are the deployment's (a dispatcher that chooses variants reads their profiles)."""
+    ``families`` are the deployment's (a dispatcher that chooses variants reads their profiles);
+    ``input_shape(app)`` is the shape of one query to a member app (without the batch dimension; None
+    when unknown), and ``event(dict)`` publishes a gateway event to the event stream (``/v2/events``)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
@@ -65,6 +75,8 @@ class DispatchContext:
     outcome: Callable[[str, bool, str], None] = _ignore
     apps: Mapping[str, App] = field(default_factory=dict)
     families: Mapping[str, Family] = field(default_factory=dict)
+    input_shape: Callable[[str], tuple[int, ...] | None] = _no_shape
+    event: Callable[[dict[str, Any]], None] = _no_event
 
 
 @dataclass(frozen=True, slots=True)

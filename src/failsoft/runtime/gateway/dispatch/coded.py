@@ -1,0 +1,399 @@
+"""The ``coded`` dispatcher: ParM's coded inference (sections 3-4, 7) over a service's k + r members.
+
+A coded service's members are k *data* apps serving the deployed model, then r *parity* apps
+serving its parity models (:class:`~failsoft.services.CodedParams`). Per request:
+
+* the request joins a coding group in arrival order (:class:`~failsoft.policies.coding.groups.
+  GroupFormer`; one open group per batch shape) and is sent **at once** to the data member of its
+  slot: data query i goes to data member i, exactly as the ``single`` dispatcher would send it
+  (current route, retried on a newer route until the deadline, withdrawn when no longer needed);
+* when the group's k-th query joins, the encoder (a pure policy) makes the r parity queries, sent to
+  the r parity members; a group that has waited ``fill_timeout_ms`` (on the injected clock) since
+  its first query is released *uncoded*: its queries are answered by their data members alone;
+* every answer of a complete group goes to its :class:`~failsoft.policies.coding.groups.
+  AnswerTracker`; as soon as any k of the k + r are in, the missing data outputs are decoded, the
+  requests still waiting for them are answered with the decoded output (``reconstructed: true``),
+  and the stragglers (the data calls still running, or the parity calls once all k data answers
+  are in) are cancelled at their agents.
+
+**No outage during a failover** (the issue's item 5). When a data member's server dies, its calls
+fail at once (the agent is gone) and the ``single`` path waits for a newer route; meanwhile the
+group's parity answer and the other k - 1 answers decode its output, from the moment of the kill:
+before the controller has detected it and while the member is reloaded. A query of a failing member
+in a group that never fills (no parity to decode from) is sent to another data member (they serve
+one model) when its group is released, so it waits at most ``fill_timeout_ms`` more. A member is
+*failing* from a call that found its route dead until a newer route is published (or it answers).
+The dispatcher publishes a ``coded_failover`` event at the first reconstruction of a failing member,
+and a ``coded_recovered`` event (``reconstructed``: how many of its requests were decoded meanwhile)
+once it is back; :meth:`CodedDispatcher.describe` counts both, and the encode and decode medians.
+
+A request whose shape does not match the service's input is refused (InvalidRequestError, 400)
+before it joins a group, so the group it would have joined is unaffected.
+
+Mixed variants: the decoder assumes the data answers come from the variant the parity models were
+trained for. While a data member serves a failover variant (a smaller one), its answers are still
+its own client's answers, but are not used to decode another member's output, and a parity answer
+is used only from the parity variant its member was deployed with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import InvalidRequestError
+from failsoft.policies.coding.groups import AnswerTracker, Group, GroupFormer, Progress
+from failsoft.policies.coding.interface import Encoder
+from failsoft.policies.registry import get_decoder, get_encoder
+from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
+from failsoft.runtime.gateway.dispatch.single import MOVED, SingleDispatcher
+from failsoft.runtime.gateway.routes import Route
+from failsoft.services import CodedParams, Service, ServiceMode
+
+log = logging.getLogger(__name__)
+TIMINGS = 10_000  # encode and decode times kept (microseconds), for their median in describe()
+
+
+class _Member(SingleDispatcher):
+    """One member app served like a ``single`` service, remembering when its calls fail over."""
+
+    def __init__(self, app: str, context: DispatchContext, on_failing: Callable[[], None]) -> None:
+        super().__init__(Service.single(app), context)
+        self.failed_route: Route | None = None  # the route a call found dead (server gone, route moved)
+        self.on_failing = on_failing
+
+    @property
+    def failing(self) -> bool:
+        """A call found this member's route dead, and no newer route has been published since."""
+        if self.failed_route is None:
+            return False
+        now = self.context.routes.route(self.app)
+        if now is None or now == self.failed_route:
+            return True
+        self.failed_route = None  # failed over: the member serves again (maybe a smaller variant first)
+        return False
+
+    async def _attempt(self, route: Route, request: Request, call_id: str, left: float) -> Any:
+        outputs = await super()._attempt(route, request, call_id, left)
+        if outputs is MOVED:
+            self.failed_route = route
+            self.on_failing()
+        return outputs
+
+
+@dataclass(slots=True)
+class _Query:
+    """One request in a coding group: its own member call and the future its client awaits."""
+
+    request: Request
+    index: int
+    result: asyncio.Future[Answer]
+    own: asyncio.Task[Answer] | None = None
+    fallen_back: bool = False
+
+
+@dataclass(slots=True)
+class _Group:
+    id: int
+    queries: dict[int, _Query] = field(default_factory=dict)
+    tracker: AnswerTracker | None = None
+    parity: dict[int, asyncio.Task[Answer]] = field(default_factory=dict)
+    variants: dict[int, str] = field(default_factory=dict)  # the variant each answer came from
+    closed: bool = False
+
+
+class CodedDispatcher(Dispatcher):
+    """k data members and r parity members; decode from the first k answers, cancel the rest."""
+
+    mode = ServiceMode.CODED
+
+    def __init__(self, service: Service, context: DispatchContext) -> None:
+        super().__init__(service, context)
+        params = service.params
+        assert isinstance(params, CodedParams)
+        self.params = params
+        self.k, self.r = params.k, params.r
+        self.data = [
+            _Member(app, context, functools.partial(self._member_failing, i))
+            for i, app in enumerate(service.members[: self.k])
+        ]
+        self.parity = [_Member(app, context, lambda: None) for app in service.members[self.k :]]
+        self.former = GroupFormer(self.k, params.fill_timeout_ms)
+        self.decoder = get_decoder(self.k, self.r)
+        self.input_shape = context.input_shape(service.members[0])
+        self._encoders: dict[tuple[int, ...], Encoder] = {}
+        self._groups: dict[int, _Group] = {}
+        self._timer: asyncio.Task[None] | None = None
+        self._expected: dict[int, str] = {}  # member index -> the variant its first answer came from
+        self._down: dict[int, int] = {}  # data member -> requests reconstructed while it fails
+        self.counts = {"requests": 0, "coded_groups": 0, "uncoded_groups": 0, "reconstructed": 0}
+        self.counts["reconstructed_during_failover"] = 0
+        self.counts["served_by_another_member"] = 0  # uncoded queries of a failing member
+        self.timings_us: dict[str, deque[float]] = {
+            "encode": deque(maxlen=TIMINGS),
+            "decode": deque(maxlen=TIMINGS),
+        }
+
+    # the contract ----------------------------------------------------------------------------------
+    def ready(self) -> bool:
+        return all(m.ready() for m in self.data)
+
+    def describe(self) -> dict[str, Any]:
+        members = [m.describe() for m in self.data + self.parity]
+        ready = self.ready()
+        down = [m.app for m in self.data if not m.ready()]
+        return {
+            "version": members[0]["version"],
+            "state": "READY" if ready else "UNAVAILABLE",
+            "reason": "" if ready else f"data members with no live server: {down}",
+            "members": [{"app": m.app, **d} for m, d in zip(self.data + self.parity, members, strict=True)],
+            "coding": {
+                "k": self.k,
+                "r": self.r,
+                "encoder": self.params.encoder,
+                **self.counts,
+                **{f"{op}_us_p50": _median(times) for op, times in self.timings_us.items()},
+            },
+        }
+
+    async def dispatch(self, request: Request) -> Answer:
+        batch = self._checked(request.batch)
+        self.counts["requests"] += 1
+        for index in list(self._down):
+            self._recovered(index)
+        now = self.context.clock.now()
+        slot, closed = self.former.join(request.request_id, now, shape=batch.shape)
+        group = self._groups.get(slot.group)
+        if group is None:
+            group = self._groups[slot.group] = _Group(slot.group, tracker=AnswerTracker(self.decoder))
+        query = _Query(request, slot.index, asyncio.get_running_loop().create_future())
+        query.result.add_done_callback(_retrieved)
+        group.queries[slot.index] = query
+        query.own = asyncio.ensure_future(self.data[slot.index].dispatch(_member_request(request, "d")))
+        query.own.add_done_callback(functools.partial(self._own_done, group, query))
+        for done in closed:
+            self._closed(done)
+        self._arm_timer()
+        try:
+            return await asyncio.shield(query.result)
+        except asyncio.CancelledError:  # the client left: withdraw its own call
+            query.own.cancel()
+            raise
+
+    # groups ------------------------------------------------------------------------------------------
+    def _checked(self, batch: Any) -> np.ndarray:
+        array = np.asarray(batch)
+        if array.ndim < 1 or (self.input_shape is not None and tuple(array.shape[1:]) != self.input_shape):
+            raise InvalidRequestError(
+                f"service {self.service.name!r} takes batches of shape [N, "
+                f"{', '.join(map(str, self.input_shape or ()))}]; got {list(array.shape)}"
+            )
+        return array
+
+    def _closed(self, closed: Group) -> None:
+        group = self._groups.get(closed.id)
+        if group is None:
+            return
+        group.closed = True
+        if not closed.complete:  # released uncoded: its queries are answered by their members alone
+            self.counts["uncoded_groups"] += 1
+            group.tracker = None
+            for query in group.queries.values():
+                self._fall_back(query)
+            self._forget_if_done(group)
+            return
+        self.counts["coded_groups"] += 1
+        if group.tracker is None or group.tracker.done:  # every data answer is in already
+            self._forget_if_done(group)
+            return
+        queries = [np.asarray(group.queries[i].request.batch, dtype=np.float32) for i in range(self.k)]
+        encoder = self._encoder(queries[0].shape[1:])
+        started = time.perf_counter()
+        parities = encoder.encode(queries)
+        self.timings_us["encode"].append((time.perf_counter() - started) * 1e6)
+        deadline = max(q.request.deadline for q in group.queries.values())
+        first = group.queries[0].request
+        for p, parity in enumerate(parities):
+            request = Request(self.service.name, parity, deadline, f"{first.request_id}#p{p}")
+            task = asyncio.ensure_future(self.parity[p].dispatch(request))
+            task.add_done_callback(functools.partial(self._parity_done, group, self.k + p))
+            group.parity[self.k + p] = task
+
+    def _encoder(self, shape: tuple[int, ...]) -> Encoder:
+        encoder = self._encoders.get(shape)
+        if encoder is None:
+            encoder = self._encoders[shape] = get_encoder(self.params.encoder, self.k, self.r, shape)
+        return encoder
+
+    def _arm_timer(self) -> None:
+        if self.former.next_timeout_s() is not None and (self._timer is None or self._timer.done()):
+            self._timer = asyncio.ensure_future(self._fill_timer())
+
+    async def _fill_timer(self) -> None:
+        clock = self.context.clock
+        while (due := self.former.next_timeout_s()) is not None:
+            await clock.sleep(max(due - clock.now(), 0.0))
+            for closed in self.former.poll(clock.now()):
+                self._closed(closed)
+
+    def _member_failing(self, index: int) -> None:
+        """Data member ``index`` failed a call: its queries in uncoded groups go to another member."""
+        for group in list(self._groups.values()):
+            if group.closed and group.tracker is None and index in group.queries:
+                self._fall_back(group.queries[index])
+
+    def _fall_back(self, query: _Query) -> None:
+        """A query of an uncoded group whose member is failing: also sent to a healthy data member
+        (every data member serves the same model); the first answer wins."""
+        if query.fallen_back or query.result.done() or not self.data[query.index].failing:
+            return
+        healthy = [m for i, m in enumerate(self.data) if i != query.index and not m.failing and m.ready()]
+        if not healthy:
+            return
+        member = healthy[hash(query.request.request_id) % len(healthy)]
+        query.fallen_back = True
+        self.counts["served_by_another_member"] += 1
+        task = asyncio.ensure_future(member.dispatch(_member_request(query.request, "f")))
+
+        def done(task: asyncio.Task[Answer]) -> None:
+            if task.cancelled() or task.exception() is not None or query.result.done():
+                return
+            query.result.set_result(task.result())
+            if query.own is not None:
+                query.own.cancel()
+
+        task.add_done_callback(done)
+        query.result.add_done_callback(lambda _: task.cancel())
+
+    # answers -----------------------------------------------------------------------------------------
+    def _own_done(self, group: _Group, query: _Query, task: asyncio.Task[Answer]) -> None:
+        if task.cancelled():
+            self._forget_if_done(group)
+            return
+        error = task.exception()
+        if error is not None:
+            if not query.result.done():
+                query.result.set_exception(error)
+            self._feed(group, query.index, None)
+            return
+        answer = task.result()
+        if not query.result.done():
+            query.result.set_result(answer)
+        self.data[query.index].failed_route = None  # it answered: not failing
+        self._recovered(query.index)
+        self._feed(group, query.index, answer)
+
+    def _parity_done(self, group: _Group, index: int, task: asyncio.Task[Answer]) -> None:
+        if task.cancelled():
+            self._forget_if_done(group)
+            return
+        answer = None if task.exception() is not None else task.result()
+        self._feed(group, index, answer)
+
+    def _feed(self, group: _Group, index: int, answer: Answer | None) -> None:
+        """Member ``index`` answered (``answer``) or failed (None); apply what the tracker says."""
+        tracker = group.tracker
+        if tracker is None or tracker.done:
+            self._forget_if_done(group)
+            return
+        if answer is None or not self._usable(index, answer):
+            progress = tracker.failed(index)
+        else:
+            group.variants[index] = answer.variant
+            started = time.perf_counter()
+            progress = tracker.answered(index, np.asarray(answer.outputs))
+            if progress.decoded:
+                self.timings_us["decode"].append((time.perf_counter() - started) * 1e6)
+        self._apply(group, progress)
+        self._forget_if_done(group)
+
+    def _usable(self, index: int, answer: Answer) -> bool:
+        """An answer decodes others only from the variant its member first answered with."""
+        expected = self._expected.setdefault(index, answer.variant)
+        return answer.variant == expected
+
+    def _apply(self, group: _Group, progress: Progress) -> None:
+        for index, output in progress.decoded.items():
+            query = group.queries.get(index)
+            if query is None or query.result.done():
+                continue
+            query.result.set_result(self._reconstructed(group, index, output))
+        for index in progress.cancel:
+            task = group.queries[index].own if index < self.k else group.parity.get(index)
+            if task is not None and not task.done():
+                task.cancel()  # the single path withdraws the call from its server's queue
+
+    def _reconstructed(self, group: _Group, index: int, output: np.ndarray) -> Answer:
+        self.counts["reconstructed"] += 1
+        member = self.data[index]
+        if member.failing or not member.ready():
+            self.counts["reconstructed_during_failover"] += 1
+            count = self._down.get(index, 0)
+            if count == 0:
+                self._event("coded_failover", index, "its requests are reconstructed from parity answers")
+            self._down[index] = count + 1
+        used = sorted(i for i in group.variants if i >= self.k)
+        parity = self.parity[used[0] - self.k] if used else self.parity[0]
+        route = parity.context.routes.route(parity.app)
+        return Answer(
+            outputs=output,
+            server=route.server if route is not None else "",
+            variant=group.variants.get(used[0], "") if used else "",
+            degraded=False,
+            accuracy=route.accuracy if route is not None else 0.0,
+            kind="reconstructed",
+            attempts=1,
+            reconstructed=True,
+        )
+
+    def _recovered(self, index: int) -> None:
+        """End member ``index``'s failover episode once it answers again or has a new route."""
+        if index not in self._down or self.data[index].failing:
+            return
+        count = self._down.pop(index)
+        self._event(
+            "coded_recovered",
+            index,
+            f"serves again; {count} of its requests were reconstructed meanwhile",
+            reconstructed=count,
+        )
+
+    def _event(self, kind: str, index: int, what: str, **extra: Any) -> None:
+        app = self.data[index].app
+        event = {"type": kind, "service": self.service.name, "app": app, "message": f"{app}: {what}"}
+        try:
+            self.context.event({**event, **extra})
+        except Exception:  # an observer's failure must not fail a request
+            log.exception("publishing %s", kind)
+
+    def _forget_if_done(self, group: _Group) -> None:
+        """Drop a group once every query is answered and no member call of it is running."""
+        if not group.closed:
+            return
+        if any(not q.result.done() or (q.own and not q.own.done()) for q in group.queries.values()):
+            return
+        if any(not t.done() for t in group.parity.values()):
+            return
+        self._groups.pop(group.id, None)
+
+
+def _retrieved(future: asyncio.Future[Answer]) -> None:
+    """Mark an error as seen: its client may have left before it came."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _member_request(request: Request, tag: str) -> Request:
+    return Request(request.service, request.batch, request.deadline, f"{request.request_id}#{tag}")
+
+
+def _median(values: deque[float]) -> float | None:
+    return round(float(np.median(values)), 2) if values else None
