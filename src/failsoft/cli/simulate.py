@@ -30,10 +30,13 @@ _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms",
 
 def simulate(
     experiment: Annotated[
-        str, typer.Argument(help=f"One of: {', '.join(EXPERIMENTS)}, jellyfish", show_default=False)
+        str,
+        typer.Argument(help=f"One of: {', '.join(EXPERIMENTS)}, jellyfish, coding-tail", show_default=False),
     ],
     out: Annotated[Path | None, typer.Option(help="Output directory (default: out/sim/EXPERIMENT)")] = None,
-    seeds: Annotated[int, typer.Option(min=1, help="Seeds 0..N-1 (clusters, failures, phases)")] = 3,
+    seeds: Annotated[
+        int | None, typer.Option(min=1, help="Seeds 0..N-1 (default 3; coding-tail: 1)", show_default=False)
+    ] = None,
     policy: Annotated[
         list[str] | None,
         typer.Option("--policy", "-p", help=f"Repeatable; default all of: {', '.join(DEFAULT_POLICIES)}"),
@@ -49,12 +52,23 @@ def simulate(
     charge_plan_time: Annotated[bool, typer.Option(help="Add the planner's wall time to MTTR")] = False,
     profiles: Annotated[Path | None, typer.Option(help="Profile CSV (default: bundled A2 profiles)")] = None,
     zoo: Annotated[Path | None, typer.Option(help="Model repository whose measured profiles to use")] = None,
+    quick: Annotated[bool, typer.Option(help="coding-tail: a small smoke-test size")] = False,
+    slowdown: Annotated[
+        float, typer.Option(min=0, help="coding-tail: slowdown of a query per background shuffle")
+    ] = 1.0,
+    fill_timeout_ms: Annotated[
+        float | None, typer.Option(help="coding-tail: ParM's group fill timeout (default: the service's)")
+    ] = None,
 ) -> None:
     """Run a FailLite experiment (Figs. 7-11, 13) or Jellyfish's client sets under every policy and
     seed; write CSV, JSON, PNG."""
     if experiment == "jellyfish":
-        _jellyfish(out, seeds, policy)
+        _jellyfish(out, seeds or 3, policy)
         return
+    if experiment == "coding-tail":
+        _coding_tail(out, seeds or 1, policy, quick, slowdown, fill_timeout_ms)
+        return
+    seeds = seeds or 3
     families = load_families(str(profiles) if profiles else None, str(zoo) if zoo else None)
     exp = get_experiment(experiment, families)
     policies = list(policy or DEFAULT_POLICIES)
@@ -154,4 +168,40 @@ def _jellyfish(out: Path | None, seeds: int, policies: list[str] | None) -> None
     rows = jellyfish.run_sweep(sweep, cfg, on_row)
     result = jellyfish.summarize(rows, cfg)
     paths = jellyfish.write_outputs(rows, result, out or Path("out") / "sim" / "jellyfish")
+    typer.echo(json.dumps({**result, "outputs": paths}, indent=2))
+
+
+def _coding_tail(
+    out: Path | None,
+    seeds: int,
+    policies: list[str] | None,
+    quick: bool,
+    slowdown: float,
+    fill_timeout_ms: float | None,
+) -> None:
+    """ParM's tail-latency figures: ParM, Equal-Resources, no redundancy (failsoft.sim.coding_tail)."""
+    from failsoft.sim import coding_tail as ct
+
+    chosen = tuple(policies or ct.POLICIES)
+    unknown = [p for p in chosen if p not in ct.POLICIES]
+    if unknown:
+        raise ConfigError(f"unknown policy {unknown[0]!r} (known: {', '.join(ct.POLICIES)})")
+    changes: dict[str, Any] = {"slowdown_per_shuffle": slowdown}
+    if fill_timeout_ms is not None:
+        changes["fill_timeout_ms"] = fill_timeout_ms
+    cfg = dataclasses.replace(ct.QUICK if quick else ct.CodingTailConfig(), **changes)
+    sweep = ct.Sweep(policies=chosen, seeds=seeds, rates_per_figure=2 if quick else None)
+    started = time.perf_counter()
+
+    def on_row(row: dict[str, Any]) -> None:
+        typer.echo(
+            f"coding-tail {row['figure']} k={row['k']} {row['rate_qps']:g} qps {row['shuffles']} shuffles "
+            f"{row['policy']} seed {row['seed']}: p50 {row['latency_p50_ms']:.1f} ms, p99.9 "
+            f"{row['latency_p999_ms']:.1f} ms ({time.perf_counter() - started:.0f} s)",
+            err=True,
+        )
+
+    rows, costs = ct.run_sweep(sweep, cfg, on_row)
+    result = ct.summarize(rows, cfg, costs, time.perf_counter() - started)
+    paths = ct.write_outputs(rows, result, out or Path("out") / "sim" / "coding-tail")
     typer.echo(json.dumps({**result, "outputs": paths}, indent=2))
