@@ -32,8 +32,9 @@ parity or extra) and transfers 128-256 MB (uniform) each way, which takes ``size
 cluster's measured instance bandwidth (1.5 Gbps GPU, 4.5 Gbps CPU: the middle of the paper's 1-2
 and 4-5 Gbps). What a shuffle does to a query is modelled analytically: an instance in ``s``
 shuffles serves each query ``1 + slowdown_per_shuffle * s`` times slower (default 1: the query's
-path gets a fair ``1 / (1 + s)`` share of the instance's network against the bulk flows). The query's rate of progress follows the shuffles as they start and end. The paper does not
-measure this factor; it is the model's one free parameter (``--slowdown``).
+path gets a fair ``1 / (1 + s)`` share of the instance's network against the bulk flows). The
+query's rate of progress follows the shuffles as they start and end. The paper does not measure this
+factor; it is the model's one free parameter (``--slowdown``).
 
 **Encode and decode** are measured once per run with the real policy code (``time.perf_counter``
 around :meth:`AddEncoder.encode` on k 3x224x224 float32 images and :meth:`SubtractionDecoder.decode`
@@ -52,6 +53,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,8 @@ import simpy
 
 from failsoft.errors import ConfigError
 from failsoft.policies import registry
-from failsoft.policies.coding.interface import Decoder
 from failsoft.policies.coding.groups import AnswerTracker, GroupFormer
+from failsoft.policies.coding.interface import Decoder
 from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
 from failsoft.profiles import load_profile_families
 from failsoft.services import CodedParams
@@ -186,6 +188,7 @@ class _Query:
     output: np.ndarray
     answered_s: float | None = None
     answers: int = 0  # how many times the client was answered (must end at exactly 1)
+    answer: np.ndarray | None = None  # what the client got: its own output or the reconstruction
     reconstructed: bool = False
     group: int | None = None
     index: int = 0
@@ -221,6 +224,8 @@ class _Run:
     former: GroupFormer | None = None
     decoder: Decoder | None = None
     answered: int = 0
+    discarded: int = 0
+    max_group_wait_s: float = 0.0
     cancelled: int = 0
     partial_groups: int = 0
     complete_groups: int = 0
@@ -231,11 +236,14 @@ class _Run:
         if self.idle[queue]:
             self.idle[queue].pop(0).succeed()
 
-    def answer(self, query: _Query, reconstructed: bool) -> None:
-        query.answers += 1
-        if query.answers > 1:
+    def answer(self, query: _Query, output: np.ndarray, reconstructed: bool) -> None:
+        """Answer ``query``'s client, unless it was answered already (a late original or a late
+        reconstruction is discarded at the frontend, as Clipper does)."""
+        if query.answered_s is not None:
+            self.discarded += 1
             return
-        query.answered_s, query.reconstructed = self.env.now, reconstructed
+        query.answers += 1
+        query.answered_s, query.answer, query.reconstructed = self.env.now, output, reconstructed
         self.answered += 1
         if self.answered == len(self.queries) and self.all_answered is not None:
             self.all_answered.succeed()
@@ -287,7 +295,7 @@ def _done(run: _Run, task: _Task) -> None:
     """A task's answer reached the frontend."""
     if task.parity is None:
         assert task.query is not None
-        run.answer(task.query, reconstructed=False)
+        run.answer(task.query, task.query.output, reconstructed=False)
         output = task.query.output
     else:
         output = task.parity
@@ -311,10 +319,7 @@ def _after(run: _Run, delay_s: float, action: Callable[[], None]) -> None:
 
 def _deliver_decoded(run: _Run, group: int, decoded: dict[int, np.ndarray]) -> None:
     for index, output in decoded.items():
-        query = run.members[group][index]
-        if query.answers == 0:
-            query.output = output  # the client's answer is the reconstruction
-            run.answer(query, reconstructed=True)
+        run.answer(run.members[group][index], output, reconstructed=True)
 
 
 def _cancel(run: _Run, group: int, members: Sequence[int]) -> None:
@@ -338,9 +343,10 @@ def _send_parity(run: _Run, group: int) -> None:
 
 def _close(run: _Run, groups: Sequence[Any]) -> None:
     for group in groups:
+        run.max_group_wait_s = max(run.max_group_wait_s, group.closed_s - group.opened_s)
         if group.complete:
             run.complete_groups += 1
-            _after(run, run.costs.encode_s, lambda g=group.id: _send_parity(run, g))
+            _after(run, run.costs.encode_s, partial(_send_parity, run, group.id))
         else:  # released uncoded: its queries are answered by their data instances alone
             run.partial_groups += 1
             run.trackers.pop(group.id, None)
@@ -429,7 +435,8 @@ def simulate_point(
         "latency_p50_ms": float(np.percentile(lat, 50)), "latency_p99_ms": float(np.percentile(lat, 99)),
         "latency_p999_ms": float(np.percentile(lat, 99.9)), "latency_mean_ms": float(lat.mean()),
         "reconstructed_fraction": sum(q.reconstructed for q in measured) / len(measured),
-        "cancelled_tasks": run.cancelled, "partial_groups": run.partial_groups,
+        "cancelled_tasks": run.cancelled, "discarded_answers": run.discarded,
+        "partial_groups": run.partial_groups, "max_group_wait_ms": run.max_group_wait_s * 1000.0,
         "complete_groups": run.complete_groups, "service_ms": run.service.batch_s(1) * 1000.0,
         "encode_us": costs.encode_s * 1e6, "decode_us": costs.decode_s * 1e6,
     }  # fmt: skip
@@ -500,7 +507,9 @@ def summarize(
                 point["p999_reduction_pct"] = round(
                     100.0 * (1.0 - parm["latency_p999_ms"] / er["latency_p999_ms"]), 2
                 )
-                point["p50_change_pct"] = round(100.0 * (parm["latency_p50_ms"] / er["latency_p50_ms"] - 1), 2)
+                point["p50_change_pct"] = round(
+                    100.0 * (parm["latency_p50_ms"] / er["latency_p50_ms"] - 1), 2
+                )
                 gap_parm = parm["latency_p999_ms"] - parm["latency_p50_ms"]
                 gap_er = er["latency_p999_ms"] - er["latency_p50_ms"]
                 point["gap_ratio"] = round(gap_er / gap_parm, 3) if gap_parm > 0 else None
@@ -508,7 +517,9 @@ def summarize(
     return {
         "experiment": "coding-tail",
         "config": asdict(cfg),
-        "service_ms": {c.name: round(service_model(c, cfg).batch_s(1) * 1000.0, 3) for c in CLUSTERS.values()},
+        "service_ms": {
+            c.name: round(service_model(c, cfg).batch_s(1) * 1000.0, 3) for c in CLUSTERS.values()
+        },
         "encode_us_p50": {str(k): round(c.encode_s * 1e6, 2) for k, c in costs.items()},
         "decode_us_p50": {str(k): round(c.decode_s * 1e6, 2) for k, c in costs.items()},
         "wall_s": round(wall_s, 2),
@@ -518,7 +529,11 @@ def summarize(
 
 def write_outputs(rows: Sequence[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path, json_path, png_path = out_dir / "results.csv", out_dir / "summary.json", out_dir / "coding-tail.png"
+    csv_path, json_path, png_path = (
+        out_dir / "results.csv",
+        out_dir / "summary.json",
+        out_dir / "coding-tail.png",
+    )
     with csv_path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["figure"])
         writer.writeheader()
@@ -528,7 +543,11 @@ def write_outputs(rows: Sequence[dict[str, Any]], summary: dict[str, Any], out_d
     return {"csv": str(csv_path), "summary": str(json_path), "figure": str(png_path)}
 
 
-STYLE = {"parm": ("ParM", "#1f77b4"), "equal-resources": ("Equal-Resources", "#ff7f0e"), "none": ("No redundancy", "#7f7f7f")}  # fmt: skip
+STYLE = {
+    "parm": ("ParM", "#1f77b4"),
+    "equal-resources": ("Equal-Resources", "#ff7f0e"),
+    "none": ("No redundancy", "#7f7f7f"),
+}
 XLABEL = {"rate_qps": "query rate (qps)", "k": "k", "shuffles": "background shuffles"}
 
 
@@ -548,8 +567,17 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
             if not have:
                 continue
             xs = [p["x"] for p in have]
-            ax.plot(xs, [p[policy]["latency_p999_ms"] for p in have], "-o", color=color, ms=3, label=f"{label} p99.9")
-            ax.plot(xs, [p[policy]["latency_p50_ms"] for p in have], "--", color=color, label=f"{label} median")
+            ax.plot(
+                xs,
+                [p[policy]["latency_p999_ms"] for p in have],
+                "-o",
+                color=color,
+                ms=3,
+                label=f"{label} p99.9",
+            )
+            ax.plot(
+                xs, [p[policy]["latency_p50_ms"] for p in have], "--", color=color, label=f"{label} median"
+            )
         ax.set_title(f"{entry['paper_figure']} ({name})", fontsize=9)
         ax.set_xlabel(XLABEL[entry["axis"]])
         ax.set_ylabel("latency (ms)")
