@@ -215,7 +215,8 @@ class _Run:
     service: ServiceModel
     discipline: QueueDiscipline
     shuffling: list[int]
-    changed: list[simpy.Event] = field(default_factory=list)
+    serving: list[simpy.Event | None] = field(default_factory=list)  # each instance's service wait
+    workers: list[simpy.Process] = field(default_factory=list)
     queues: dict[str, list[Queued]] = field(default_factory=dict)
     idle: dict[str, list[simpy.Event]] = field(default_factory=dict)
     queries: list[_Query] = field(default_factory=list)
@@ -279,16 +280,20 @@ def _worker(run: _Run, instance: int, queue: str) -> Any:
 
 
 def _serve(run: _Run, instance: int, work_s: float) -> Any:
-    """Serve ``work_s`` seconds of unslowed work at the rate the instance's shuffles leave it, which
-    changes whenever a shuffle there starts or ends."""
+    """Serve ``work_s`` seconds of unslowed work at the rate the instance's shuffles leave it; a
+    shuffle starting or ending there interrupts the wait and the rest is re-timed at the new rate."""
     env = run.env
     while True:
         rate = 1.0 / (1.0 + run.cfg.slowdown_per_shuffle * run.shuffling[instance])
-        started, finish = env.now, env.timeout(work_s / rate)
-        yield finish | run.changed[instance]
-        if finish.triggered:
-            return
-        work_s -= (env.now - started) * rate
+        started = env.now
+        run.serving[instance] = env.timeout(work_s / rate)
+        try:
+            yield run.serving[instance]
+        except simpy.Interrupt:
+            work_s = max(work_s - (env.now - started) * rate, 0.0)
+            continue
+        run.serving[instance] = None
+        return
 
 
 def _done(run: _Run, task: _Task) -> None:
@@ -394,8 +399,9 @@ def _shuffle(run: _Run, instances: int) -> Any:
 def _shuffling(run: _Run, instances: Sequence[int], change: int) -> None:
     for i in instances:
         run.shuffling[i] += change
-        event, run.changed[i] = run.changed[i], run.env.event()
-        event.succeed()  # the query in service there re-times itself
+        serving = run.serving[i]
+        if serving is not None and not serving.processed:
+            run.workers[i].interrupt()  # the query in service there re-times itself
 
 
 def simulate_point(
@@ -410,16 +416,15 @@ def simulate_point(
         env, np.random.default_rng(seed), point, policy, cfg, costs, service_model(point.cluster, cfg),
         registry.make("queueing", "fifo", 1, None), [0] * (data + parity),
     )  # fmt: skip
-    run.changed = [env.event() for _ in range(data + parity)]
+    run.serving = [None] * (data + parity)
     run.queues = {"data": [], "parity": []}
     run.idle = {"data": [], "parity": []}
     if policy == "parm":
         run.former = GroupFormer(point.k, cfg.fill_timeout_ms)
         run.decoder = registry.get_decoder(point.k, 1)  # stateless: one for every group's tracker
-    for i in range(data):
-        env.process(_worker(run, i, "data"))
-    for i in range(parity):
-        env.process(_worker(run, data + i, "parity"))
+    run.workers = [
+        env.process(_worker(run, i, "data" if i < data else "parity")) for i in range(data + parity)
+    ]
     for _ in range(point.shuffles):
         env.process(_shuffle(run, data + parity))
     arrivals = env.process(_arrivals(run))
@@ -578,6 +583,8 @@ def _plot(summary: dict[str, Any], path: Path) -> None:
             ax.plot(
                 xs, [p[policy]["latency_p50_ms"] for p in have], "--", color=color, label=f"{label} median"
             )
+        if entry["axis"] != "rate_qps":
+            ax.set_xticks([p["x"] for p in pts])
         ax.set_title(f"{entry['paper_figure']} ({name})", fontsize=9)
         ax.set_xlabel(XLABEL[entry["axis"]])
         ax.set_ylabel("latency (ms)")
