@@ -1,4 +1,5 @@
-"""``failsoft simulate EXPERIMENT``: FailLite's experiments on the SimPy simulator.
+"""``failsoft simulate EXPERIMENT``: FailLite's experiments on the SimPy simulator (and Jellyfish's
+client sets, ``jellyfish``, and ParM's tail-latency figures, ``coding-tail``).
 
 Writes ``results.csv``, ``summary.json`` and ``EXPERIMENT.png`` into ``--out`` and prints a JSON
 digest (the output paths and each policy's mean metrics) on stdout. Progress goes to stderr: a bar
