@@ -1,4 +1,5 @@
-"""``failsoft simulate EXPERIMENT``: FailLite's experiments on the SimPy simulator.
+"""``failsoft simulate EXPERIMENT``: FailLite's experiments on the SimPy simulator (and Jellyfish's
+client sets, ``jellyfish``, and ParM's tail-latency figures, ``coding-tail``).
 
 Writes ``results.csv``, ``summary.json`` and ``EXPERIMENT.png`` into ``--out`` and prints a JSON
 digest (the output paths and each policy's mean metrics) on stdout. Progress goes to stderr: a bar
@@ -27,7 +28,7 @@ from failsoft.sim.runner import row_count
 
 # failsoft.sim.llm, imported when one of these runs
 _LLM_EXPERIMENTS = ("llm-recovery", "llm-recovery-sweep", "llm-recovery-workloads")
-_NAMES = ", ".join([*EXPERIMENTS, "jellyfish", *_LLM_EXPERIMENTS])
+_NAMES = ", ".join([*EXPERIMENTS, "jellyfish", "coding-tail", *_LLM_EXPERIMENTS])
 
 _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms", "plan_ms")
 
@@ -36,7 +37,7 @@ def simulate(
     experiment: Annotated[str, typer.Argument(help=f"One of: {_NAMES}", show_default=False)],
     out: Annotated[Path | None, typer.Option(help="Output directory (default: out/sim/EXPERIMENT)")] = None,
     seeds: Annotated[
-        int | None, typer.Option(min=1, help="Seeds 0..N-1 (default 3; jellyfish, llm-*: 1)")
+        int | None, typer.Option(min=1, help="Seeds 0..N-1 (default 3; jellyfish, coding-tail, llm-*: 1)")
     ] = None,
     policy: Annotated[
         list[str] | None,
@@ -53,12 +54,21 @@ def simulate(
     charge_plan_time: Annotated[bool, typer.Option(help="Add the planner's wall time to MTTR")] = False,
     profiles: Annotated[Path | None, typer.Option(help="Profile CSV (default: bundled A2 profiles)")] = None,
     zoo: Annotated[Path | None, typer.Option(help="Model repository whose measured profiles to use")] = None,
-    quick: Annotated[bool, typer.Option(help="llm-recovery: the small, test-sized variant")] = False,
+    quick: Annotated[bool, typer.Option(help="llm-*, coding-tail: a small, test-sized run")] = False,
+    slowdown: Annotated[
+        float, typer.Option(min=0, help="coding-tail: slowdown of a query per background shuffle")
+    ] = 1.0,
+    fill_timeout_ms: Annotated[
+        float | None, typer.Option(help="coding-tail: ParM's group fill timeout (default: the service's)")
+    ] = None,
 ) -> None:
     """Run a FailLite experiment (Figs. 7-11, 13), Jellyfish's client sets or LUMEN's llm-recovery
     under every policy and seed; write CSV, JSON, PNG."""
     if experiment == "jellyfish":
         _jellyfish(out, seeds or 1, policy)
+        return
+    if experiment == "coding-tail":
+        _coding_tail(out, seeds or 1, policy, quick, slowdown, fill_timeout_ms)
         return
     if experiment in _LLM_EXPERIMENTS:
         from failsoft.cli.simulate_llm import simulate_llm
@@ -165,4 +175,40 @@ def _jellyfish(out: Path | None, seeds: int, policies: list[str] | None) -> None
     rows = jellyfish.run_sweep(sweep, cfg, on_row)
     result = jellyfish.summarize(rows, cfg)
     paths = jellyfish.write_outputs(rows, result, out or Path("out") / "sim" / "jellyfish")
+    typer.echo(json.dumps({**result, "outputs": paths}, indent=2))
+
+
+def _coding_tail(
+    out: Path | None,
+    seeds: int,
+    policies: list[str] | None,
+    quick: bool,
+    slowdown: float,
+    fill_timeout_ms: float | None,
+) -> None:
+    """ParM's tail-latency figures: ParM, Equal-Resources, no redundancy (failsoft.sim.coding_tail)."""
+    from failsoft.sim import coding_tail as ct
+
+    chosen = tuple(policies or ct.POLICIES)
+    unknown = [p for p in chosen if p not in ct.POLICIES]
+    if unknown:
+        raise ConfigError(f"unknown policy {unknown[0]!r} (known: {', '.join(ct.POLICIES)})")
+    changes: dict[str, Any] = {"slowdown_per_shuffle": slowdown}
+    if fill_timeout_ms is not None:
+        changes["fill_timeout_ms"] = fill_timeout_ms
+    cfg = dataclasses.replace(ct.QUICK if quick else ct.CodingTailConfig(), **changes)
+    sweep = ct.Sweep(policies=chosen, seeds=seeds, rates_per_figure=2 if quick else None)
+    started = time.perf_counter()
+
+    def on_row(row: dict[str, Any]) -> None:
+        typer.echo(
+            f"coding-tail {row['figure']} k={row['k']} {row['rate_qps']:g} qps {row['shuffles']} shuffles "
+            f"{row['policy']} seed {row['seed']}: p50 {row['latency_p50_ms']:.1f} ms, p99.9 "
+            f"{row['latency_p999_ms']:.1f} ms ({time.perf_counter() - started:.0f} s)",
+            err=True,
+        )
+
+    rows, costs = ct.run_sweep(sweep, cfg, on_row)
+    result = ct.summarize(rows, cfg, costs, time.perf_counter() - started)
+    paths = ct.write_outputs(rows, result, out or Path("out") / "sim" / "coding-tail")
     typer.echo(json.dumps({**result, "outputs": paths}, indent=2))
