@@ -69,7 +69,7 @@ class LmSpec:
             bos_token_id=BOS,
             eos_token_id=EOS,
             pad_token_id=PAD,
-            tie_word_embeddings=True,
+            tie_word_embeddings=False,
             attn_implementation="eager",
         )
 
@@ -149,7 +149,7 @@ def train_lm(spec: LmSpec, corpus: Corpus, device: str = "cpu") -> tuple[torch.n
         "seq_len": spec.seq_len,
         "lr": spec.lr,
         "seed": spec.seed,
-        "final_train_loss": round(float(loss), 4),
+        "final_train_loss": round(loss.item(), 4),
         "seconds": round(time.perf_counter() - began, 2),
         "device": device,
     }
@@ -320,8 +320,7 @@ def load_lm(root: str | Path | None, name: str, device: str | None = None) -> Lo
         module = LlamaForCausalLM(arch)
     try:
         state = load_file(str(where / "model.safetensors"), device=dev)
-        module.load_state_dict(state, strict=False, assign=True)
-        module.tie_weights()
+        module.load_state_dict(state, strict=True, assign=True)
     except (OSError, RuntimeError, ValueError) as exc:
         raise CorruptModelError(f"{str(where)!r}: weights cannot be loaded: {exc}") from exc
     return wrap(name, module, dev, str(config["weights"]["sha256"]))
@@ -341,7 +340,7 @@ def profile_lm(variant_dir: Path, device: str) -> dict[str, Any]:
     config = read_json(variant_dir / "config.json")
     began = time.perf_counter()
     module = LlamaForCausalLM(LlamaConfig.from_dict(config["architecture"]))
-    module.load_state_dict(load_file(str(variant_dir / "model.safetensors"), device="cpu"), strict=False)
+    module.load_state_dict(load_file(str(variant_dir / "model.safetensors"), device="cpu"), strict=True)
     module = module.to(device).eval()
     load_ms = (time.perf_counter() - began) * 1000
     ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(0)).to(device)
