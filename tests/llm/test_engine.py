@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from failsoft.errors import ConfigError, InvalidRequestError
@@ -91,7 +93,7 @@ def test_restore_from_incremental_checkpoint_continues_token_for_token(pair, alo
             chunk = KvChunk.from_bytes(blob)
             starts.append((chunk.first_page, chunk.pages))
             held.add(blob)
-    assert starts[0][0] == 0 and all(a + n == b for (a, n), (b, _) in zip(starts, starts[1:], strict=False))
+    assert starts[0][0] == 0 and all(a + n == b for (a, n), (b, _) in itertools.pairwise(starts))
     assert held.covered_tokens == (len(req.tokens) - 1) // 8 * 8
     source.cancel(req.id)  # the worker fails
     assert source.pool.free == source.pool.total
@@ -161,7 +163,10 @@ def test_a_peer_verifies_drafts_for_a_request_it_is_serving(pair, alone):
 
 def test_temperature_sampling_is_reproducible_by_seed(pair):
     engine = Engine(pair[0], kv_pages=32, page_size=8)
-    hot = [engine.generate(PROMPTS[0], SamplingParams(max_tokens=20, temperature=1.0, seed=s)).output for s in (1, 1, 2)]
+    hot = [
+        engine.generate(PROMPTS[0], SamplingParams(max_tokens=20, temperature=1.0, seed=s)).output
+        for s in (1, 1, 2)
+    ]
     assert hot[0] == hot[1] != hot[2]
 
 
@@ -184,7 +189,9 @@ def test_bad_requests_are_refused_and_leak_nothing(pair):
     engine = Engine(pair[0], kv_pages=8, page_size=8)
     with pytest.raises(InvalidRequestError, match="130 tokens, longer than the model's context of 128"):
         engine.submit("y" * 130, GREEDY)
-    with pytest.raises(InvalidRequestError, match="prompt of 100 tokens \\+ max_tokens 30 exceeds .* context of 128"):
+    with pytest.raises(
+        InvalidRequestError, match=r"prompt of 100 tokens \+ max_tokens 30 exceeds .* context of 128"
+    ):
         engine.submit("y" * 100, GREEDY)
     with pytest.raises(InvalidRequestError, match="empty"):
         engine.submit("", GREEDY)

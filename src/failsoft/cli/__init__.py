@@ -30,7 +30,20 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from failsoft.cli import bench, chaos, demo, infer, llm, parity, plan, scenario, serve, simulate, status, zoo
+    from failsoft.cli import (
+        bench,
+        chaos,
+        demo,
+        infer,
+        llm,
+        parity,
+        plan,
+        scenario,
+        serve,
+        simulate,
+        status,
+        zoo,
+    )
 
     app.add_typer(plan.app, name="plan")
     app.command("scenario")(scenario.scenario)

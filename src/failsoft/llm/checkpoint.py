@@ -103,7 +103,8 @@ class CheckpointBuffer:
         elif (c.request_id, c.model, c.page_size) != (self.request_id, self.model, self.page_size):
             raise ConfigError(
                 f"chunk of request {c.request_id!r} (model {c.model!r}, page size {c.page_size}) does not "
-                f"belong to the checkpoint of {self.request_id!r} (model {self.model!r}, page size {self.page_size})"
+                f"belong to the checkpoint of {self.request_id!r} (model {self.model!r}, "
+                f"page size {self.page_size})"
             )
         if c.first_page != self.pages:
             raise ConfigError(

@@ -72,9 +72,13 @@ class SamplingParams:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
             raise InvalidRequestError(f"max_tokens must be an integer; got {self.max_tokens!r}")
         if not 1 <= self.max_tokens <= MAX_TOKENS_BOUND:
-            raise InvalidRequestError(f"max_tokens must be in [1, {MAX_TOKENS_BOUND}]; got {self.max_tokens!r}")
+            raise InvalidRequestError(
+                f"max_tokens must be in [1, {MAX_TOKENS_BOUND}]; got {self.max_tokens!r}"
+            )
         if not (isinstance(self.temperature, int | float) and 0 <= self.temperature <= MAX_TEMPERATURE):
-            raise InvalidRequestError(f"temperature must be in [0, {MAX_TEMPERATURE}]; got {self.temperature!r}")
+            raise InvalidRequestError(
+                f"temperature must be in [0, {MAX_TEMPERATURE}]; got {self.temperature!r}"
+            )
 
 
 class PagePool:
@@ -251,7 +255,10 @@ class Engine:
         return req
 
     def open(
-        self, prompt: str | bytes | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | bytes | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
     ) -> Request:
         """A request driven only by :meth:`propose` / :meth:`verify` / :meth:`accept` (never by
         :meth:`step`); its pages are taken now (an error when the pool has too few)."""
@@ -405,7 +412,9 @@ class Engine:
         with torch.inference_mode():
             out = self.lm.module(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
         n = req.cached
-        return out.logits[0], [(layer.keys[0, :, n:], layer.values[0, :, n:]) for layer in out.past_key_values.layers]
+        return out.logits[0], [
+            (layer.keys[0, :, n:], layer.values[0, :, n:]) for layer in out.past_key_values.layers
+        ]
 
     def _decode_batch(self, reqs: list[Request]) -> torch.Tensor:
         """One batched forward of each request's last token; returns (batch, vocab) logits."""
@@ -433,11 +442,17 @@ class Engine:
         cache = DynamicCache(data) if longest else DynamicCache()
         with torch.inference_mode():
             out = self.lm.module(
-                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
             )
         layers = out.past_key_values.layers
         for i, r in enumerate(reqs):
-            self._scatter(r, [(layer.keys[i, :, longest:], layer.values[i, :, longest:]) for layer in layers], 1)
+            self._scatter(
+                r, [(layer.keys[i, :, longest:], layer.values[i, :, longest:]) for layer in layers], 1
+            )
         return out.logits[:, -1]
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
@@ -474,7 +489,9 @@ class Engine:
         all: what the checkpoint ledger allows), as bytes; None when there is no new full page."""
         req = self.get(request_id)
         if req.state != "running":
-            raise InvalidRequestError(f"request {request_id!r} is {req.state}; only a running request exports KV")
+            raise InvalidRequestError(
+                f"request {request_id!r} is {req.state}; only a running request exports KV"
+            )
         full = req.cached // self.page_size
         if upto_tokens is not None:
             full = min(full, upto_tokens // self.page_size)
@@ -586,7 +603,7 @@ class Engine:
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
             accepted += 1
-        committed = (drafts[:accepted] + [choice[accepted]])[: req.params.max_tokens - len(req.output)]
+        committed = [*drafts[:accepted], choice[accepted]][: req.params.max_tokens - len(req.output)]
         if req.params.stop_at_eos and EOS in committed:
             committed = committed[: committed.index(EOS) + 1]
         # keep the KV of the pending tokens and of the committed tokens but the newest

@@ -70,7 +70,7 @@ class LmSpec:
             eos_token_id=EOS,
             pad_token_id=PAD,
             tie_word_embeddings=False,
-            attn_implementation="eager",
+            attn_implementation="eager",  # type: ignore[call-arg]  # a PretrainedConfig keyword
         )
 
 
@@ -127,10 +127,13 @@ def train_lm(spec: LmSpec, corpus: Corpus, device: str = "cpu") -> tuple[torch.n
     data = torch.from_numpy(np.frombuffer(corpus.train, dtype=np.uint8).astype(np.int64))
     began = time.perf_counter()
     with deterministic(spec.seed, threads=1 if device == "cpu" and spec.hidden <= 64 else None):
-        model = LlamaForCausalLM(spec.config()).to(device)
+        model = LlamaForCausalLM(spec.config())
+        model.to(device)  # type: ignore[arg-type]  # transformers types .to as a dtype converter
         gen = torch.Generator().manual_seed(spec.seed)
         opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec.lr, total_steps=spec.steps, pct_start=0.1)
+        sched = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=spec.lr, total_steps=spec.steps, pct_start=0.1
+        )
         model.train()
         loss = torch.tensor(0.0)
         for _ in range(spec.steps):
@@ -165,7 +168,9 @@ def _held_out_windows(corpus: Corpus, seq_len: int, limit: int) -> Any:
     return torch.from_numpy(held[: n * seq_len].reshape(n, seq_len))
 
 
-def held_out_bits_per_byte(model: torch.nn.Module, corpus: Corpus, seq_len: int = 128, limit: int = 64) -> float:
+def held_out_bits_per_byte(
+    model: torch.nn.Module, corpus: Corpus, seq_len: int = 128, limit: int = 64
+) -> float:
     import torch
 
     windows = _held_out_windows(corpus, seq_len, limit).to(next(model.parameters()).device)
@@ -250,7 +255,9 @@ def train_pair(size: str, device: str | None = None) -> tuple[LoadedLm, LoadedLm
     )
 
 
-def build_pair(root: str | Path | None = None, size: str = DEFAULT_SIZE, device: str | None = None) -> dict[str, Any]:
+def build_pair(
+    root: str | Path | None = None, size: str = DEFAULT_SIZE, device: str | None = None
+) -> dict[str, Any]:
     """Train and store ``size``'s pair under ``root`` (idempotent: skipped when both are built)."""
     from failsoft.zoo.build import install_variant
     from failsoft.zoo.layout import CONFIG_FILE, WEIGHTS_FILE, write_json
@@ -329,19 +336,18 @@ def load_lm(root: str | Path | None, name: str, device: str | None = None) -> Lo
 def profile_lm(variant_dir: Path, device: str) -> dict[str, Any]:
     """Load time, one decode step (batch 1, 64 tokens of context) and KV size of a stored model."""
     import torch
-
-    from failsoft.zoo.machine import machine_info
-
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from failsoft.zoo.layout import read_json
+    from failsoft.zoo.machine import machine_info
 
     config = read_json(variant_dir / "config.json")
     began = time.perf_counter()
     module = LlamaForCausalLM(LlamaConfig.from_dict(config["architecture"]))
     module.load_state_dict(load_file(str(variant_dir / "model.safetensors"), device="cpu"), strict=True)
-    module = module.to(device).eval()
+    module.to(device)  # type: ignore[arg-type]  # transformers types .to as a dtype converter
+    module.eval()
     load_ms = (time.perf_counter() - began) * 1000
     ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(0)).to(device)
     with torch.inference_mode():
