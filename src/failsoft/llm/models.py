@@ -311,7 +311,6 @@ def _is_built(variant_dir: Path) -> bool:
 
 def load_lm(root: str | Path | None, name: str, device: str | None = None) -> LoadedLm:
     """Load a built model (``tiny-target``, ``small-draft``, ...) onto ``device``."""
-    import torch
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -323,31 +322,25 @@ def load_lm(root: str | Path | None, name: str, device: str | None = None) -> Lo
         raise CorruptModelError(f"{str(where / 'config.json')!r} is not a failsoft llm config")
     dev = pick_device(device)
     arch = LlamaConfig.from_dict(config["architecture"])
-    with torch.device("meta"):
-        module = LlamaForCausalLM(arch)
+    module = LlamaForCausalLM(arch)  # built on the CPU: the rotary tables are buffers, not weights
     try:
-        state = load_file(str(where / "model.safetensors"), device=dev)
-        module.load_state_dict(state, strict=True, assign=True)
+        module.load_state_dict(load_file(str(where / "model.safetensors"), device="cpu"), strict=True)
     except (OSError, RuntimeError, ValueError) as exc:
         raise CorruptModelError(f"{str(where)!r}: weights cannot be loaded: {exc}") from exc
+    module.to(dev)  # type: ignore[arg-type]  # transformers types .to as a dtype converter
     return wrap(name, module, dev, str(config["weights"]["sha256"]))
 
 
 def profile_lm(variant_dir: Path, device: str) -> dict[str, Any]:
     """Load time, one decode step (batch 1, 64 tokens of context) and KV size of a stored model."""
     import torch
-    from safetensors.torch import load_file
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from failsoft.zoo.layout import read_json
     from failsoft.zoo.machine import machine_info
 
     config = read_json(variant_dir / "config.json")
     began = time.perf_counter()
-    module = LlamaForCausalLM(LlamaConfig.from_dict(config["architecture"]))
-    module.load_state_dict(load_file(str(variant_dir / "model.safetensors"), device="cpu"), strict=True)
-    module.to(device)  # type: ignore[arg-type]  # transformers types .to as a dtype converter
-    module.eval()
+    module = load_lm(variant_dir.parent.parent, variant_dir.name, device).module
     load_ms = (time.perf_counter() - began) * 1000
     ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(0)).to(device)
     with torch.inference_mode():
