@@ -86,8 +86,8 @@ SIZES: dict[str, PairSpec] = {
         draft=LmSpec(32, 1, 2, 2, 64, 256, steps=40, batch=8, seq_len=64, lr=3e-3, seed=2),
     ),
     "small": PairSpec(
-        target=LmSpec(256, 4, 8, 8, 704, 1024, steps=600, batch=16, seq_len=128, lr=2e-3, seed=1),
-        draft=LmSpec(96, 2, 4, 4, 256, 1024, steps=600, batch=16, seq_len=128, lr=3e-3, seed=2),
+        target=LmSpec(128, 4, 4, 4, 352, 1024, steps=400, batch=8, seq_len=128, lr=3e-3, seed=1),
+        draft=LmSpec(64, 2, 2, 2, 176, 1024, steps=400, batch=8, seq_len=128, lr=3e-3, seed=2),
     ),
 }
 DEFAULT_SIZE = "small"
