@@ -48,3 +48,16 @@ def test_build_stores_loads_and_serves_a_pair(tmp_path, monkeypatch):
     assert len(engine.generate("def ", SamplingParams(max_tokens=5, stop_at_eos=False)).output) == 5
     with pytest.raises(ConfigError, match="unknown llm size 'huge'"):
         spec_of("huge")
+
+
+def test_cli_build_and_generate(tmp_path, monkeypatch, capsys):
+    from failsoft.cli import main
+
+    monkeypatch.setitem(SIZES, "tiny", QUICK)
+    assert main(["llm", "build", str(tmp_path), "--size", "tiny", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["built"] is True
+    argv = ["llm", "generate", "def ", "--root", str(tmp_path), "--size", "tiny", "--max-tokens", "6"]
+    assert main([*argv, "--device", "cpu", "--draft-tokens", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == 6
+    assert main([*argv[:-1], "0", "--device", "cpu"]) != 0
+    assert "max_tokens must be in [1, 4096]; got 0" in capsys.readouterr().err
