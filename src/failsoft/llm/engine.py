@@ -226,7 +226,7 @@ class Engine:
         import torch
 
         rid = request_id if request_id is not None else f"r{next(self._ids)}"
-        if rid in self._requests and not self._requests[rid].finished:
+        if rid in self._requests:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
         req = Request(rid, prompt_len, tokens, params, on_token, scheduled, submitted_at=time.perf_counter())
         req.settled = len(tokens)
@@ -285,12 +285,16 @@ class Engine:
         except KeyError:
             raise InvalidRequestError(f"no request {request_id!r}") from None
 
-    def cancel(self, request_id: str) -> None:
-        """Stop a request (a client gone, or a request moved elsewhere); its pages are freed."""
-        req = self.get(request_id)
+    def cancel(self, request_id: str) -> bool:
+        """Stop a request (a client gone, or a request moved elsewhere); its pages are freed.
+        False when it is not here (finished already, or never was)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return False
         if req.state == "waiting":
             self._waiting.remove(req)
         self._finish(req, "cancelled")
+        return True
 
     close = cancel
 
@@ -301,6 +305,7 @@ class Engine:
             self._running.remove(req)
         self.pool.release(req.pages)
         req.pages = []
+        self._requests.pop(req.id, None)  # a finished request is the caller's; the engine forgets it
         req.state, req.finish_reason = "finished", reason
 
     @property
