@@ -124,6 +124,8 @@ def train_lm(spec: LmSpec, corpus: Corpus, device: str = "cpu") -> tuple[torch.n
 
     from failsoft.zoo.train import deterministic
 
+    if device.startswith("cuda"):  # deterministic cuBLAS needs a fixed workspace, set before first use
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     data = torch.from_numpy(np.frombuffer(corpus.train, dtype=np.uint8).astype(np.int64))
     began = time.perf_counter()
     with deterministic(spec.seed, threads=1 if device == "cpu" and spec.hidden <= 64 else None):
