@@ -30,13 +30,27 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from failsoft.cli import bench, chaos, demo, infer, parity, plan, scenario, serve, simulate, status, zoo
+    from failsoft.cli import (
+        bench,
+        chaos,
+        demo,
+        infer,
+        llm,
+        parity,
+        plan,
+        scenario,
+        serve,
+        simulate,
+        status,
+        zoo,
+    )
 
     app.add_typer(plan.app, name="plan")
     app.command("scenario")(scenario.scenario)
     app.add_typer(bench.app, name="bench")
     app.command("simulate")(simulate.simulate)
     app.add_typer(zoo.app, name="zoo")
+    app.add_typer(llm.app, name="llm")
     app.add_typer(parity.app, name="parity")
     app.command("serve")(serve.serve)
     app.command("status")(status.status)

@@ -1,0 +1,624 @@
+"""A continuous-batching LLM engine with a paged KV cache, KV checkpoints and speculative calls.
+
+The engine serves one :class:`~failsoft.llm.models.LoadedLm` (a ``transformers`` causal LM). It is
+single-threaded: a runtime worker calls :meth:`Engine.step` in its loop and the other methods
+between steps.
+
+**Paged KV cache.** The KV of every request lives in fixed-size pages (``page_size`` tokens) of one
+preallocated pool per engine, ``(layers, pages, page_size, kv_heads, head_dim)`` for K and for V.
+A request is admitted only when the pool has the pages it can ever need
+(``ceil((prompt + max_tokens - 1) / page_size)``: the last token's KV is never computed), so a
+running request never waits for memory and no preemption is needed; its pages return to the pool
+when it finishes, is cancelled or is closed. Attention gathers a request's pages into a contiguous
+cache for the forward pass (``transformers``' eager attention; a fused paged kernel is what vLLM
+adds) and the new KV is scattered back into the pages, so the pages are the only KV state.
+
+**Continuous batching.** Requests wait FIFO and join between steps as pages free up. A step first
+runs the forward of each request that has more than one token to feed (a prefill, or a restore's
+uncovered tail), then one batched decode forward over every running request with one token to
+feed (left-padded, masked, explicit positions). Requests leave as soon as they finish.
+
+**Sampling.** Greedy (``temperature = 0``) or temperature sampling from a per-request seeded
+generator. Each new token goes to the request's callback and its stream; TTFT (submit to first
+token) and time per output token are measured with ``time.perf_counter``.
+
+**KV checkpoints.** :meth:`Engine.export_kv` returns the full pages filled since the last export
+as bytes (:mod:`failsoft.llm.checkpoint`); :meth:`Engine.restore` rebuilds a request on another
+engine from a :class:`~failsoft.llm.checkpoint.CheckpointBuffer`, recomputing only the tokens its
+pages do not cover, and continues it.
+
+**Speculative decoding, as separate calls** (so that draft and target can run on two workers, as
+LUMEN's Alg. 3 needs): on the draft's engine :meth:`open` a request and :meth:`propose` ``k``
+tokens; on the target's engine :meth:`verify` them in one forward pass (greedy: the longest prefix
+equal to the target's own choices, plus the target's next token, is committed and streamed); back
+on the draft's engine :meth:`accept` what was committed (the draft's KV of rejected tokens is
+dropped). :func:`failsoft.llm.speculative.speculative_generate` composes them on one machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from failsoft.errors import ConfigError, InvalidRequestError
+from failsoft.llm.checkpoint import CheckpointBuffer, KvChunk
+from failsoft.llm.corpus import EOS, VOCAB_SIZE, decode, encode
+
+if TYPE_CHECKING:
+    import torch
+
+    from failsoft.llm.models import LoadedLm
+
+MAX_TOKENS_BOUND = 4096
+MAX_TEMPERATURE = 10.0
+TokenCallback = Callable[["Request", int], None]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``max_tokens`` in [1, 4096]; ``temperature`` 0 (greedy) to 10; ``seed`` for sampling."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    seed: int = 0
+    stop_at_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+            raise InvalidRequestError(f"max_tokens must be an integer; got {self.max_tokens!r}")
+        if not 1 <= self.max_tokens <= MAX_TOKENS_BOUND:
+            raise InvalidRequestError(
+                f"max_tokens must be in [1, {MAX_TOKENS_BOUND}]; got {self.max_tokens!r}"
+            )
+        if not (isinstance(self.temperature, int | float) and 0 <= self.temperature <= MAX_TEMPERATURE):
+            raise InvalidRequestError(
+                f"temperature must be in [0, {MAX_TEMPERATURE}]; got {self.temperature!r}"
+            )
+
+
+class PagePool:
+    """Fixed-size KV pages by index; allocation is all-or-nothing."""
+
+    def __init__(self, pages: int) -> None:
+        if pages < 1:
+            raise ConfigError(f"kv_pages must be >= 1; got {pages!r}")
+        self.total = pages
+        self._free = list(range(pages - 1, -1, -1))
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    @property
+    def used(self) -> int:
+        return self.total - len(self._free)
+
+    def alloc(self, n: int) -> list[int] | None:
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, pages: list[int]) -> None:
+        self._free.extend(reversed(pages))
+
+
+@dataclass
+class Request:
+    """One request's state; ``output`` grows as tokens are generated."""
+
+    id: str
+    prompt_len: int
+    tokens: list[int]
+    params: SamplingParams
+    on_token: TokenCallback | None = None
+    scheduled: bool = True
+    pages: list[int] = field(default_factory=list)
+    cached: int = 0  # tokens whose KV is in the pages (always <= len(tokens) - 1)
+    exported_pages: int = 0
+    settled: int = 0  # tokens not tentative (speculative drafts after them await accept)
+    state: Literal["waiting", "running", "finished"] = "waiting"
+    finish_reason: str | None = None
+    submitted_at: float = 0.0
+    token_times: list[float] = field(default_factory=list)
+    generator: Any = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def text(self) -> str:
+        return decode(self.output)
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return (self.token_times[0] - self.submitted_at) * 1000 if self.token_times else None
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """Mean time per output token after the first."""
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) * 1000 / (n - 1) if n > 1 else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :meth:`Engine.verify` committed: ``accepted`` of ``proposed`` drafts, then ``tokens``
+    (the accepted drafts and the target's own next token, cut at max_tokens or EOS)."""
+
+    proposed: int
+    accepted: int
+    tokens: tuple[int, ...]
+
+
+class Engine:
+    """Serve one model with ``kv_pages`` pages of ``page_size`` tokens, ``max_batch`` running."""
+
+    def __init__(self, lm: LoadedLm, kv_pages: int = 256, page_size: int = 16, max_batch: int = 16) -> None:
+        import torch
+
+        if page_size < 1:
+            raise ConfigError(f"page_size must be >= 1; got {page_size!r}")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1; got {max_batch!r}")
+        self.lm = lm
+        self.page_size = page_size
+        self.max_batch = max_batch
+        self.pool = PagePool(kv_pages)
+        shape = (lm.layers, kv_pages, page_size, lm.kv_heads, lm.head_dim)
+        self._k = torch.zeros(shape, dtype=torch.float32, device=lm.device)
+        self._v = torch.zeros(shape, dtype=torch.float32, device=lm.device)
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ requests
+    @property
+    def context(self) -> int:
+        return self.lm.context
+
+    @property
+    def kv_mb_per_token(self) -> float:
+        return self.lm.kv_mb_per_token
+
+    def _tokens(self, prompt: str | bytes | Sequence[int]) -> list[int]:
+        tokens = encode(prompt) if isinstance(prompt, str | bytes) else [int(t) for t in prompt]
+        if not tokens:
+            raise InvalidRequestError("the prompt is empty")
+        bad = [t for t in tokens if not 0 <= t < VOCAB_SIZE]
+        if bad:
+            raise InvalidRequestError(f"token {bad[0]} is outside the vocabulary [0, {VOCAB_SIZE})")
+        return tokens
+
+    def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
+        if prompt_len > self.context:
+            raise InvalidRequestError(
+                f"the prompt has {prompt_len} tokens, longer than the model's context of {self.context}"
+            )
+        if prompt_len + params.max_tokens > self.context:
+            raise InvalidRequestError(
+                f"prompt of {prompt_len} tokens + max_tokens {params.max_tokens} exceeds the model's "
+                f"context of {self.context}"
+            )
+
+    def _pages_for(self, req: Request) -> int:
+        return math.ceil((req.prompt_len + req.params.max_tokens - 1) / self.page_size)
+
+    def _new(
+        self,
+        tokens: list[int],
+        prompt_len: int,
+        params: SamplingParams,
+        request_id: str | None,
+        on_token: TokenCallback | None,
+        scheduled: bool,
+    ) -> Request:
+        import torch
+
+        rid = request_id if request_id is not None else f"r{next(self._ids)}"
+        if rid in self._requests:
+            raise InvalidRequestError(f"request id {rid!r} is already in use")
+        req = Request(rid, prompt_len, tokens, params, on_token, scheduled, submitted_at=time.perf_counter())
+        req.settled = len(tokens)
+        if self._pages_for(req) > self.pool.total:
+            raise InvalidRequestError(
+                f"request {rid!r} needs {self._pages_for(req)} KV pages; the engine has {self.pool.total}"
+            )
+        if params.temperature > 0:
+            req.generator = torch.Generator(device=self.lm.device).manual_seed(params.seed)
+        self._requests[rid] = req
+        return req
+
+    def submit(
+        self,
+        prompt: str | bytes | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        on_token: TokenCallback | None = None,
+    ) -> Request:
+        """Queue a request; it joins the running batch at a step when its pages are free."""
+        params = params or SamplingParams()
+        tokens = self._tokens(prompt)
+        self._check_fits(len(tokens), params)
+        req = self._new(tokens, len(tokens), params, request_id, on_token, scheduled=True)
+        self._waiting.append(req)
+        return req
+
+    def open(
+        self,
+        prompt: str | bytes | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> Request:
+        """A request driven only by :meth:`propose` / :meth:`verify` / :meth:`accept` (never by
+        :meth:`step`); its pages are taken now (an error when the pool has too few)."""
+        params = params or SamplingParams()
+        tokens = self._tokens(prompt)
+        self._check_fits(len(tokens), params)
+        req = self._new(tokens, len(tokens), params, request_id, None, scheduled=False)
+        self._admit(req)
+        return req
+
+    def _admit(self, req: Request) -> None:
+        pages = self.pool.alloc(self._pages_for(req))
+        if pages is None:
+            del self._requests[req.id]
+            raise InvalidRequestError(
+                f"request {req.id!r} needs {self._pages_for(req)} KV pages; {self.pool.free} are free"
+            )
+        req.pages, req.state = pages, "running"
+        self._running.append(req)
+
+    def get(self, request_id: str) -> Request:
+        try:
+            return self._requests[request_id]
+        except KeyError:
+            raise InvalidRequestError(f"no request {request_id!r}") from None
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a request (a client gone, or a request moved elsewhere); its pages are freed.
+        False when it is not here (finished already, or never was)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return False
+        if req.state == "waiting":
+            self._waiting.remove(req)
+        self._finish(req, "cancelled")
+        return True
+
+    close = cancel
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req.finished:
+            return
+        if req in self._running:
+            self._running.remove(req)
+        self.pool.release(req.pages)
+        req.pages = []
+        self._requests.pop(req.id, None)  # a finished request is the caller's; the engine forgets it
+        req.state, req.finish_reason = "finished", reason
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def idle(self) -> bool:
+        return not self._waiting and not any(r.scheduled for r in self._running)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> int:
+        """Admit what fits, prefill the newcomers, decode the rest in one batch; tokens emitted."""
+        while self._waiting and sum(r.scheduled for r in self._running) < self.max_batch:
+            head = self._waiting[0]
+            if self.pool.free < self._pages_for(head):
+                break
+            self._waiting.popleft()
+            self._admit(head)
+        active = [r for r in self._running if r.scheduled]
+        emitted = 0
+        singles = [r for r in active if len(r.tokens) - r.cached == 1]
+        for req in [r for r in active if len(r.tokens) - r.cached > 1]:
+            logits = self._extend(req, req.tokens[req.cached :], keep=len(req.tokens) - req.cached)
+            emitted += self._emit(req, [self._sample(req, logits[-1])])
+        if singles:
+            for req, row in zip(singles, self._decode_batch(singles), strict=True):
+                emitted += self._emit(req, [self._sample(req, row)])
+        return emitted
+
+    def run(self) -> None:
+        """Step until no scheduled request is waiting or running."""
+        while not self.idle():
+            self.step()
+
+    def generate(self, prompt: str | bytes | Sequence[int], params: SamplingParams | None = None) -> Request:
+        """Submit and step until this request is done (others progress meanwhile)."""
+        req = self.submit(prompt, params)
+        while not req.finished:
+            self.step()
+        return req
+
+    def stream(self, req: Request) -> Iterator[int]:
+        """The request's tokens as they come, stepping the engine as needed. Closing the iterator
+        before the end (a client that disconnected) cancels the request and frees its pages."""
+        sent = 0
+        try:
+            while True:
+                while sent < len(req.output):
+                    sent += 1
+                    yield req.output[sent - 1]
+                if req.finished:
+                    return
+                self.step()
+        finally:
+            if not req.finished:
+                self.cancel(req.id)
+
+    # ------------------------------------------------------------------ model calls
+    def _gather(self, req: Request) -> tuple[list[Any], list[Any]]:
+        """Per layer, the request's cached K and V as (kv_heads, cached, head_dim)."""
+        n = req.cached
+        used = math.ceil(n / self.page_size)
+        idx = req.pages[:used]
+        ks, vs = [], []
+        for layer in range(self.lm.layers):
+            k = self._k[layer, idx].reshape(used * self.page_size, self.lm.kv_heads, self.lm.head_dim)[:n]
+            v = self._v[layer, idx].reshape(used * self.page_size, self.lm.kv_heads, self.lm.head_dim)[:n]
+            ks.append(k.transpose(0, 1))
+            vs.append(v.transpose(0, 1))
+        return ks, vs
+
+    def _scatter(self, req: Request, layer_kv: list[tuple[Any, Any]], keep: int) -> None:
+        """Write the first ``keep`` new positions (K, V as (kv_heads, n, head_dim)) into the pages."""
+        import torch
+
+        if keep <= 0:
+            return
+        pos = torch.arange(req.cached, req.cached + keep)
+        pages = torch.tensor(req.pages, dtype=torch.long)[pos // self.page_size].to(self._k.device)
+        slots = (pos % self.page_size).to(self._k.device)
+        for layer, (k, v) in enumerate(layer_kv):
+            self._k[layer, pages, slots] = k[:, :keep].transpose(0, 1)
+            self._v[layer, pages, slots] = v[:, :keep].transpose(0, 1)
+        req.cached += keep
+
+    def _extend(self, req: Request, feed: list[int], keep: int) -> torch.Tensor:
+        """One forward of ``feed`` after the request's cached tokens; keeps the first ``keep`` new
+        KV entries; returns the logits of every fed position."""
+        logits, new = self._forward(req, feed)
+        self._scatter(req, new, keep)
+        return logits
+
+    def _forward(self, req: Request, feed: list[int]) -> tuple[torch.Tensor, list[tuple[Any, Any]]]:
+        import torch
+        from transformers import DynamicCache
+
+        dev = self.lm.device
+        if req.cached:
+            ks, vs = self._gather(req)
+            cache = DynamicCache([(k[None], v[None]) for k, v in zip(ks, vs, strict=True)])
+        else:
+            cache = DynamicCache()
+        ids = torch.tensor([feed], dtype=torch.long, device=dev)
+        positions = torch.arange(req.cached, req.cached + len(feed), device=dev)[None]
+        with torch.inference_mode():
+            out = self.lm.module(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+        n = req.cached
+        return out.logits[0], [
+            (layer.keys[0, :, n:], layer.values[0, :, n:]) for layer in out.past_key_values.layers
+        ]
+
+    def _decode_batch(self, reqs: list[Request]) -> torch.Tensor:
+        """One batched forward of each request's last token; returns (batch, vocab) logits."""
+        import torch
+        from transformers import DynamicCache
+
+        dev = self.lm.device
+        longest = max(r.cached for r in reqs)
+        b, h, d = len(reqs), self.lm.kv_heads, self.lm.head_dim
+        mask = torch.zeros((b, longest + 1), dtype=torch.long, device=dev)
+        data = []
+        gathered = [self._gather(r) for r in reqs]
+        for layer in range(self.lm.layers):
+            k = torch.zeros((b, h, longest, d), dtype=torch.float32, device=dev)
+            v = torch.zeros((b, h, longest, d), dtype=torch.float32, device=dev)
+            for i, r in enumerate(reqs):
+                if r.cached:
+                    k[i, :, longest - r.cached :] = gathered[i][0][layer]
+                    v[i, :, longest - r.cached :] = gathered[i][1][layer]
+            data.append((k, v))
+        for i, r in enumerate(reqs):
+            mask[i, longest - r.cached :] = 1
+        ids = torch.tensor([[r.tokens[-1]] for r in reqs], dtype=torch.long, device=dev)
+        positions = torch.tensor([[r.cached] for r in reqs], dtype=torch.long, device=dev)
+        cache = DynamicCache(data) if longest else DynamicCache()
+        with torch.inference_mode():
+            out = self.lm.module(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        layers = out.past_key_values.layers
+        for i, r in enumerate(reqs):
+            self._scatter(
+                r, [(layer.keys[i, :, longest:], layer.values[i, :, longest:]) for layer in layers], 1
+            )
+        return out.logits[:, -1]
+
+    def _sample(self, req: Request, logits: torch.Tensor) -> int:
+        import torch
+
+        if req.params.temperature == 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / req.params.temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=req.generator))
+
+    def _emit(self, req: Request, tokens: Sequence[int]) -> int:
+        """Append generated tokens, notify, and finish the request at EOS or max_tokens."""
+        n = 0
+        for token in tokens:
+            req.tokens.append(token)
+            req.token_times.append(time.perf_counter())
+            n += 1
+            if req.on_token is not None:
+                req.on_token(req, token)
+            if len(req.output) >= req.params.max_tokens:
+                self._finish(req, "length")
+                break
+            if token == EOS and req.params.stop_at_eos:
+                self._finish(req, "eos")
+                break
+        return n
+
+    # ------------------------------------------------------------------ checkpoints
+    def cached_tokens(self, request_id: str) -> int:
+        return self.get(request_id).cached
+
+    def export_kv(self, request_id: str, upto_tokens: int | None = None) -> bytes | None:
+        """The full pages filled since the last export (at most ``upto_tokens`` tokens covered in
+        all: what the checkpoint ledger allows), as bytes; None when there is no new full page."""
+        req = self.get(request_id)
+        if req.state != "running":
+            raise InvalidRequestError(
+                f"request {request_id!r} is {req.state}; only a running request exports KV"
+            )
+        full = req.cached // self.page_size
+        if upto_tokens is not None:
+            full = min(full, upto_tokens // self.page_size)
+        if full <= req.exported_pages:
+            return None
+        idx = req.pages[req.exported_pages : full]
+        chunk = KvChunk(
+            req.id,
+            self.lm.fingerprint,
+            self.page_size,
+            req.exported_pages,
+            req.prompt_len,
+            _numpy(req.tokens),
+            self._k[:, idx].cpu().numpy(),
+            self._v[:, idx].cpu().numpy(),
+        )
+        req.exported_pages = full
+        return chunk.to_bytes()
+
+    def restore(
+        self,
+        checkpoint: CheckpointBuffer,
+        params: SamplingParams,
+        tokens: Sequence[int] | None = None,
+        on_token: TokenCallback | None = None,
+        scheduled: bool = True,
+    ) -> Request:
+        """Rebuild a request from its checkpoint and run it here: its pages are copied in, the
+        tokens they do not cover are recomputed, then it continues. ``tokens`` (the request's
+        tokens so far, as its stream delivered them) defaults to those of the newest chunk."""
+        if checkpoint.request_id is None:
+            raise InvalidRequestError("the checkpoint holds no page")
+        if checkpoint.model != self.lm.fingerprint:
+            raise InvalidRequestError(
+                f"the checkpoint is of model {checkpoint.model!r}; this engine serves {self.lm.fingerprint!r}"
+            )
+        if checkpoint.page_size != self.page_size:
+            raise InvalidRequestError(
+                f"the checkpoint has pages of {checkpoint.page_size} tokens; this engine {self.page_size}"
+            )
+        toks = [int(t) for t in (tokens if tokens is not None else checkpoint.tokens)]
+        covered = checkpoint.covered_tokens
+        if len(toks) <= covered or toks[:covered] != checkpoint.tokens[:covered]:
+            raise InvalidRequestError(
+                f"the {len(toks)} tokens given do not extend the {covered} tokens the checkpoint covers"
+            )
+        self._check_fits(checkpoint.prompt_len, params)
+        req = self._new(toks, checkpoint.prompt_len, params, checkpoint.request_id, on_token, scheduled)
+        self._admit(req)
+        import torch
+
+        k, v = checkpoint.arrays()
+        idx = req.pages[: checkpoint.pages]
+        self._k[:, idx] = torch.from_numpy(k).to(self._k.device)
+        self._v[:, idx] = torch.from_numpy(v).to(self._v.device)
+        req.cached = covered
+        req.exported_pages = 0
+        if len(req.output) >= params.max_tokens:
+            self._finish(req, "length")
+        return req
+
+    # ------------------------------------------------------------------ speculative calls
+    def _driveable(self, request_id: str) -> Request:
+        req = self.get(request_id)
+        if req.state != "running":
+            raise InvalidRequestError(f"request {request_id!r} is {req.state}")
+        if req.params.temperature != 0:
+            raise InvalidRequestError(
+                f"request {request_id!r}: speculative decoding here is greedy only; temperature is "
+                f"{req.params.temperature}"
+            )
+        return req
+
+    def propose(self, request_id: str, k: int) -> list[int]:
+        """Draft up to ``k`` greedy tokens (fewer near max_tokens); they stay tentative until
+        :meth:`accept`."""
+        if k < 1:
+            raise InvalidRequestError(f"draft length must be >= 1; got {k!r}")
+        req = self._driveable(request_id)
+        k = min(k, req.params.max_tokens - len(req.output))
+        drafted: list[int] = []
+        for _ in range(k):
+            logits = self._extend(req, req.tokens[req.cached :], keep=len(req.tokens) - req.cached)
+            token = int(logits[-1].argmax())
+            req.tokens.append(token)
+            drafted.append(token)
+        return drafted
+
+    def accept(self, request_id: str, committed: Sequence[int]) -> None:
+        """Replace the draft's tentative tokens by what the target committed; the KV of rejected
+        tokens is dropped (overwritten later)."""
+        req = self.get(request_id)
+        new = req.tokens[: req.settled] + [int(t) for t in committed]
+        common = req.settled
+        while common < min(len(req.tokens), len(new)) and req.tokens[common] == new[common]:
+            common += 1
+        req.tokens = new
+        req.cached = min(req.cached, common, len(new) - 1)
+        req.settled = len(new)
+
+    def verify(self, request_id: str, drafts: Sequence[int]) -> Verdict:
+        """Check ``drafts`` against this (target) model in one forward pass; commit the accepted
+        prefix and the target's next token (streamed like generated tokens)."""
+        req = self._driveable(request_id)
+        drafts = [int(t) for t in drafts]
+        pending = req.tokens[req.cached :]
+        logits, new = self._forward(req, pending + drafts)
+        choice = logits[len(pending) - 1 :].argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
+            accepted += 1
+        committed = [*drafts[:accepted], choice[accepted]][: req.params.max_tokens - len(req.output)]
+        if req.params.stop_at_eos and EOS in committed:
+            committed = committed[: committed.index(EOS) + 1]
+        # keep the KV of the pending tokens and of the committed tokens but the newest
+        self._scatter(req, new, len(pending) + len(committed) - 1)
+        self._emit(req, committed)
+        req.settled = len(req.tokens)
+        return Verdict(len(drafts), accepted, tuple(committed))
+
+
+def _numpy(tokens: list[int]) -> Any:
+    import numpy as np
+
+    return np.asarray(tokens, dtype=np.int64)

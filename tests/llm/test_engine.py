@@ -1,0 +1,225 @@
+"""The LLM engine: page accounting, continuous batching, KV checkpoints, speculative decoding."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from failsoft.errors import ConfigError, InvalidRequestError
+from failsoft.llm import CheckpointBuffer, Engine, SamplingParams, speculative_generate
+from failsoft.llm.checkpoint import KvChunk
+from failsoft.policies.llm_recovery import CheckpointLedger
+
+PROMPTS = ["def main(", "import os\n", "class Foo:\n    ", "    return self", "x"]
+GREEDY = SamplingParams(max_tokens=30, stop_at_eos=False)
+
+
+@pytest.fixture(scope="module")
+def alone(pair):
+    engine = Engine(pair[0], kv_pages=32, page_size=8)
+    out = [engine.generate(p, GREEDY).output for p in PROMPTS]
+    assert engine.pool.free == engine.pool.total
+    return out
+
+
+def test_outputs_vary_so_equalities_mean_something(alone):
+    assert len({tuple(o) for o in alone}) == len(PROMPTS)
+    assert all(len(set(o)) > 5 for o in alone)
+
+
+def test_continuous_batching_gives_each_request_its_solo_greedy_output(pair, alone):
+    engine = Engine(pair[0], kv_pages=64, page_size=8, max_batch=3)
+    reqs = [engine.submit(PROMPTS[0], GREEDY)]
+    engine.step()
+    engine.step()
+    reqs += [engine.submit(p, GREEDY) for p in PROMPTS[1:]]
+    peak = 0
+    while not engine.idle():
+        engine.step()
+        peak = max(peak, engine.running)
+    assert peak == 3  # max_batch bounds the batch; the others joined as requests left
+    assert [r.output for r in reqs] == alone
+    assert engine.pool.free == engine.pool.total
+
+
+def test_admission_is_bounded_by_free_pages(pair, alone):
+    engine = Engine(pair[0], kv_pages=10, page_size=8)  # a request needs ceil((len+29)/8) = 5 or 6 pages
+    reqs = [engine.submit(p, GREEDY) for p in PROMPTS]
+    engine.step()
+    assert engine.running < len(PROMPTS) and engine.waiting > 0
+    assert engine.pool.used <= engine.pool.total
+    engine.run()
+    assert [r.output for r in reqs] == alone
+    assert engine.pool.free == engine.pool.total
+
+
+def test_cancel_mid_generation_frees_pages_and_leaves_others_alone(pair, alone):
+    engine = Engine(pair[0], kv_pages=64, page_size=8)
+    keep, drop = engine.submit(PROMPTS[0], GREEDY), engine.submit(PROMPTS[1], GREEDY)
+    for _ in range(5):
+        engine.step()
+    used = engine.pool.used
+    engine.cancel(drop.id)
+    assert drop.finish_reason == "cancelled" and 0 < len(drop.output) < GREEDY.max_tokens
+    assert engine.pool.used == used - 5  # ceil((10 + 30 - 1) / 8) pages of "import os\n" returned
+    engine.run()
+    assert keep.output == alone[0]
+    assert engine.pool.free == engine.pool.total
+
+
+def test_a_stream_closed_early_cancels_its_request(pair, alone):
+    engine = Engine(pair[0], kv_pages=32, page_size=8)
+    got = []
+    req = engine.submit(PROMPTS[2], GREEDY, on_token=lambda r, t: got.append(t))
+    stream = engine.stream(req)
+    first = [next(stream) for _ in range(4)]
+    stream.close()
+    assert first == alone[2][:4] and got == req.output
+    assert req.finish_reason == "cancelled" and engine.pool.free == engine.pool.total
+    done = engine.generate(PROMPTS[2], GREEDY)
+    assert done.ttft_ms is not None and done.ttft_ms > 0 and done.tpot_ms is not None and done.tpot_ms > 0
+
+
+def test_restore_from_incremental_checkpoint_continues_token_for_token(pair, alone):
+    source = Engine(pair[0], kv_pages=32, page_size=8)
+    req = source.submit(PROMPTS[3], GREEDY)
+    held = CheckpointBuffer()  # the holder's copy, fed only with bytes
+    starts = []
+    for _ in range(12):
+        source.step()
+        blob = source.export_kv(req.id)
+        if blob is not None:
+            chunk = KvChunk.from_bytes(blob)
+            starts.append((chunk.first_page, chunk.pages))
+            held.add(blob)
+    assert starts[0][0] == 0 and all(a + n == b for (a, n), (b, _) in itertools.pairwise(starts))
+    assert held.covered_tokens == (len(req.tokens) - 1) // 8 * 8
+    source.cancel(req.id)  # the worker fails
+    assert source.pool.free == source.pool.total
+    other = Engine(pair[0], kv_pages=32, page_size=8)
+    resumed = other.restore(held, GREEDY)
+    assert resumed.cached == held.covered_tokens
+    other.run()
+    assert resumed.output == alone[3]
+    assert other.pool.free == other.pool.total
+
+
+def test_checkpoint_driven_by_the_ledger_budget_still_restores_exactly(pair, alone):
+    engine = Engine(pair[0], kv_pages=32, page_size=8)
+    ledger = CheckpointLedger(engine.kv_mb_per_token, budget_mb=20 * engine.kv_mb_per_token)
+    req = engine.submit(PROMPTS[1], GREEDY)
+    engine.step()
+    assert ledger.assign(req.id, "w0", "w1", engine.cached_tokens(req.id)) is not None
+    held = CheckpointBuffer()
+    for _ in range(15):
+        engine.step()
+        covered = ledger.extend(req.id, engine.cached_tokens(req.id))
+        if (blob := engine.export_kv(req.id, upto_tokens=covered)) is not None:
+            held.add(blob)
+    assert held.covered_tokens == 16  # the budget (20 tokens) stops the checkpoint at two full pages
+    streamed = list(req.tokens)  # what the client already received
+    engine.cancel(req.id)
+    other = Engine(pair[0], kv_pages=32, page_size=8)
+    resumed = other.restore(held, GREEDY, tokens=streamed)
+    other.run()
+    assert resumed.output == alone[1]
+    ledger.release(req.id)
+    assert ledger.total_mb() == 0 and other.pool.free == other.pool.total
+
+
+def test_speculative_decoding_equals_the_target_and_counts_acceptance(pair, alone):
+    target = Engine(pair[0], kv_pages=32, page_size=8)
+    draft = Engine(pair[1], kv_pages=32, page_size=8)
+    accepted = proposed = 0
+    for prompt, expected in zip(PROMPTS, alone, strict=True):
+        result = speculative_generate(target, draft, prompt, GREEDY, draft_tokens=3)
+        assert list(result.tokens) == expected
+        accepted, proposed = accepted + result.accepted, proposed + result.proposed
+    assert 0 < accepted < proposed  # some drafts accepted, some rejected: both paths ran
+    assert target.pool.free == target.pool.total and draft.pool.free == draft.pool.total
+    selfish = speculative_generate(target, Engine(pair[0], 32, 8), PROMPTS[0], GREEDY, draft_tokens=4)
+    assert selfish.acceptance == 1.0 and selfish.steps == 6  # 5 tokens per step
+
+
+def test_a_peer_verifies_drafts_for_a_request_it_is_serving(pair, alone):
+    """Alg. 3: the restarted worker (draft only) drafts for a request running on a peer."""
+    peer = Engine(pair[0], kv_pages=32, page_size=8)
+    req, other = peer.submit(PROMPTS[4], GREEDY), peer.submit(PROMPTS[0], GREEDY)
+    peer.step()
+    peer.step()
+    helper = Engine(pair[1], kv_pages=32, page_size=8)
+    mirror = helper.open(req.tokens, SamplingParams(max_tokens=GREEDY.max_tokens))
+    while not req.finished:
+        drafts = helper.propose(mirror.id, 3)
+        verdict = peer.verify(req.id, drafts[: GREEDY.max_tokens - len(req.output)])
+        helper.accept(mirror.id, verdict.tokens)
+        peer.step()  # the peer's other requests go on between verifications
+    helper.close(mirror.id)
+    peer.run()
+    assert req.output == alone[4] and other.output == alone[0]
+    assert peer.pool.free == peer.pool.total and helper.pool.free == helper.pool.total
+
+
+def test_temperature_sampling_is_reproducible_by_seed(pair):
+    engine = Engine(pair[0], kv_pages=32, page_size=8)
+    hot = [
+        engine.generate(PROMPTS[0], SamplingParams(max_tokens=20, temperature=1.0, seed=s)).output
+        for s in (1, 1, 2)
+    ]
+    assert hot[0] == hot[1] != hot[2]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"max_tokens": 0}, "max_tokens must be in [1, 4096]; got 0"),
+        ({"max_tokens": 10**6}, "got 1000000"),
+        ({"max_tokens": 2.5}, "max_tokens must be an integer"),
+        ({"temperature": -0.1}, "temperature must be in [0, 10.0]; got -0.1"),
+    ],
+)
+def test_bad_sampling_parameters_are_refused(kwargs, words):
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(**kwargs)
+    assert words in str(err.value)
+
+
+def test_bad_requests_are_refused_and_leak_nothing(pair):
+    engine = Engine(pair[0], kv_pages=8, page_size=8)
+    with pytest.raises(InvalidRequestError, match="130 tokens, longer than the model's context of 128"):
+        engine.submit("y" * 130, GREEDY)
+    with pytest.raises(
+        InvalidRequestError, match=r"prompt of 100 tokens \+ max_tokens 30 exceeds .* context of 128"
+    ):
+        engine.submit("y" * 100, GREEDY)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        engine.submit("", GREEDY)
+    with pytest.raises(InvalidRequestError, match="token 999 is outside"):
+        engine.submit([1, 999], GREEDY)
+    with pytest.raises(InvalidRequestError, match="needs 12 KV pages; the engine has 8"):
+        engine.submit("y" * 60, SamplingParams(max_tokens=36))
+    with pytest.raises(ConfigError, match="kv_pages must be >= 1; got 0"):
+        Engine(pair[0], kv_pages=0)
+    assert engine.pool.free == engine.pool.total and engine.idle()
+
+
+def test_checkpoints_of_another_model_or_out_of_order_are_refused(pair):
+    source = Engine(pair[0], kv_pages=32, page_size=8)
+    req = source.submit(PROMPTS[2], GREEDY)
+    blobs = []
+    for _ in range(12):
+        source.step()
+        if (blob := source.export_kv(req.id)) is not None:
+            blobs.append(blob)
+    assert len(blobs) >= 2
+    held = CheckpointBuffer()
+    held.add(blobs[0])
+    with pytest.raises(ConfigError, match="chunks must arrive in order"):
+        held.add(blobs[0])
+    with pytest.raises(InvalidRequestError, match="checkpoint is of model 'test-target'"):
+        Engine(pair[1], kv_pages=32, page_size=8).restore(held, GREEDY)
+    with pytest.raises(ConfigError, match="not a KV checkpoint chunk"):
+        held.add(b"garbage")
+    source.cancel(req.id)
+    assert source.pool.free == source.pool.total
