@@ -94,7 +94,7 @@ def _cnn(name: str, channels: list[int], fc: int, epochs: int) -> VariantSpec:
 def _gru(name: str, hidden: int) -> VariantSpec:
     from failsoft.zoo.stateful import sp500_architecture
 
-    return VariantSpec(name, "sp500_gru", partial(sp500_architecture, hidden), Training(epochs=200, lr=1e-2))
+    return VariantSpec(name, "sp500_gru", partial(sp500_architecture, hidden), Training(epochs=20, lr=1e-2))
 
 
 def _online(name: str, hidden: list[int]) -> VariantSpec:

@@ -52,6 +52,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
 STATE_FORMAT = "failsoft-state/1"
 SP500_CSV = "SP500_Trends.csv"
 SP500_TRAIN_FRACTION = 0.8  # the first 80 % of the series train the GRU, the rest measures it
+SP500_WINDOW = 50  # steps per training window
 UNLABELLED = -1
 
 
@@ -131,6 +133,7 @@ class StatefulModel(LoadedModel):
     """A loaded stateful variant: ``compute``/``state``/``apply_state`` (see the module docstring)."""
 
     def __init__(self, config: VariantConfig, device: str, module: torch.nn.Module) -> None:
+        module.requires_grad_(False)  # served: its state changes in place, never by autograd
         super().__init__(
             config.family, config.variant, device, config.input_shape, config.num_classes, module, module
         )
@@ -362,7 +365,8 @@ def train_stateful(
 def _train_gru(
     module: torch.nn.Module, architecture: Mapping[str, Any], training: Training
 ) -> tuple[float, dict[str, Any]]:
-    """Adam on the whole training part as one sequence (``nn.GRU``, the cell's weights), then the
+    """Adam on the training part cut into windows of ``SP500_WINDOW`` steps, each from a zero state
+    (truncated backpropagation through time, with ``nn.GRU``: the cell's weights), then the
     held-out part served request by request through the cell, the state carried on from training.
 
     The accuracy is *directional*: the share of held-out steps where the predicted move (next value
@@ -379,7 +383,9 @@ def _train_gru(
     rnn = nn.GRU(1, hidden, batch_first=True)
     head = module["head"]
     opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], lr=training.lr)
-    x, y = z[: n_train - 1].view(1, -1, 1), z[1:n_train].view(1, -1, 1)
+    windows = (n_train - 1) // SP500_WINDOW  # truncated BPTT: windows of the training part, as one batch
+    x = z[: windows * SP500_WINDOW].view(windows, SP500_WINDOW, 1)
+    y = z[1 : windows * SP500_WINDOW + 1].view(windows, SP500_WINDOW, 1)
     for _ in range(training.epochs):
         opt.zero_grad(set_to_none=True)
         out, _ = rnn(x)
@@ -437,3 +443,30 @@ def _train_online(
 
 
 _NONE = Accuracy(0.0, "declared")
+
+
+def exposes_state(family: str, variant: str | None, repository: Path | None = None) -> bool:
+    """Whether ``family/variant`` is a stateful model (``state()``/``apply_state()``).
+
+    With no variant (the deployment picks one), every variant of the family must be. A variant built
+    in ``repository`` answers from its ``config.json``; otherwise the zoo's catalog answers, and a
+    family it does not know exposes no state.
+    """
+    from failsoft.errors import RepositoryError
+    from failsoft.zoo.catalog import family_spec
+    from failsoft.zoo.repository import ModelRepository
+
+    if repository is not None:
+        repo = ModelRepository(repository)
+        try:
+            built = [variant] if variant else repo.variant_names(family)
+            if built and all(repo.config(family, v).stateful for v in built):
+                return True
+        except RepositoryError:
+            pass
+    try:
+        spec = family_spec(family)
+        chosen = [spec.variant(variant)] if variant else list(spec.variants)
+    except ConfigError:
+        return False
+    return all(v.stateful for v in chosen)
