@@ -37,7 +37,9 @@ def _store(repo: ModelRepository, family: str, variant: str, seed: int) -> None:
     torch.manual_seed(seed)
     module = build_stateful_module(var.arch, architecture)
     accuracy = Accuracy(0.0, "declared")
-    install_variant(repo, family, variant, lambda d: store_variant(d, fam, var, module, architecture, accuracy))
+    install_variant(
+        repo, family, variant, lambda d: store_variant(d, fam, var, module, architecture, accuracy)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,9 @@ def _requests(family: str, start: int, n: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("family", "variant"), MODELS)
-def test_a_state_applied_to_a_fresh_copy_continues_exactly(repo: ModelRepository, family: str, variant: str) -> None:
+def test_a_state_applied_to_a_fresh_copy_continues_exactly(
+    repo: ModelRepository, family: str, variant: str
+) -> None:
     primary = _load(repo, family, variant)
     history, later = _requests(family, 0, 40), _requests(family, 40, 30)
     primary.compute(history[:7])
@@ -86,7 +90,9 @@ def test_a_state_applied_to_a_fresh_copy_continues_exactly(repo: ModelRepository
     at_once = whole.compute(np.concatenate([history, later]))
     assert np.array_equal(at_once[40:], continued)
     replay = _load(repo, family, variant)
-    answers = np.concatenate([replay.compute(history[:7]), replay.compute(history[7:]), replay.compute(later)])
+    answers = np.concatenate(
+        [replay.compute(history[:7]), replay.compute(history[7:]), replay.compute(later)]
+    )
     assert np.array_equal(answers, at_once)
 
 

@@ -67,7 +67,7 @@ class VariantSpec:
 @dataclass(frozen=True)
 class FamilySpec:
     name: str
-    kind: Literal["trained", "declared"]
+    kind: Literal["trained", "declared", "stateful"]
     description: str
     variants: tuple[VariantSpec, ...] = field(default_factory=tuple)
 
@@ -131,14 +131,14 @@ FAMILIES: tuple[FamilySpec, ...] = (
     ),
     FamilySpec(
         "sp500_gru",
-        "trained",
+        "stateful",
         "stateful: a GRU predicting the next value of HAMS's SP500 series; its hidden state is carried "
         "across requests",
         (_gru("gru_16", 16), _gru("gru_64", 64)),
     ),
     FamilySpec(
         "digits_online",
-        "trained",
+        "stateful",
         "stateful: a digits classifier whose head learns from every labelled request (one SGD step); "
         "its head's weights are its state",
         (_online("logreg", []), _online("mlp_head", [32])),

@@ -116,7 +116,9 @@ class ModelState:
         except (struct.error, ValueError, SafetensorError) as exc:
             raise StateMismatchError(f"not a model state (safetensors bytes expected): {exc}") from exc
         if metadata.get("format") != STATE_FORMAT:
-            raise StateMismatchError(f"not a model state: format {metadata.get('format')!r}, not {STATE_FORMAT!r}")
+            raise StateMismatchError(
+                f"not a model state: format {metadata.get('format')!r}, not {STATE_FORMAT!r}"
+            )
         try:
             seq = int(metadata["seq"])
         except (KeyError, ValueError):
@@ -338,9 +340,8 @@ def is_stateful_arch(arch: str) -> bool:
 def sp500_series() -> np.ndarray:
     """The shipped SP500 series (HAMS's ``SP500_Trends.csv``: one value per S&P 500 company, in file
     order), float32, read-only."""
-    path = resources.files("failsoft") / "data" / "hams" / "sp500" / SP500_CSV
-    with path.open(newline="") as fh:
-        values = [float(row[1]) for row in csv.reader(fh) if len(row) == 2]
+    text = (resources.files("failsoft") / "data" / "hams" / "sp500" / SP500_CSV).read_text()
+    values = [float(row[1]) for row in csv.reader(text.splitlines()) if len(row) == 2]
     out = np.asarray(values, dtype=np.float32)
     out.setflags(write=False)
     return out
@@ -363,7 +364,7 @@ def train_stateful(
 
 
 def _train_gru(
-    module: torch.nn.Module, architecture: Mapping[str, Any], training: Training
+    module: Any, architecture: Mapping[str, Any], training: Training
 ) -> tuple[float, dict[str, Any]]:
     """Adam on the training part cut into windows of ``SP500_WINDOW`` steps, each from a zero state
     (truncated backpropagation through time, with ``nn.GRU``: the cell's weights), then the
@@ -427,7 +428,9 @@ def _train_online(
 
     split = load_digits_split()
     n = int(architecture["pretrain_images"])
-    train_digits(module, training, DigitsSplit(split.x_train[:n], split.y_train[:n], split.x_test, split.y_test))
+    train_digits(
+        module, training, DigitsSplit(split.x_train[:n], split.y_train[:n], split.x_test, split.y_test)
+    )
     start, detail = measure_accuracy(module, split)
     shape, classes = stateful_io("digits_online")
     draft = VariantConfig("", "", "digits_online", dict(architecture), shape, classes, 0, 0, "0" * 64, _NONE)
