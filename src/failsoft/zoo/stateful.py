@@ -233,6 +233,10 @@ class GruForecaster(StatefulModel):
         self._hidden = torch.zeros(1, int(config.architecture["hidden"]), device=device)
         super().__init__(config, device, module)
 
+    def example_batch(self, batch_size: int) -> np.ndarray:
+        """The first values of the SP500 series."""
+        return np.array(sp500_series()[:batch_size, None])
+
     def _step(self, row: torch.Tensor) -> torch.Tensor:
         m = self._module
         z = (torch_log1p(row) - self.architecture["mean"]) / self.architecture["std"]
@@ -279,6 +283,14 @@ class OnlineDigits(StatefulModel):
             head.weight -= lr * torch.outer(grad, features)
             head.bias -= lr * grad
         return logits
+
+    def example_batch(self, batch_size: int) -> np.ndarray:
+        """Labelled training images (each request then also takes its SGD step: the costlier case)."""
+        from failsoft.zoo.digits import load_digits_split
+
+        split = load_digits_split()
+        labels = split.y_train[:batch_size, None].astype(np.float32)
+        return np.concatenate([split.x_train[:batch_size], labels], axis=1)
 
     def _arrays(self) -> dict[str, np.ndarray]:
         head = self._module[-1]
@@ -473,3 +485,53 @@ def exposes_state(family: str, variant: str | None, repository: Path | None = No
     except ConfigError:
         return False
     return all(v.stateful for v in chosen)
+
+
+def transfer_cost(model: StatefulModel, repeats: int = 200) -> dict[str, Any]:
+    """What moving ``model``'s state costs: bytes on the wire, and the median time of ``state()`` +
+    ``to_bytes()`` on the sender and ``apply_state(bytes)`` on the receiver (the network aside)."""
+    import time
+
+    def median_ms(work: Any) -> float:
+        samples = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            work()
+            samples.append((time.perf_counter() - began) * 1000.0)
+        return round(float(np.median(samples)), 4)
+
+    blob = model.state().to_bytes()
+    return {
+        "model": model.model_id,
+        "state_arrays": {k: list(v.shape) for k, v in model.state().arrays.items()},
+        "state_bytes": model.state().nbytes,
+        "wire_bytes": len(blob),
+        "state_ms": median_ms(lambda: model.state().to_bytes()),
+        "apply_ms": median_ms(lambda: model.apply_state(blob)),
+        "compute_ms": median_ms(lambda: model.compute(np.zeros((1, *model.input_shape), np.float32))),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m failsoft.zoo.stateful [ROOT]``: the transfer cost of every stateful variant built
+    in the repository (``$FAILSOFT_ZOO`` by default), as JSON lines (CPU, one torch thread)."""
+    import sys
+
+    import torch
+
+    from failsoft.zoo.repository import ModelRepository, default_zoo_path
+
+    args = sys.argv[1:] if argv is None else argv
+    repo = ModelRepository(args[0] if args else default_zoo_path())
+    torch.set_num_threads(1)
+    for family in repo.family_names():
+        for variant in repo.variant_names(family):
+            if repo.config(family, variant).stateful:
+                model = repo.load(family, variant, "cpu")
+                assert isinstance(model, StatefulModel)
+                print(json.dumps({"family": family, "variant": variant} | transfer_cost(model)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
