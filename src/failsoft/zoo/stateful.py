@@ -519,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from failsoft.zoo import stateful  # not this module's classes when run as __main__
     from failsoft.zoo.repository import ModelRepository, default_zoo_path
 
     args = sys.argv[1:] if argv is None else argv
@@ -528,8 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         for variant in repo.variant_names(family):
             if repo.config(family, variant).stateful:
                 model = repo.load(family, variant, "cpu")
-                assert isinstance(model, StatefulModel)
-                print(json.dumps({"family": family, "variant": variant} | transfer_cost(model)))
+                assert isinstance(model, stateful.StatefulModel)
+                print(json.dumps({"family": family, "variant": variant} | stateful.transfer_cost(model)))
     return 0
 
 
