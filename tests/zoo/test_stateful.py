@@ -195,3 +195,12 @@ def test_a_built_variant_answers_from_its_config(repo: ModelRepository) -> None:
     assert exposes_state("digits_online", None, repo.root)  # every built variant is stateful
     assert not exposes_state("no_such_family", None, repo.root)
     assert not exposes_state("digits_mlp", "mlp_s")
+
+
+@pytest.mark.parametrize(("family", "variant"), MODELS)
+def test_the_profiler_example_batch_is_a_batch_the_model_accepts(
+    repo: ModelRepository, family: str, variant: str
+) -> None:
+    model = _load(repo, family, variant)
+    assert model.compute(model.example_batch(4)).shape == (4, model.num_classes)
+    assert model.seq == 4
