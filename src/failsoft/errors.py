@@ -61,6 +61,10 @@ class CorruptModelError(RepositoryError):
     """A weight file, config or profile exists but cannot be read back."""
 
 
+class StateMismatchError(RepositoryError, ValueError):
+    """A stateful model's state was applied to another model, or has other arrays or shapes."""
+
+
 class InvalidRequestError(FailsoftError):
     """A client request the gateway refuses with a 4xx; ``status`` is the HTTP status code."""
 

@@ -47,7 +47,7 @@ from failsoft.scenario import (  # one-line errors, one service parser
     read_document,
     validate_document,
 )
-from failsoft.services import Service
+from failsoft.services import GraphNode, GraphParams, Service
 
 DEFAULT_PORT = 8000
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -303,6 +303,8 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
             AppConfig(a.name, a.family, a.critical, a.rate_rps, a.slo_ms, primary.server, primary.variant)
         )
     services = build_services(spec.services, {a.name: a for a in apps}, source)
+    repository = _path(spec.repository, base_dir) if spec.repository else None
+    _check_graph_state(services, {a.name: a for a in apps}, repository, source)
     state_dir = _path(spec.state_dir, base_dir) if spec.state_dir else default_state_dir() / spec.name
     f = spec.failover
     params = f.params()
@@ -313,7 +315,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         servers=servers,
         apps=tuple(apps),
         services=services,
-        repository=_path(spec.repository, base_dir) if spec.repository else None,
+        repository=repository,
         policy=f.policy,
         params=params,
         replan_delay_s=f.replan_delay_s,
@@ -334,6 +336,27 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         store_url=spec.store,
         admin_token=spec.admin_token,
     )
+
+
+def _check_graph_state(
+    services: tuple[Service, ...], apps: dict[str, AppConfig], repository: Path | None, source: str
+) -> None:
+    """HAMS: a stateful node of a ``graph`` service must run a model that exposes its state (its
+    backup needs ``state()``/``apply_state()``), the node's variant or else its app's (any of the
+    family's when the deployment picks it); refused here, before anything is deployed."""
+    from failsoft.graphs import check_stateful_variants
+    from failsoft.zoo.stateful import exposes_state
+
+    def exposes(node: GraphNode) -> bool:
+        app = apps[node.app]
+        return exposes_state(app.family, node.variant or app.variant, repository)
+
+    for i, service in enumerate(services):
+        if isinstance(service.params, GraphParams):
+            try:
+                check_stateful_variants(service.params, exposes)
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: services[{i}] ({service.name!r}): {exc}") from exc
 
 
 def _path(value: str, base_dir: Path) -> Path:

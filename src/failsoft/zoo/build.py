@@ -34,6 +34,7 @@ from failsoft.zoo.layout import (
 )
 from failsoft.zoo.profiler import ProfileSettings, is_current, profile_variant
 from failsoft.zoo.repository import ModelRepository
+from failsoft.zoo.stateful import is_stateful_arch, stateful_io, train_stateful
 
 if TYPE_CHECKING:
     import torch
@@ -174,7 +175,10 @@ def make_variant(fam: FamilySpec, var: VariantSpec) -> tuple[torch.nn.Module, di
     )
     with deterministic(var.training.seed if var.training else INIT_SEED):
         module, _ = build_network(draft)
-        if var.training is not None:
+        if var.training is not None and is_stateful_arch(var.arch):
+            value, detail = train_stateful(var.arch, module, architecture, var.training)
+            accuracy = Accuracy(value, "measured", detail | {"training": vars(var.training)})
+        elif var.training is not None:
             train_digits(module, var.training)
             value, detail = measure_accuracy(module)
             accuracy = Accuracy(value, "measured", detail | {"training": vars(var.training)})
@@ -208,12 +212,15 @@ def store_variant(
         weights_bytes=size,
         weights_sha256=sha,
         accuracy=accuracy,
+        stateful=is_stateful_arch(var.arch),
     )
     write_json(target / CONFIG_FILE, config.to_dict())
     return config
 
 
 def _input_shape(arch: str, architecture: dict) -> tuple[int, ...]:
+    if is_stateful_arch(arch):
+        return stateful_io(arch)[0]
     if arch == "transformers":
         from failsoft.zoo.hf import input_side
 
@@ -225,6 +232,8 @@ def _input_shape(arch: str, architecture: dict) -> tuple[int, ...]:
 
 
 def _num_classes(arch: str, architecture: dict) -> int:
+    if is_stateful_arch(arch):
+        return stateful_io(arch)[1]
     if arch == "transformers":
         return int(architecture["num_labels"])
     from failsoft.zoo.digits import DIGITS_CLASSES

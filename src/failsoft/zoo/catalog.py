@@ -5,6 +5,8 @@ Two kinds of family (FailLite section 2.4: variants of one family trade accuracy
 * **trained** here on scikit-learn's digits (``digits_mlp``, ``digits_cnn``): 4 variants each, of
   growing depth and width, trained with fixed seeds on a fixed split; accuracy *measured* on the
   held-out images. These are the models the demo and the tests serve.
+* **stateful**, trained here (``sp500_gru``, ``digits_online``): models whose answers depend on the
+  requests before them (HAMS's stateful models, :mod:`failsoft.zoo.stateful`); opt-in.
 * **declared**, ImageNet-style (``resnet``, ``convnext``, ``efficientnet``, ``regnet``): the published
   torchvision variants rebuilt from ``transformers`` configs with their real layer counts and widths,
   randomly initialised (nothing is downloaded). Their sizes, load times and latencies are real;
@@ -27,7 +29,7 @@ from typing import Any, Literal
 
 from failsoft.errors import ConfigError
 from failsoft.zoo import hf
-from failsoft.zoo.layout import Arch
+from failsoft.zoo.layout import STATEFUL_ARCHES, Arch
 
 ACCURACY_CSV = "torchvision_imagenet_accuracy.csv"
 ACCURACY_SOURCE = (
@@ -56,11 +58,16 @@ class VariantSpec:
     training: Training | None = None  # None: randomly initialised, accuracy declared
     published_as: str | None = None  # the torchvision name whose published accuracy is declared
 
+    @property
+    def stateful(self) -> bool:
+        """Whether the variant keeps state across requests (``failsoft.zoo.stateful``)."""
+        return self.arch in STATEFUL_ARCHES
+
 
 @dataclass(frozen=True)
 class FamilySpec:
     name: str
-    kind: Literal["trained", "declared"]
+    kind: Literal["trained", "declared", "stateful"]
     description: str
     variants: tuple[VariantSpec, ...] = field(default_factory=tuple)
 
@@ -82,6 +89,17 @@ def _mlp(name: str, hidden: list[int], epochs: int) -> VariantSpec:
 
 def _cnn(name: str, channels: list[int], fc: int, epochs: int) -> VariantSpec:
     return VariantSpec(name, "digits_cnn", _const({"channels": channels, "fc": fc}), Training(epochs=epochs))
+
+
+def _gru(name: str, hidden: int) -> VariantSpec:
+    from failsoft.zoo.stateful import sp500_architecture
+
+    return VariantSpec(name, "sp500_gru", partial(sp500_architecture, hidden), Training(epochs=20, lr=1e-2))
+
+
+def _online(name: str, hidden: list[int]) -> VariantSpec:
+    arch = {"hidden": hidden, "pretrain_images": 200, "online_lr": 0.05}
+    return VariantSpec(name, "digits_online", _const(arch), Training(epochs=15))
 
 
 def _tv(name: str, make: Callable[[], dict[str, Any]]) -> VariantSpec:
@@ -110,6 +128,20 @@ FAMILIES: tuple[FamilySpec, ...] = (
             _cnn("cnn_m", [16, 32, 64], 128, 15),
             _cnn("cnn_l", [32, 64, 128], 2048, 10),
         ),
+    ),
+    FamilySpec(
+        "sp500_gru",
+        "stateful",
+        "stateful: a GRU predicting the next value of HAMS's SP500 series; its hidden state is carried "
+        "across requests",
+        (_gru("gru_16", 16), _gru("gru_64", 64)),
+    ),
+    FamilySpec(
+        "digits_online",
+        "stateful",
+        "stateful: a digits classifier whose head learns from every labelled request (one SGD step); "
+        "its head's weights are its state",
+        (_online("logreg", []), _online("mlp_head", [32])),
     ),
     FamilySpec(
         "resnet",

@@ -3,7 +3,8 @@
 Like a Triton model repository, a failsoft repository is a directory of directories::
 
     <root>/<family>/<variant>/model.safetensors   weights (safetensors only: never pickle)
-    <root>/<family>/<variant>/config.json         architecture, input/output shape, accuracy, weight hash
+    <root>/<family>/<variant>/config.json         architecture, input/output shape, accuracy, weight hash,
+                                                  and ``stateful`` (the model keeps state across requests)
     <root>/<family>/<variant>/profile.json        what the profiler measured on this machine
 
 ``config.json`` is written when the variant is built (trained or initialised) and is enough to rebuild
@@ -32,7 +33,9 @@ PROFILE_FILE = "profile.json"
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
-Arch = Literal["digits_mlp", "digits_cnn", "transformers"]
+Arch = Literal["digits_mlp", "digits_cnn", "transformers", "sp500_gru", "digits_online"]
+# architectures whose models keep state across requests (:mod:`failsoft.zoo.stateful`)
+STATEFUL_ARCHES: frozenset[str] = frozenset({"sp500_gru", "digits_online"})
 
 
 def check_name(kind: str, name: object) -> str:
@@ -71,6 +74,7 @@ class _ConfigSpec(BaseModel):
     parameters: int = Field(ge=0)
     weights: _WeightsSpec
     accuracy: _AccuracySpec
+    stateful: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class VariantConfig:
     weights_bytes: int
     weights_sha256: str
     accuracy: Accuracy
+    stateful: bool = False  # compute() changes the model; it exposes state() and apply_state()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +118,7 @@ class VariantConfig:
                 "source": self.accuracy.source,
                 "detail": self.accuracy.detail,
             },
+            "stateful": self.stateful,
         }
 
 
@@ -160,4 +166,5 @@ def read_config(variant_dir: Path) -> VariantConfig:
         weights_bytes=spec.weights.bytes,
         weights_sha256=spec.weights.sha256,
         accuracy=Accuracy(spec.accuracy.value, spec.accuracy.source, dict(spec.accuracy.detail)),
+        stateful=spec.stateful,
     )

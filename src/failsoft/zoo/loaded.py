@@ -74,6 +74,10 @@ class LoadedModel:
             raise ConfigError("empty batch")
         return np.ascontiguousarray(arr, dtype=np.float32)
 
+    def example_batch(self, batch_size: int) -> np.ndarray:
+        """A batch this model accepts, for profiling: seeded uniform values in [0, 1)."""
+        return np.random.default_rng(0).random((batch_size, *self.input_shape), dtype=np.float32)
+
     def close(self) -> None:
         """Release the weights; later calls to ``predict`` are refused. Safe to call twice."""
         if self._module is None:

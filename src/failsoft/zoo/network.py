@@ -32,14 +32,16 @@ def build_network(config: VariantConfig, on_meta: bool = False) -> tuple[torch.n
         module = hf.model_from_config(config.architecture, on_meta=on_meta)
         return module, lambda x: hf.forward_logits(module, x)
     from failsoft.zoo.digits import build_digits_module
+    from failsoft.zoo.stateful import build_stateful_module, is_stateful_arch
 
+    build = build_stateful_module if is_stateful_arch(config.arch) else build_digits_module
     if on_meta:
         import torch
 
         with torch.device("meta"):
-            module = build_digits_module(config.arch, config.architecture)
+            module = build(config.arch, config.architecture)
     else:
-        module = build_digits_module(config.arch, config.architecture)
+        module = build(config.arch, config.architecture)
     return module, module
 
 

@@ -102,7 +102,7 @@ def measure(repo: ModelRepository, family: str, variant: str, device: str, setti
 
 
 def _latency(model: LoadedModel, batch_size: int, settings: dict[str, Any]) -> dict[str, float]:
-    x = np.random.default_rng(0).random((batch_size, *model.input_shape), dtype=np.float32)
+    x = model.example_batch(batch_size)
     for _ in range(settings["warmup_iters"]):
         model.predict(x)
     samples: list[float] = []

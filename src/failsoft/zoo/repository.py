@@ -145,13 +145,20 @@ class ModelRepository:
 
     # loading -------------------------------------------------------------------------------
     def load(self, family: str, variant: str, device: str | None = None) -> LoadedModel:
-        """Load a variant from disk onto ``device`` (CUDA when available by default)."""
+        """Load a variant from disk onto ``device`` (CUDA when available by default).
+
+        A stateful variant (``config.json`` says ``stateful``) loads as a
+        :class:`~failsoft.zoo.stateful.StatefulModel`, in its initial state."""
         from failsoft.zoo.network import load_network
 
         path = self.variant_dir(family, variant)
         config = read_config(path)
         dev = _pick_device(device)
         module, forward = load_network(path, config, dev)
+        if config.stateful:  # compute/state/apply_state (failsoft.zoo.stateful)
+            from failsoft.zoo.stateful import load_stateful
+
+            return load_stateful(config, dev, module)
         return LoadedModel(family, variant, dev, config.input_shape, config.num_classes, module, forward)
 
 

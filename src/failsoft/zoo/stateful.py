@@ -1,0 +1,538 @@
+"""Stateful models: outputs that depend on the requests before them, and a state that can move.
+
+HAMS (DSN'20, III-A) serves graphs in which some models are *stateful*: an RNN's hidden state, an
+online learner's weights. A crash loses that state, and a backup must hold a copy of it. A stateful
+model in failsoft is a loaded variant (a :class:`~failsoft.zoo.loaded.LoadedModel`, so an agent loads
+it like any other) with three operations:
+
+* ``compute(batch) -> outputs``: answers the batch's requests **in order**, one after the other, and
+  folds each into the state (``predict`` is the same call). A batch of N is exactly N requests: the
+  outputs and the state do not depend on how requests are batched, which is what a replay needs.
+* ``state() -> ModelState``: a copy of the state (numpy arrays), the model it belongs to and its
+  sequence number ``seq`` (how many requests it has folded in since the initial state);
+  ``ModelState.to_bytes()`` is a safetensors blob that an agent ships to another agent as it is.
+* ``apply_state(state)``: replaces the state, atomically (under the model's lock), with one shipped
+  from another copy of the same model (a ``ModelState`` or its bytes). A state of another model (family,
+  variant or weights), or with other arrays, shapes or dtypes, is refused with
+  :class:`~failsoft.errors.StateMismatchError` naming what differs. ``apply_state`` does not check
+  that ``seq`` grows: which state a backup may apply is the protocol's decision
+  (:mod:`failsoft.policies.replication`), and a rollback applies an older one.
+
+The two families (``failsoft zoo build -f sp500_gru`` / ``-f digits_online``; ``config.json`` says
+``"stateful": true``):
+
+* ``sp500_gru``: a GRU cell over the SP500 series shipped in ``failsoft/data/hams/sp500`` (HAMS's
+  stock-prediction data); a request is one value of the series, the answer the predicted next value,
+  and the **hidden state** is carried from request to request. The weights are trained here and fixed;
+  the state is the hidden vector (``hidden`` floats).
+* ``digits_online``: a digits classifier whose linear head learns online: a request is the 64 pixels
+  and a label (``-1``: unlabelled); the answer is the logits *before* learning from it (prequential),
+  then a labelled request takes one SGD step on the cross-entropy. The **head's weights** are the state.
+  The features under the head (none for ``logreg``, a hidden layer for ``mlp_head``) are pretrained
+  on the first ``pretrain_images`` training images and fixed.
+
+**Determinism.** On CPU, compute is deterministic: the same weights, state and inputs give bit-equal
+outputs and states (every request runs the same float32 ops in the same order, whatever the batch;
+the tests check it across a state transfer). Summation order inside a matrix product can depend on
+the number of threads (oneDNN/BLAS blocking), so copies meant to agree should use the same thread
+count, as the agents do (``agents.torch_threads``). On a GPU, non-determinism would come from kernels
+that sum with atomic adds or pick an algorithm by autotuning (cuBLAS split-K reductions, cuDNN's RNN
+and benchmark mode), and from TF32 matrix products unless disabled: a replay could then give other
+outputs, which is the case HAMS's NSPB handles (it never replays what a client saw).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import struct
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from failsoft.errors import ConfigError, StateMismatchError
+from failsoft.zoo.digits import DIGITS_CLASSES, DIGITS_INPUT_SHAPE, DigitsSplit, build_digits_module
+from failsoft.zoo.layout import STATEFUL_ARCHES, Accuracy, VariantConfig
+from failsoft.zoo.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from failsoft.zoo.catalog import Training
+
+STATE_FORMAT = "failsoft-state/1"
+SP500_CSV = "SP500_Trends.csv"
+SP500_TRAIN_FRACTION = 0.8  # the first 80 % of the series train the GRU, the rest measures it
+SP500_WINDOW = 50  # steps per training window
+UNLABELLED = -1
+
+
+# ----------------------------------------------------------------------------------------------
+# The state and its wire form
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A stateful model's state: its arrays, the model it belongs to and how many requests it holds.
+
+    ``model`` is ``family/variant@<first 12 hex of the weights' sha256>``: a state fits only the
+    model built from the same weights. ``seq`` counts the requests folded in since the initial state.
+    """
+
+    model: str
+    seq: int
+    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the arrays themselves (``len(to_bytes())`` adds a small header)."""
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def to_bytes(self) -> bytes:
+        """The state as safetensors bytes, ``model`` and ``seq`` in its metadata (what travels)."""
+        from safetensors.numpy import save
+
+        metadata = {"format": STATE_FORMAT, "model": self.model, "seq": str(self.seq)}
+        return bytes(save({k: np.ascontiguousarray(v) for k, v in self.arrays.items()}, metadata=metadata))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ModelState:
+        """Read back :meth:`to_bytes`; anything else is a :class:`StateMismatchError`."""
+        from safetensors import SafetensorError
+        from safetensors.numpy import load
+
+        try:
+            (size,) = struct.unpack("<Q", data[:8])
+            metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
+            arrays = load(data)
+        except (struct.error, ValueError, SafetensorError) as exc:
+            raise StateMismatchError(f"not a model state (safetensors bytes expected): {exc}") from exc
+        if metadata.get("format") != STATE_FORMAT:
+            raise StateMismatchError(
+                f"not a model state: format {metadata.get('format')!r}, not {STATE_FORMAT!r}"
+            )
+        try:
+            seq = int(metadata["seq"])
+        except (KeyError, ValueError):
+            raise StateMismatchError(f"model state without a valid seq: {metadata.get('seq')!r}") from None
+        return cls(str(metadata.get("model", "")), seq, arrays)
+
+
+# ----------------------------------------------------------------------------------------------
+# The loaded stateful model
+# ----------------------------------------------------------------------------------------------
+
+
+class StatefulModel(LoadedModel):
+    """A loaded stateful variant: ``compute``/``state``/``apply_state`` (see the module docstring)."""
+
+    def __init__(self, config: VariantConfig, device: str, module: torch.nn.Module) -> None:
+        module.requires_grad_(False)  # served: its state changes in place, never by autograd
+        super().__init__(
+            config.family, config.variant, device, config.input_shape, config.num_classes, module, module
+        )
+        self.architecture = dict(config.architecture)
+        self.model_id = f"{config.family}/{config.variant}@{config.weights_sha256[:12]}"
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._initial = self._arrays()
+
+    # the state -------------------------------------------------------------------------------
+    def compute(self, batch: np.ndarray) -> np.ndarray:
+        """Answer the batch's requests in order, folding each into the state; float32 outputs."""
+        import torch
+
+        if self._module is None:
+            raise ConfigError(f"model {self.family}/{self.variant} is closed")
+        x = self._check(batch)
+        self._check_rows(x)
+        with self._lock, torch.no_grad():
+            rows = torch.from_numpy(x).to(self.device)
+            out = torch.stack([self._step(rows[i : i + 1]) for i in range(len(rows))])
+            self._seq += len(rows)
+        return out.float().cpu().numpy()
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        """The same as :meth:`compute`: a stateful model's answer always updates its state."""
+        return self.compute(batch)
+
+    def state(self) -> ModelState:
+        """A copy of the current state (arrays on the CPU) with its sequence number."""
+        with self._lock:
+            return ModelState(self.model_id, self._seq, self._arrays())
+
+    def apply_state(self, state: ModelState | bytes) -> None:
+        """Replace the state with ``state`` (a :class:`ModelState` or its bytes); a misfit is refused."""
+        if isinstance(state, (bytes, bytearray, memoryview)):
+            state = ModelState.from_bytes(bytes(state))
+        self._check_fits(state)
+        with self._lock:
+            self._load_arrays(state.arrays)
+            self._seq = state.seq
+
+    def reset(self) -> None:
+        """Back to the initial state (what a restart without a backup gives: HAMS's ``none``)."""
+        self.apply_state(ModelState(self.model_id, 0, self._initial))
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def _check_fits(self, state: ModelState) -> None:
+        where = f"state of {state.model!r} (seq {state.seq})"
+        if state.model != self.model_id:
+            raise StateMismatchError(f"{where} does not fit model {self.model_id!r}: another model")
+        if state.seq < 0:
+            raise StateMismatchError(f"{where}: seq must be >= 0")
+        mine = self._initial
+        if sorted(state.arrays) != sorted(mine):
+            raise StateMismatchError(
+                f"{where} does not fit model {self.model_id!r}: arrays {sorted(state.arrays)}, "
+                f"expected {sorted(mine)}"
+            )
+        for name, ref in mine.items():
+            got = np.asarray(state.arrays[name])
+            if got.shape != ref.shape or got.dtype != ref.dtype:
+                raise StateMismatchError(
+                    f"{where} does not fit model {self.model_id!r}: array {name!r} is {got.dtype}"
+                    f"{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"
+                )
+
+    # what each family defines --------------------------------------------------------------
+    def _check_rows(self, x: np.ndarray) -> None:
+        """Refuse requests this model cannot take (beyond their shape)."""
+
+    def _step(self, row: torch.Tensor) -> torch.Tensor:
+        """One request (a ``(1, *input_shape)`` row): its output (``(num_classes,)``), state updated."""
+        raise NotImplementedError
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+
+class GruForecaster(StatefulModel):
+    """``sp500_gru``: a request is one series value, the answer the predicted next one.
+
+    The state is the GRU's hidden vector, ``hidden`` float32 values, zero at the start.
+    """
+
+    def __init__(self, config: VariantConfig, device: str, module: torch.nn.Module) -> None:
+        import torch
+
+        self._hidden = torch.zeros(1, int(config.architecture["hidden"]), device=device)
+        super().__init__(config, device, module)
+
+    def example_batch(self, batch_size: int) -> np.ndarray:
+        """The first values of the SP500 series."""
+        return np.array(sp500_series()[:batch_size, None])
+
+    def _step(self, row: torch.Tensor) -> torch.Tensor:
+        m = self._module
+        z = (torch_log1p(row) - self.architecture["mean"]) / self.architecture["std"]
+        self._hidden = m["cell"](z, self._hidden)
+        pred = m["head"](self._hidden)[0] * self.architecture["std"] + self.architecture["mean"]
+        return pred.expm1()
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        return {"hidden": self._hidden.detach().cpu().numpy().copy()}
+
+    def _load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        import torch
+
+        self._hidden = torch.from_numpy(np.array(arrays["hidden"])).to(self.device)
+
+
+class OnlineDigits(StatefulModel):
+    """``digits_online``: a request is 64 pixels and a label (-1: none); the answer, the logits.
+
+    The state is the linear head's ``weight`` (10 x features) and ``bias`` (10), float32.
+    """
+
+    def _check_rows(self, x: np.ndarray) -> None:
+        labels = x[:, -1]
+        bad = labels[(labels != UNLABELLED) & ~np.isin(labels, np.arange(DIGITS_CLASSES))]
+        if bad.size:
+            raise ConfigError(
+                f"{self.family}/{self.variant}: a request's last value is its label, 0 to "
+                f"{DIGITS_CLASSES - 1} or {UNLABELLED} for none; got {float(bad[0])!r}"
+            )
+
+    def _step(self, row: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        net = self._module
+        features = net[:-1](row[:, :-1])[0]
+        head = net[-1]
+        logits = head(features[None])[0]
+        label = int(row[0, -1])
+        if label != UNLABELLED:  # one SGD step on the cross-entropy: d/dlogits = softmax - onehot
+            grad = torch.softmax(logits, dim=0)
+            grad[label] -= 1.0
+            lr = float(self.architecture["online_lr"])
+            head.weight -= lr * torch.outer(grad, features)
+            head.bias -= lr * grad
+        return logits
+
+    def example_batch(self, batch_size: int) -> np.ndarray:
+        """Labelled training images (each request then also takes its SGD step: the costlier case)."""
+        from failsoft.zoo.digits import load_digits_split
+
+        split = load_digits_split()
+        labels = split.y_train[:batch_size, None].astype(np.float32)
+        return np.concatenate([split.x_train[:batch_size], labels], axis=1)
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        head = self._module[-1]
+        return {
+            "weight": head.weight.detach().cpu().numpy().copy(),
+            "bias": head.bias.detach().cpu().numpy().copy(),
+        }
+
+    def _load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        import torch
+
+        head = self._module[-1]
+        head.weight.copy_(torch.from_numpy(np.array(arrays["weight"])))
+        head.bias.copy_(torch.from_numpy(np.array(arrays["bias"])))
+
+
+def torch_log1p(x: torch.Tensor) -> torch.Tensor:
+    """log(1 + x) of a non-negative series value (negative values are clipped to 0)."""
+    return x.clamp(min=0).log1p()
+
+
+_CLASSES: dict[str, type[StatefulModel]] = {"sp500_gru": GruForecaster, "digits_online": OnlineDigits}
+
+
+def load_stateful(config: VariantConfig, device: str, module: torch.nn.Module) -> StatefulModel:
+    """The loaded model of a stateful variant (``module`` holds its weights, on ``device``)."""
+    return _CLASSES[config.arch](config, device, module)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building: the networks, the data, the training
+# ----------------------------------------------------------------------------------------------
+
+
+def build_stateful_module(arch: str, architecture: Mapping[str, Any]) -> torch.nn.Module:
+    """The network of a stateful variant, randomly initialised (its weights are then loaded)."""
+    from torch import nn
+
+    if arch == "sp500_gru":
+        hidden = int(architecture["hidden"])
+        return nn.ModuleDict({"cell": nn.GRUCell(1, hidden), "head": nn.Linear(hidden, 1)})
+    if arch == "digits_online":
+        return build_digits_module("digits_mlp", {"hidden": list(architecture["hidden"])})
+    raise KeyError(f"unknown stateful architecture {arch!r}")
+
+
+def stateful_io(arch: str) -> tuple[tuple[int, ...], int]:
+    """(input shape of one request, outputs per request) of a stateful architecture."""
+    if arch == "sp500_gru":
+        return (1,), 1
+    return (DIGITS_INPUT_SHAPE[0] + 1,), DIGITS_CLASSES
+
+
+def is_stateful_arch(arch: str) -> bool:
+    return arch in STATEFUL_ARCHES
+
+
+@cache
+def sp500_series() -> np.ndarray:
+    """The shipped SP500 series (HAMS's ``SP500_Trends.csv``: one value per S&P 500 company, in file
+    order), float32, read-only."""
+    text = (resources.files("failsoft") / "data" / "hams" / "sp500" / SP500_CSV).read_text()
+    values = [float(row[1]) for row in csv.reader(text.splitlines()) if len(row) == 2]
+    out = np.asarray(values, dtype=np.float32)
+    out.setflags(write=False)
+    return out
+
+
+def sp500_architecture(hidden: int) -> dict[str, Any]:
+    """The GRU's config: its width and the log1p normalisation of the training part of the series."""
+    series = np.log1p(sp500_series().astype(np.float64))
+    train = series[: int(len(series) * SP500_TRAIN_FRACTION)]
+    return {"hidden": hidden, "mean": round(float(train.mean()), 6), "std": round(float(train.std()), 6)}
+
+
+def train_stateful(
+    arch: str, module: torch.nn.Module, architecture: Mapping[str, Any], training: Training
+) -> tuple[float, dict[str, Any]]:
+    """Train a stateful variant in place; its measured accuracy in [0, 1] and how it was measured."""
+    if arch == "sp500_gru":
+        return _train_gru(module, architecture, training)
+    return _train_online(module, architecture, training)
+
+
+def _train_gru(
+    module: Any, architecture: Mapping[str, Any], training: Training
+) -> tuple[float, dict[str, Any]]:
+    """Adam on the training part cut into windows of ``SP500_WINDOW`` steps, each from a zero state
+    (truncated backpropagation through time, with ``nn.GRU``: the cell's weights), then the
+    held-out part served request by request through the cell, the state carried on from training.
+
+    The accuracy is *directional*: the share of held-out steps where the predicted move (next value
+    above or below the current one) is the actual move; the detail compares the mean squared error
+    (log1p scale) with the persistence forecast (next = current).
+    """
+    import torch
+    from torch import nn
+
+    series = torch.from_numpy(sp500_series().copy()).log1p()
+    z = (series - architecture["mean"]) / architecture["std"]
+    n_train = int(len(z) * SP500_TRAIN_FRACTION)
+    hidden = int(architecture["hidden"])
+    rnn = nn.GRU(1, hidden, batch_first=True)
+    head = module["head"]
+    opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], lr=training.lr)
+    windows = (n_train - 1) // SP500_WINDOW  # truncated BPTT: windows of the training part, as one batch
+    x = z[: windows * SP500_WINDOW].view(windows, SP500_WINDOW, 1)
+    y = z[1 : windows * SP500_WINDOW + 1].view(windows, SP500_WINDOW, 1)
+    for _ in range(training.epochs):
+        opt.zero_grad(set_to_none=True)
+        out, _ = rnn(x)
+        nn.functional.mse_loss(head(out), y).backward()
+        opt.step()
+    cell = module["cell"]
+    with torch.no_grad():
+        for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+            getattr(cell, name).copy_(getattr(rnn, f"{name}_l0"))
+        h = torch.zeros(1, hidden)
+        preds = []
+        for t in range(len(z) - 1):
+            h = cell(z[t].view(1, 1), h)
+            preds.append(float(head(h)[0, 0]))
+    pred = np.asarray(preds[n_train - 1 :])
+    now, nxt = z[n_train - 1 : -1].numpy(), z[n_train:].numpy()
+    hit = np.sign(pred - now) == np.sign(nxt - now)
+    scale = architecture["std"] ** 2
+    return float(hit.mean()), {
+        "dataset": f"failsoft/data/hams/sp500/{SP500_CSV} (log1p, normalised)",
+        "measure": "directional accuracy, held-out steps",
+        "n_train": n_train,
+        "n_test": len(nxt),
+        "mse_log1p": round(float(((pred - nxt) ** 2).mean() * scale), 6),
+        "persistence_mse_log1p": round(float(((now - nxt) ** 2).mean() * scale), 6),
+        "mean_mse_log1p": round(float((nxt**2).mean() * scale), 6),
+    }
+
+
+def _train_online(
+    module: torch.nn.Module, architecture: Mapping[str, Any], training: Training
+) -> tuple[float, dict[str, Any]]:
+    """Pretrain on the first ``pretrain_images`` training images; the accuracy is the held-out
+    top-1 at that point (what the model starts serving with). The detail adds the top-1 after the
+    rest of the training split has been streamed through it once as labelled requests (the online
+    learning the state carries)."""
+    from failsoft.zoo.digits import load_digits_split
+    from failsoft.zoo.train import measure_accuracy, train_digits
+
+    split = load_digits_split()
+    n = int(architecture["pretrain_images"])
+    train_digits(
+        module, training, DigitsSplit(split.x_train[:n], split.y_train[:n], split.x_test, split.y_test)
+    )
+    start, detail = measure_accuracy(module, split)
+    shape, classes = stateful_io("digits_online")
+    draft = VariantConfig("", "", "digits_online", dict(architecture), shape, classes, 0, 0, "0" * 64, _NONE)
+    learner = OnlineDigits(draft, "cpu", copy.deepcopy(module))
+    stream = np.concatenate([split.x_train[n:], split.y_train[n:, None].astype(np.float32)], axis=1)
+    learner.compute(stream)
+    after, _ = measure_accuracy(learner._module, split)
+    return start, detail | {
+        "pretrain_images": n,
+        "online_images": len(stream),
+        "accuracy_after_online_pass": after,
+    }
+
+
+_NONE = Accuracy(0.0, "declared")
+
+
+def exposes_state(family: str, variant: str | None, repository: Path | None = None) -> bool:
+    """Whether ``family/variant`` is a stateful model (``state()``/``apply_state()``).
+
+    With no variant (the deployment picks one), every variant of the family must be. A variant built
+    in ``repository`` answers from its ``config.json``; otherwise the zoo's catalog answers, and a
+    family it does not know exposes no state.
+    """
+    from failsoft.errors import RepositoryError
+    from failsoft.zoo.catalog import family_spec
+    from failsoft.zoo.repository import ModelRepository
+
+    if repository is not None:
+        repo = ModelRepository(repository)
+        try:
+            built = [variant] if variant else repo.variant_names(family)
+            if built and all(repo.config(family, v).stateful for v in built):
+                return True
+        except RepositoryError:
+            pass
+    try:
+        spec = family_spec(family)
+        chosen = [spec.variant(variant)] if variant else list(spec.variants)
+    except ConfigError:
+        return False
+    return all(v.stateful for v in chosen)
+
+
+def transfer_cost(model: StatefulModel, repeats: int = 200) -> dict[str, Any]:
+    """What moving ``model``'s state costs: bytes on the wire, and the median time of ``state()`` +
+    ``to_bytes()`` on the sender and ``apply_state(bytes)`` on the receiver (the network aside)."""
+    import time
+
+    def median_ms(work: Any) -> float:
+        samples = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            work()
+            samples.append((time.perf_counter() - began) * 1000.0)
+        return round(float(np.median(samples)), 4)
+
+    blob = model.state().to_bytes()
+    return {
+        "model": model.model_id,
+        "state_arrays": {k: list(v.shape) for k, v in model.state().arrays.items()},
+        "state_bytes": model.state().nbytes,
+        "wire_bytes": len(blob),
+        "state_ms": median_ms(lambda: model.state().to_bytes()),
+        "apply_ms": median_ms(lambda: model.apply_state(blob)),
+        "compute_ms": median_ms(lambda: model.compute(np.zeros((1, *model.input_shape), np.float32))),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m failsoft.zoo.stateful [ROOT]``: the transfer cost of every stateful variant built
+    in the repository (``$FAILSOFT_ZOO`` by default), as JSON lines (CPU, one torch thread)."""
+    import sys
+
+    import torch
+
+    from failsoft.zoo import stateful  # not this module's classes when run as __main__
+    from failsoft.zoo.repository import ModelRepository, default_zoo_path
+
+    args = sys.argv[1:] if argv is None else argv
+    repo = ModelRepository(args[0] if args else default_zoo_path())
+    torch.set_num_threads(1)
+    for family in repo.family_names():
+        for variant in repo.variant_names(family):
+            if repo.config(family, variant).stateful:
+                model = repo.load(family, variant, "cpu")
+                assert isinstance(model, stateful.StatefulModel)
+                print(json.dumps({"family": family, "variant": variant} | stateful.transfer_cost(model)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
