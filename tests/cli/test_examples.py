@@ -26,7 +26,7 @@ from failsoft.runtime.deployment import resolve
 from failsoft.scenario import load_scenario
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-RSS_OVER_WEIGHTS_MB = {"declared": 45.0, "trained": 5.0}  # ImageNet-style / digits models
+RSS_OVER_WEIGHTS_MB = {"declared": 45.0, "trained": 5.0, "stateful": 5.0}  # ImageNet-style / small models
 CUDA_PER_MODEL_MB = 33.0
 MARGIN = 1.05
 
@@ -36,6 +36,7 @@ def _weights_mb() -> dict[tuple[str, str], tuple[str, float]]:
     """(family, variant) -> (family kind, weight MB) for every variant the zoo can build."""
     from failsoft.zoo.catalog import FAMILIES, published
     from failsoft.zoo.digits import build_digits_module
+    from failsoft.zoo.stateful import build_stateful_module, is_stateful_arch
 
     sizes = {}
     for fam in FAMILIES:
@@ -43,7 +44,8 @@ def _weights_mb() -> dict[tuple[str, str], tuple[str, float]]:
             if v.published_as:
                 mb = published()[v.published_as].weights_file_size_mb
             else:
-                module = build_digits_module(v.arch, v.architecture())
+                build = build_stateful_module if is_stateful_arch(v.arch) else build_digits_module
+                module = build(v.arch, v.architecture())
                 mb = sum(p.numel() for p in module.parameters()) * 4 / 1e6
             sizes[fam.name, v.name] = (fam.kind, mb)
     return sizes
@@ -54,6 +56,13 @@ def _families(cuda: bool) -> tuple[Family, ...]:
     for (family, variant), (kind, weights) in _weights_mb().items():
         memory = (weights + RSS_OVER_WEIGHTS_MB[kind] + (CUDA_PER_MODEL_MB if cuda else 0.0)) * MARGIN
         by_family.setdefault(family, []).append(Variant(variant, memory, 0.8, 100.0, 1.0))
+    # a parity model has its deployed variant's architecture (ParM 4.1): the same weights' size
+    for (family, variant), (kind, weights) in _weights_mb().items():
+        memory = (weights + RSS_OVER_WEIGHTS_MB[kind] + (CUDA_PER_MODEL_MB if cuda else 0.0)) * MARGIN
+        for encoder, k, r in (("add", 2, 1), ("add", 3, 1), ("add", 4, 1), ("concat", 2, 1), ("add", 2, 2)):
+            for index in range(r):
+                name = f"{variant}_{encoder}_k{k}_r{r}_p{index}"
+                by_family.setdefault(f"{family}_parity", []).append(Variant(name, memory, 0.8, 100.0, 1.0))
     return tuple(Family(name, tuple(variants)) for name, variants in by_family.items())
 
 

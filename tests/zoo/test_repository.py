@@ -39,9 +39,16 @@ def test_stored_variant_loads_back_to_identical_outputs(tmp_path, family, varian
         assert loaded.input_shape == config.input_shape
         assert loaded.device == "cpu"
         got = loaded.predict(x)
+        stored = {k: v.detach() for k, v in loaded._module.state_dict().items()}
+    original = module.state_dict()
+    assert stored.keys() == original.keys()
+    for name, tensor in original.items():  # the weights come back bit for bit
+        assert torch.equal(stored[name], tensor), name
     assert got.dtype == np.float32
     assert got.shape == (3, config.num_classes)
-    np.testing.assert_array_equal(got, expected)
+    # The same weights give the same outputs up to the kernel oneDNN picks for the tensors' memory
+    # layout (a grouped conv of RegNet differed in the last bit once, with identical weights).
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
 
 
 def test_loaded_model_refuses_bad_batches_and_use_after_close(tiny_zoo):
