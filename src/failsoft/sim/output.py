@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +28,26 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def write_csv(result: ExperimentResult, path: Path) -> Path:
-    names = columns(result.rows)
+    return write_rows(result.rows, columns(result.rows), path)
+
+
+def write_rows(rows: Sequence[dict[str, Any]], names: Sequence[str], path: Path) -> Path:
+    """``rows`` as CSV with these columns (missing cells empty; floats rounded, NaN as "nan")."""
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=names, restval="")
+        writer = csv.DictWriter(fh, fieldnames=list(names), restval="")
         writer.writeheader()
-        for row in result.rows:
+        for row in rows:
             writer.writerow({k: _cell(v) for k, v in row.items()})
     return path
+
+
+def output_dir(out_dir: Path) -> Path:
+    """``out_dir``, created if missing; a clear error if it cannot be."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create output directory {str(out_dir)!r}: {exc.strerror}") from exc
+    return out_dir
 
 
 def summary(result: ExperimentResult) -> dict[str, Any]:
@@ -57,11 +71,7 @@ def write_outputs(result: ExperimentResult, out_dir: Path) -> dict[str, str]:
     """Write the CSV, the summary and the figure into ``out_dir``; return their paths."""
     from failsoft.sim.figures import plot  # matplotlib only when a figure is drawn
 
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create output directory {str(out_dir)!r}: {exc.strerror}") from exc
-    csv_path = write_csv(result, out_dir / "results.csv")
+    csv_path = write_csv(result, output_dir(out_dir) / "results.csv")
     summary_path = out_dir / "summary.json"
     summary_path.write_text(json.dumps(summary(result), indent=2, allow_nan=False) + "\n")
     figure_path = plot(result, out_dir / f"{result.experiment.name}.png")

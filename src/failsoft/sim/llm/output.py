@@ -4,15 +4,13 @@ seeds; at 4 workers, LUMEN against each baseline beside the review's numbers) an
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
-from failsoft.errors import ConfigError
 from failsoft.sim.llm.experiment import LlmResult, headline
-from failsoft.sim.output import _cell, _clean
+from failsoft.sim.output import _clean, output_dir, write_rows
 from failsoft.sim.runner import aggregate
 
 
@@ -40,17 +38,8 @@ def llm_summary(result: LlmResult) -> dict[str, Any]:
 def write_llm_outputs(result: LlmResult, out_dir: Path) -> dict[str, str]:
     from failsoft.sim.llm.figure import plot_llm  # matplotlib only when a figure is drawn
 
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create output directory {str(out_dir)!r}: {exc.strerror}") from exc
-    csv_path = out_dir / "results.csv"
     names = list(dict.fromkeys(k for row in result.rows for k in row))
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=names, restval="")
-        writer.writeheader()
-        for row in result.rows:
-            writer.writerow({k: _cell(v) for k, v in row.items()})
+    csv_path = write_rows(result.rows, names, output_dir(out_dir) / "results.csv")
     summary_path = out_dir / "summary.json"
     summary_path.write_text(json.dumps(llm_summary(result), indent=2, allow_nan=False) + "\n")
     figure = plot_llm(result, out_dir / f"{result.experiment.name}.png")
