@@ -46,7 +46,6 @@ their exact sum, so every reconstruction can be checked against the output it re
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import statistics
@@ -68,6 +67,7 @@ from failsoft.policies.coding.interface import Decoder
 from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
 from failsoft.profiles import load_profile_families
 from failsoft.services import CodedParams
+from failsoft.sim.output import output_dir, write_rows
 
 POLICIES = ("parm", "equal-resources", "none")
 FIGURES = ("fig9a", "fig9b", "fig10", "fig11")
@@ -533,16 +533,12 @@ def summarize(
 
 
 def write_outputs(rows: Sequence[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path, png_path = (
-        out_dir / "results.csv",
+        output_dir(out_dir) / "results.csv",
         out_dir / "summary.json",
         out_dir / "coding-tail.png",
     )
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["figure"])
-        writer.writeheader()
-        writer.writerows({k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
+    write_rows(rows, list(rows[0]) if rows else ["figure"], csv_path)
     json_path.write_text(json.dumps(summary, indent=2) + "\n")
     _plot(summary, png_path)
     return {"csv": str(csv_path), "summary": str(json_path), "figure": str(png_path)}

@@ -26,7 +26,6 @@ ladder's profiled latencies, without noise.
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 from collections.abc import Callable, Sequence
@@ -55,6 +54,7 @@ from failsoft.policies.adaptation.network import (
     server_deadline_s,
 )
 from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
+from failsoft.sim.output import output_dir, write_rows
 
 POLICIES = ("jellyfish", "edf-small", "edf-medium", "edf-large")
 TRACES = ("synthetic", "wifi", "lte")
@@ -323,16 +323,12 @@ def summarize(rows: Sequence[dict[str, Any]], cfg: JellyfishSimConfig) -> dict[s
 
 
 def write_outputs(rows: Sequence[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, json_path, png_path = (
-        out_dir / "results.csv",
+        output_dir(out_dir) / "results.csv",
         out_dir / "summary.json",
         out_dir / "jellyfish.png",
     )
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["trace"])
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, list(rows[0]) if rows else ["trace"], csv_path)
     json_path.write_text(json.dumps(summary, indent=2))
     _plot(summary, png_path)
     return {"csv": str(csv_path), "summary": str(json_path), "figure": str(png_path)}
