@@ -31,6 +31,10 @@ def test_a_config_without_a_coded_service_is_refused(tmp_path):
         _bench_config(path, CodingBenchSettings())
     with pytest.raises(ConfigError, match="unknown coding bench policy 'replication'"):
         CodingBenchSettings(policies=("replication",))
+    with pytest.raises(ConfigError, match=r"rate_rps must be positive, got 0"):
+        CodingBenchSettings(rate_rps=0)
+    with pytest.raises(ConfigError, match=r"slow_ms must not be negative, got -1"):
+        CodingBenchSettings(slow_ms=-1)
 
 
 def test_summary_counts_failures_and_scores_reconstructed_answers_apart():

@@ -70,8 +70,11 @@ class CodingBenchSettings:
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown:
             raise ConfigError(f"unknown coding bench policy {unknown[0]!r} (known: {', '.join(POLICIES)})")
-        if self.duration_s <= 0 or self.rate_rps <= 0 or self.shuffle_s <= 0 or self.slow_ms < 0:
-            raise ConfigError("duration_s, rate_rps and shuffle_s must be positive, slow_ms not negative")
+        for name in ("duration_s", "rate_rps", "shuffle_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.slow_ms < 0:
+            raise ConfigError(f"slow_ms must not be negative, got {self.slow_ms!r}")
 
 
 @dataclass(frozen=True, slots=True)
