@@ -40,6 +40,7 @@ from typing import Any
 
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
+from failsoft.runtime.gateway.metrics import first_recoveries
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
 
 POLICIES = ("faillite", "full-warm-k", "full-warm", "full-cold")
@@ -287,7 +288,7 @@ def measure(
     spurious = sorted(
         {e["server"] for e in events if e["type"] == "failure" and e.get("server") not in kill_at}
     )
-    answers = {r["app"]: r for r in report["recoveries"] if r["detected_at"] >= first_kill - 0.5}
+    answers = first_recoveries(report["recoveries"], first_kill - 0.5)
     primary_acc = {a["name"]: _accuracy(before, a["name"]) for a in before["apps"]}
     apps = {
         app: _app_result(

@@ -20,8 +20,11 @@ server's failure, and is planned again). The state serialises to the store's doc
 Times. The orchestration core runs on the clock its driver gives it (monotonic seconds in the
 runtime, simulated seconds in the simulator); every time kept here is on that clock. What leaves the
 core for people and other processes (the routing table, status, stored documents) is wall-clock
-time: :attr:`ClusterState.wall_offset` (wall minus core time, kept fresh by the runtime's driver; 0
-in the simulator) converts.
+time: :attr:`ClusterState.wall_offset` (wall minus core time; 0 in the simulator) converts. The
+runtime's driver keeps it fresh through :meth:`ClusterState.sync_wall`, which moves it only when
+the two clocks have drifted apart by more than :data:`WALL_DRIFT_S`: re-reading the offset at every
+tick would give one core time (a failure's detection) a slightly different wall time in every
+publish, and the gateway, which tells failures apart by that time, would count one recovery twice.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class RouteKind(StrEnum):
 
 
 LIVE = (ServerState.UP, ServerState.SUSPECT)
+WALL_DRIFT_S = 0.05  # how far the wall clock may drift from the core's before the offset follows it
 
 
 @dataclass
@@ -119,6 +123,7 @@ class ClusterState:
         self.apps = {a.name: AppRecord(a) for a in deployment.apps}
         self.warm: dict[tuple[str, str], WarmRecord] = {}  # (app, server)
         self.wall_offset = 0.0  # wall-clock seconds minus core seconds (see the module docstring)
+        self._wall_synced = False
 
     @classmethod
     def deployed(cls, deployment: Scenario) -> ClusterState:
@@ -139,6 +144,12 @@ class ClusterState:
     def services(self) -> dict[str, Service]:
         """Every service by name (apps in none are served alone)."""
         return {s.name: s for s in self.deployment.all_services()}
+
+    def sync_wall(self, wall_now: float, core_now: float) -> None:
+        """Follow the wall clock, moving the offset only when it drifted past :data:`WALL_DRIFT_S`."""
+        offset = wall_now - core_now
+        if not self._wall_synced or abs(offset - self.wall_offset) > WALL_DRIFT_S:
+            self.wall_offset, self._wall_synced = offset, True
 
     def wall(self, t: float | None) -> float | None:
         """A core time as wall-clock time."""

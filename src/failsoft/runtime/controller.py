@@ -169,7 +169,7 @@ class Controller:
         return self.core.ready
 
     async def status(self) -> dict[str, Any]:
-        self.state.wall_offset = time.time() - self.clock.now()
+        self.state.sync_wall(time.time(), self.clock.now())
         body = self.state.status()
         for server in body["servers"]:
             server["pid"] = self.state.servers[server["name"]].pid
@@ -220,7 +220,7 @@ class Controller:
         verdict, it never makes a live server look silent.
         """
         now = self.clock.now()
-        self.state.wall_offset = time.time() - now
+        self.state.sync_wall(time.time(), now)
         for beat in self.receiver.drain():
             self._on_beat(beat)
         lag, self._last_check = now - self._last_check, now
@@ -232,7 +232,7 @@ class Controller:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            self.state.wall_offset = time.time() - self.clock.now()
+            self.state.sync_wall(time.time(), self.clock.now())
             docs = {**self.state.to_docs(), "meta": {"controller": self._meta()}}
             await self.steps.run("persist", functools.partial(asyncio.to_thread, self.store.write, docs))
             await self.clock.sleep(0.01)
@@ -258,7 +258,7 @@ class Controller:
         if meta.get("digest") != self.digest or not meta.get("deployed"):
             log.warning("no usable state in %s: deploying afresh", self.store.url)
             return False
-        self.state.wall_offset = time.time() - self.clock.now()
+        self.state.sync_wall(time.time(), self.clock.now())
         self.routes.version = int(meta.get("version", 0))  # the next publish goes past the stored one
         self._feed(self.core.resume(docs, self.clock.now()))
         log.info("resuming from %s at route version %d", self.store.url, self.routes.version)

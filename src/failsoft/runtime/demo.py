@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from failsoft.runtime.config import RuntimeConfig, config_from_dict, default_state_dir
+from failsoft.runtime.gateway.metrics import first_recoveries
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
 
 EDGE_YAML = """\
@@ -257,7 +258,7 @@ def summarize(
     affected = sorted(
         {e["app"] for e in events if e["type"] == "failure" and e.get("server") == killed and e["app"]}
     )
-    recoveries = {r["app"]: r for r in report["recoveries"] if r["detected_at"] >= kill_at - 0.5}
+    recoveries = first_recoveries(report["recoveries"], kill_at - 0.5)
     rows = [_row(app, samples, events, recoveries.get(app, {}), kill_at, killed) for app in affected]
     scored = [s for s in samples if s.ok and s.correct is not None]
     return {

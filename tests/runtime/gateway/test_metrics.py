@@ -7,7 +7,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from failsoft.runtime.gateway.dispatch import Answer
-from failsoft.runtime.gateway.metrics import RECOVERY_LOG_SIZE, GatewayMetrics
+from failsoft.runtime.gateway.metrics import RECOVERY_LOG_SIZE, GatewayMetrics, first_recoveries
 
 
 def answer(detected_at: float | None = None, route_at: float | None = None, attempts: int = 1) -> Answer:
@@ -73,3 +73,13 @@ def test_every_status_code_is_counted_as_itself():
     codes = {dict(k[1])["code"] for k in got if k[0] == "failsoft_requests_total"}
     assert codes == {"200", "400", "404", "413", "499", "500", "503", "504"}
     assert got[("failsoft_controller_connected", ())] == 1
+
+
+def test_reports_take_each_apps_first_recovery_after_the_kill():
+    metrics = GatewayMetrics()
+    metrics.observe("ocr", 200, 0.01, answer(detected_at=5.0))  # an earlier failure
+    metrics.observe("ocr", 200, 0.01, answer(detected_at=10.0))  # the stand-in's first answer
+    metrics.observe("ocr", 200, 0.01, answer(detected_at=12.0))  # its stand-in failed too
+    metrics.observe("cam", 200, 0.01, answer(detected_at=10.0))
+    first = first_recoveries(list(metrics.recovery_log), since=9.5)
+    assert {app: r["detected_at"] for app, r in first.items()} == {"ocr": 10.0, "cam": 10.0}

@@ -157,3 +157,15 @@ class GatewayMetrics:
         if controller_stats is not None:
             self.steps.stats = controller_stats
         return generate_latest(self.registry)
+
+
+def first_recoveries(log: list[dict[str, Any]], since: float) -> dict[str, dict[str, Any]]:
+    """Each app's first recovery detected at or after ``since`` (wall clock), from the recovery log.
+
+    The first, not the last: an app failed over twice (its stand-in lost too) keeps the record of
+    the failure a report asks about."""
+    first: dict[str, dict[str, Any]] = {}
+    for rec in sorted(log, key=lambda r: r["detected_at"]):
+        if rec["detected_at"] >= since:
+            first.setdefault(rec["app"], rec)
+    return first
