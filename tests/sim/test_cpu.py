@@ -8,10 +8,11 @@ import simpy
 from failsoft.sim.cpu import SharedCPU, cfs_weight
 
 
-def finish_times(cores: float, jobs: list[tuple[float, float, int]]) -> list[float]:
-    """Run ``(start_s, work_s, nice)`` jobs on a fresh CPU; when each finished."""
+def finish_times(cores: float, jobs: list[tuple[float, float, int]], busy: float = 0.0) -> list[float]:
+    """Run ``(start_s, work_s, nice)`` jobs on a fresh CPU beside ``busy`` cores of background
+    demand; when each finished."""
     env = simpy.Environment()
-    cpu = SharedCPU(env, cores)
+    cpu = SharedCPU(env, cores, busy)
     done: list[float] = [0.0] * len(jobs)
 
     def job(i: int, start: float, work: float, nice: int):
@@ -116,3 +117,21 @@ def test_interrupting_a_process_removes_its_work():
 def test_bad_core_counts_are_refused():
     with pytest.raises(ValueError, match="cores"):
         SharedCPU(simpy.Environment(), 0)
+
+
+def test_background_demand_leaves_a_load_only_what_it_does_not_take():
+    # 2 cores, 1.5 of them busy (two nice-0 background jobs wanting 0.75 each): one load at nice 5
+    # gets the free half core, so 1 s of work takes 2 s.
+    assert finish_times(2, [(0, 1.0, 5)], busy=1.5) == [pytest.approx(2.0)]
+    # three loads together: the background no longer gets its whole demand, every job its weight's
+    # share: 2 * w5 / (2 * w0 + 3 * w5) of a core per load
+    share = 2 * cfs_weight(5) / (2 * cfs_weight(0) + 3 * cfs_weight(5))
+    assert finish_times(2, [(0, 1.0, 5)] * 3, busy=1.5) == [pytest.approx(1.0 / share)] * 3
+
+
+def test_background_demand_is_bounded_by_the_cores():
+    with pytest.raises(ValueError, match="busy_cores"):
+        SharedCPU(simpy.Environment(), 2, busy_cores=2.5)
+    env = simpy.Environment()
+    cpu = SharedCPU(env, 2, busy_cores=1.2)
+    assert cpu.background_rate == pytest.approx(1.2)  # nothing else runs: it gets its demand

@@ -169,6 +169,12 @@ def test_on_a_shared_host_concurrent_loads_share_its_cores(tiny, fixed):
     roomy = _run(tiny, "faillite", dataclasses.replace(quiet, host_cores=2.0))
     alone = _run(tiny, "faillite", quiet)
     assert {a: r.mttr_ms for a, r in roomy.apps.items()} == {a: r.mttr_ms for a, r in alone.apps.items()}
+    # two cores of which one is busy with what the simulation does not model (measured on a real
+    # host): the background keeps its core (nice 0 outweighs the loads' nice 5), the loads share
+    # the other, as on a one-core host
+    busy = _run(tiny, "faillite", dataclasses.replace(quiet, host_cores=2.0, host_busy_cores=1.0))
+    assert busy.apps["B"].mttr_ms == pytest.approx((0.4 + NOTIFY_S) * 1000)
+    assert busy.apps["C"].mttr_ms == pytest.approx((1.2 + NOTIFY_S) * 1000)
 
 
 def test_warm_up_and_first_answers_are_modelled_as_the_runtime_does_them(tiny, fixed):

@@ -42,9 +42,11 @@ from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.runtime.gateway.metrics import first_recoveries
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
+from failsoft.zoo.machine import BusyCores
 
 POLICIES = ("faillite", "full-warm-k", "full-warm", "full-cold")
 Progress = Callable[[str], None]
+BUSY_WINDOW_S = 3.0  # the host's busy cores are measured over the last seconds of steady load
 
 
 @dataclass(frozen=True)
@@ -154,13 +156,14 @@ def run_once(
         affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
         shapes = {name: meta.input_shape for name, meta in _shapes(session).items()}
         periods = _periods(cfg, settings)
-        kill_at, samples, usual = _fail_under_load(
+        kill_at, samples, usual, busy = _fail_under_load(
             session.url, client, shapes, periods, affected, failed, settings
         )
         say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
         report = client.recoveries()
         client.close()
     result = measure(before, affected, kill_at, samples, report, usual)
+    result["host_busy_cores"] = round(busy, 3)  # under steady load, before the kill
     result["warm"] = [  # the warm backups at the kill (the simulator's twin starts from them)
         {"app": a["name"], "variant": w["variant"], "server": w["server"]}
         for a in before["apps"]
@@ -185,8 +188,9 @@ def _fail_under_load(
     affected: list[str],
     failed: Sequence[str],
     settings: BenchSettings,
-) -> tuple[dict[str, float], list[Sample], list[Sample]]:
+) -> tuple[dict[str, float], list[Sample], list[Sample], float]:
     """Steady load; each affected app's usual latency; kill; ask each affected app at once; watch.
+    Also returns the host's busy cores over the last seconds of steady load (:class:`BusyCores`).
 
     Every client runs in its own process (its CPU is not the gateway's interpreter's), and the
     requests sent at the kill come from a client made ready beforehand, so they leave within a
@@ -214,7 +218,10 @@ def _fail_under_load(
     at_kill = LoadProcess(
         LoadSpec(url, only_affected, 3600.0, settings.window_s, 0.01, max_in_flight=1, gated=True)
     ).start()
-    time.sleep(settings.warmup_s)
+    time.sleep(max(settings.warmup_s - BUSY_WINDOW_S, 0.0))
+    meter = BusyCores()
+    time.sleep(min(settings.warmup_s, BUSY_WINDOW_S))
+    busy = meter.read()
     usual.wait_ready()
     usual.go()
     usual_samples = usual.join(600.0)
@@ -223,7 +230,7 @@ def _fail_under_load(
     at_kill.go()
     _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
     time.sleep(settings.settle_s)
-    return kill_at, steady.stop() + at_kill.stop(), usual_samples
+    return kill_at, steady.stop() + at_kill.stop(), usual_samples, busy
 
 
 def _kill(client: Any, failed: Sequence[str], site: str | None) -> dict[str, float]:

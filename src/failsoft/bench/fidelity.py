@@ -53,8 +53,9 @@ from failsoft.zoo.machine import usable_cores
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
 NOT_MODELLED = [
-    "CPU used by everything but loads and the first answers: the gateway, the controller, Ray, the "
-    "clients, the steady load on unaffected apps (the shared-CPU model counts loads and first answers)",
+    "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
+    "the clients, the steady load) changes during the recovery: it is modelled as the busy cores "
+    "measured under steady load before the kill (host_busy_cores), constant",
     "the interpreter lock inside one agent process: a load and an inference on the same server take "
     "turns at Python's lock whatever their CPU priority",
     "the controller's own processing time between detection and a published route (about a millisecond)",
@@ -135,6 +136,9 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
         max_batch=config.agents.queue.max_batch,
         warm_up=True,
         host_cores=float(usable_cores()),  # the embedded cluster's agents share them
+        # ... beside what everything else on the host took under steady load (runs from before this
+        # was measured replay without it)
+        host_busy_cores=min(float(observed.get("host_busy_cores", 0.0)), float(usable_cores())),
         first_answer=True,
     )
     mttr: dict[str, list[float]] = {}

@@ -73,6 +73,9 @@ class SimConfig:
     # An embedded cluster: every server shares one host of this many cores (sim/cpu.py); None: each
     # server has its own, and a load or an inference takes its profiled time.
     host_cores: float | None = None
+    # ... of which this many are busy with everything the simulation does not model (measured on the
+    # real host: the gateway, the controller, clients, steady traffic); see sim/cpu.py
+    host_busy_cores: float = 0.0
     warm_up: bool = False  # loads end with the runtime's warm-up inferences (their profiled cost)
     first_answer: bool = False  # each recovered app answers one request on its new route (its first)
     trace: bool = False  # keep an event log (for tests and debugging)
@@ -92,6 +95,13 @@ class SimConfig:
             _require("max_queue", self.max_queue, lambda v: v >= 1, "must be at least 1 (or None)")
         if self.host_cores is not None:
             _require("host_cores", self.host_cores, lambda v: v > 0, "must be positive (or None)")
+        cores = self.host_cores
+        _require(
+            "host_busy_cores",
+            self.host_busy_cores,
+            lambda v: v == 0 or (cores is not None and 0 <= v <= cores),
+            "must be in [0, host_cores] (and 0 without host_cores)",
+        )
         if self.request_timeout_ms is not None:
             _require(
                 "request_timeout_ms", self.request_timeout_ms, lambda v: v > 0, "must be positive (or None)"

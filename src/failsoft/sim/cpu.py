@@ -11,12 +11,20 @@ with the rest shared among the others (water-filling). Rates are recomputed when
 ends or is cancelled; between those moments they are constant, so one SimPy timeout per change
 suffices.
 
+Everything else the host runs (the gateway, the controller, Ray, client processes, the steady
+inference of unaffected apps, other tenants) is ``busy_cores`` of *background demand*, measured on
+the real host: ``ceil(busy_cores)`` endless jobs at nice 0, each wanting at most its share of
+``busy_cores``. They take their part of the cores by the same weights, so a recovery load at nice 5
+on a host already 1.5 cores busy gets far less than the free half core it would get if the
+background were served first.
+
 Not modelled: the interpreter lock inside one agent process, memory bandwidth, caches.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
@@ -38,23 +46,39 @@ class _Job:
     owner: str
     done: simpy.Event
     rate: float = 0.0
+    cap: float = 1.0  # at most this many cores (one: a single-threaded job)
 
 
 class SharedCPU:
-    """``cores`` cores shared by single-threaded jobs in proportion to their CFS weights."""
+    """``cores`` cores shared by single-threaded jobs in proportion to their CFS weights, beside
+    ``busy_cores`` of background demand (see the module docstring)."""
 
-    def __init__(self, env: simpy.Environment, cores: float) -> None:
+    def __init__(self, env: simpy.Environment, cores: float, busy_cores: float = 0.0) -> None:
         if cores <= 0:
             raise ValueError(f"cores must be positive; got {cores!r}")
+        if not 0 <= busy_cores <= cores:
+            raise ValueError(f"busy_cores must be in [0, cores={cores}]; got {busy_cores!r}")
         self.env, self.cores = env, cores
         self._jobs: dict[int, _Job] = {}
         self._ids = itertools.count()
         self._at = env.now  # when the jobs' remaining work was last brought up to date
         self._generation = 0
+        self._background: list[_Job] = []
+        if busy_cores > 0:
+            n = math.ceil(busy_cores)
+            self._background = [
+                _Job(math.inf, cfs_weight(0), "", env.event(), cap=busy_cores / n) for _ in range(n)
+            ]
+            self._share()
 
     @property
     def running(self) -> int:
         return len(self._jobs)
+
+    @property
+    def background_rate(self) -> float:
+        """The cores the background gets now (its demand when the jobs leave it room)."""
+        return sum(j.rate for j in self._background)
 
     def run(self, work_s: float, nice: int = 0, owner: str = "") -> Generator[simpy.Event, Any, bool]:
         """Process: do ``work_s`` seconds of one core's work; True when done, False if cancelled."""
@@ -95,20 +119,21 @@ class SharedCPU:
             self._jobs.pop(key).done.succeed(True)
         self._share()
         self._generation += 1
-        if self._jobs:
-            soonest = min(j.remaining_s / j.rate for j in self._jobs.values() if j.rate > 0)
-            self.env.process(self._tick(soonest, self._generation))
+        running = [j.remaining_s / j.rate for j in self._jobs.values() if j.rate > 0]
+        if running:
+            self.env.process(self._tick(min(running), self._generation))
 
     def _share(self) -> None:
-        """Water-filling: shares by weight, capped at one core, the surplus to the others."""
-        pool = sorted(self._jobs.values(), key=lambda j: j.weight, reverse=True)
+        """Water-filling: shares by weight, each capped (one core, or a background job's demand),
+        what a capped job leaves to the others."""
+        pool = sorted([*self._jobs.values(), *self._background], key=lambda j: j.cap / j.weight)
         cores = self.cores
         while pool:
             total = sum(j.weight for j in pool)
-            heaviest = pool[0]
-            if cores * heaviest.weight / total >= 1.0:
-                heaviest.rate = 1.0
-                cores -= 1.0
+            first = pool[0]  # the one that reaches its cap at the lowest share
+            if cores * first.weight / total >= first.cap:
+                first.rate = first.cap
+                cores -= first.cap
                 pool.pop(0)
                 if cores <= _EPS:
                     for job in pool:

@@ -45,7 +45,7 @@ def simulate_failure(
     env = simpy.Environment()
     log = EventLog(config.trace)
     recorder = Recorder(scenario, deployment.label, failed, config.failure_at_s)
-    cpu = SharedCPU(env, config.host_cores) if config.host_cores is not None else None
+    cpu = SharedCPU(env, config.host_cores, config.host_busy_cores) if config.host_cores is not None else None
     agents = {s.name: SimAgent(env, s, config, log, cpu) for s in scenario.servers}
     _preload(deployment, agents)
     requests = _request_core(env, deployment, failed, config, rng)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,36 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+class BusyCores:
+    """How many of this process's usable cores were busy (any process, any user) since it was made.
+
+    Read from the kernel's per-CPU time counters (``psutil.cpu_times``), so it counts everything the
+    host runs, other tenants included: the simulator's twin of a runtime run needs the host's real
+    load, not this process's."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._psutil = psutil
+        self._start, self._at = self._busy(), time.monotonic()
+
+    def _busy(self) -> float:
+        per_cpu = self._psutil.cpu_times(percpu=True)
+        chosen = per_cpu if self._cpus is None else [per_cpu[i] for i in self._cpus if i < len(per_cpu)]
+        # guest time is already counted in user time; steal is time the hypervisor gave elsewhere
+        free = ("idle", "iowait", "guest", "guest_nice")
+        return sum(sum(t) - sum(getattr(t, f, 0.0) for f in free) for t in chosen)
+
+    def read(self) -> float:
+        """Busy cores on average since the meter was made (0 to the usable cores)."""
+        elapsed = time.monotonic() - self._at
+        if elapsed <= 0:
+            return 0.0
+        busy = (self._busy() - self._start) / elapsed
+        return max(0.0, min(busy, float(usable_cores())))
 
 
 def machine_info(device: str) -> dict[str, Any]:
