@@ -368,6 +368,9 @@ def test_an_agent_serves_through_a_warm_queue_at_its_own_priority(agent, tiny_zo
     assert stats["nice"] == os.getpriority(os.PRIO_PROCESS, threading.get_native_id())  # not the load's +5
     assert (stats["discipline"], stats["max_batch"], stats["served"]) == ("fifo", 8, 1)
     assert described["load_ms"] > 0 and not math.isnan(stats["scale"])
+    # the loading thread's CPU time is reported beside the wall time: a part of it, never more
+    # (time.thread_time counts this thread only)
+    assert 0 < described["load_cpu_ms"] <= described["load_ms"] + 1.0
     assert agent.cancel("r1") is False
 
 

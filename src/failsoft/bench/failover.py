@@ -337,6 +337,10 @@ def _app_result(
         "first_variant": None if failover is None else failover["variant"],
         "settled_variant": _settled(events, app, "variant"),
         "mttr_ms": None if failover is None else failover["route_ms"],
+        # the first load as the agent timed it (warm-up included); MTTR minus it is waiting for a
+        # load slot, the calls and the controller
+        "load_ms": None if failover is None else failover.get("load_ms"),
+        "load_cpu_ms": None if failover is None else failover.get("load_cpu_ms"),  # the agent's thread
         "first_answer_ms": None if answer is None else answer["first_answer_ms"],
         "answer_after_kill_ms": waited,
         "usual_ms": usual_ms,

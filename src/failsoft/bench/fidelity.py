@@ -177,6 +177,8 @@ def compare(
             "kind": _mode([a["kind"] for a in rt]),
             "first_variant": _mode([a["first_variant"] for a in rt]),
             "runtime_mttr_ms": _mean([a["mttr_ms"] for a in rt]),
+            "runtime_load_ms": _mean([a.get("load_ms") for a in rt]),
+            "runtime_load_cpu_ms": _mean([a.get("load_cpu_ms") for a in rt]),
             "sim_mttr_ms": _mean(sim_mttr),
             "runtime_first_answer_ms": _mean([a["first_answer_ms"] for a in rt]),
             "sim_first_answer_ms": _mean(sim_first),

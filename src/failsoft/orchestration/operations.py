@@ -163,7 +163,8 @@ class Operations:
         self._publish()
         self._failover_event(
             op.app, kind.value, op.detected_at, now,
-            load_ms=info.get("load_ms"), final_variant=action.final_variant, final_server=action.server,
+            load_ms=info.get("load_ms"), load_cpu_ms=info.get("load_cpu_ms"),
+            final_variant=action.final_variant, final_server=action.server,
         )  # fmt: skip
         self._leave_group(op, now)
         if rec.final is None or rec.final == stand_in:

@@ -90,6 +90,7 @@ class _Held:
     memory_mb: float
     load_ms: float
     queue: ServingQueue
+    load_cpu_ms: float = 0.0  # the loading thread's own CPU time: load_ms minus it is waiting for a core
 
 
 class Agent:
@@ -167,7 +168,7 @@ class Agent:
         started = time.perf_counter()
         try:
             nice = BACKGROUND_NICE if background else LOAD_NICE
-            model, service = _run_at_priority(nice, self._read, family, profile)
+            model, service, cpu_ms = _run_at_priority(nice, self._read, family, profile)
             queue = self._serving_queue(f"{self.server.name}/{app}/{variant}", model, service)
         except BaseException:
             with self._lock:
@@ -177,21 +178,24 @@ class Agent:
         load_ms = (time.perf_counter() - started) * 1000.0
         with self._lock:
             self._reserved_mb -= memory
-            self._held[key] = _Held(model, memory, load_ms, queue)
+            self._held[key] = _Held(model, memory, load_ms, queue, cpu_ms)
             self._loads_total += 1
             self._loading.pop(key).set()
         return self._describe(key, cached=False)
 
-    def _read(self, family: str, profile: Variant) -> tuple[Any, ServiceModel]:
+    def _read(self, family: str, profile: Variant) -> tuple[Any, ServiceModel, float]:
         """Disk to a warm model: loaded, and answering at its usual speed at every batch size it
-        will serve. Returns the model and its service time, calibrated by the warm-up."""
+        will serve. Returns the model, its service time calibrated by the warm-up, and the CPU
+        milliseconds this thread spent (torch runs one thread per agent: its compute is counted)."""
+        cpu_started = time.thread_time()
         if self._slow_load_s > 0:  # injected: a slow disk or a remote repository
             time.sleep(self._slow_load_s)
         device = None if self.spec.device == "auto" else self.spec.device
         model = self._repo.load(family, profile.name, device)
         service = ServiceModel(profile)
         sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
-        return model, calibrated(service, warm_up(model.predict, model.input_shape, sizes))
+        service = calibrated(service, warm_up(model.predict, model.input_shape, sizes))
+        return model, service, (time.thread_time() - cpu_started) * 1000.0
 
     def _serving_queue(self, name: str, model: Any, service: ServiceModel) -> ServingQueue:
         params = self.spec.queue
@@ -246,6 +250,7 @@ class Agent:
             "variant": key[1],
             "server": self.server.name,
             "load_ms": 0.0 if cached else held.load_ms,
+            "load_cpu_ms": 0.0 if cached else held.load_cpu_ms,
             "cached": cached,
             "memory_mb": held.memory_mb,
             "input_shape": list(m.input_shape),
