@@ -330,8 +330,9 @@ class CodedDispatcher(Dispatcher):
             progress = tracker.failed(index)
         else:
             group.variants[index] = answer.variant
+            output = np.asarray(answer.outputs)  # the transport's copy, not the decoder's work
             started = time.perf_counter()
-            progress = tracker.answered(index, np.asarray(answer.outputs))
+            progress = tracker.answered(index, output)
             if progress.decoded:
                 self.timings_us["decode"].append((time.perf_counter() - started) * 1e6)
         self._apply(group, progress)
