@@ -62,3 +62,19 @@ def test_targets_compare_parm_with_equal_resources():
     assert met["p999_below_er_pct"] == 40.0 and met["p999_at_least_35pct_below_er"]
     assert met["median_within_10pct_of_er"] and met["encode_le_50us"] and not met["decode_le_10us"]
     assert met["failover_outage_p50_le_20ms"] and met["failover_zero_failed"]
+
+
+def test_a_model_of_another_input_shape_gets_seeded_random_images_and_no_accuracy():
+    from dataclasses import replace
+
+    from failsoft.bench.coding import _accuracy, _queries
+
+    _, plan = _bench_config(EXAMPLE.parent / "coded-resnet18.yaml", CodingBenchSettings())
+    images, labels = _queries(replace(plan, input_shape=(3, 224, 224)))
+    again, _ = _queries(replace(plan, input_shape=(3, 224, 224)))
+    assert images.shape == (64, 3, 224, 224) and labels is None and (images == again).all()
+    digits, digit_labels = _queries(plan)  # the default shape: held-out digits with labels
+    assert digits.shape[1:] == (64,) and digit_labels is not None and len(digit_labels) == len(digits)
+    unlabelled = [Shot(0.0, 1.0, True, correct=None), Shot(0.0, 1.0, True, correct=None)]
+    assert _accuracy(unlabelled) is None
+    assert _accuracy([*unlabelled, Shot(0.0, 1.0, True, correct=True)]) == 1.0

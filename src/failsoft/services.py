@@ -69,6 +69,9 @@ class CodedParams:
     Members: the ``k`` data instances first, then the ``r`` parity instances. The ``add`` encoder sums
     the queries (k in 2..4); ``concat`` tiles k images into one (k of 2 or 4, the paper's layouts).
     A group waits at most ``fill_timeout_ms`` for its k-th query, so a lone query is never held.
+    ``fill``: ``rate`` (the default) waits the time in which the k-th query arrives with probability
+    0.99 at the measured arrival rate, capped at ``fill_timeout_ms``; ``fixed`` waits
+    ``fill_timeout_ms`` (``failsoft.policies.coding.fill``).
     """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
@@ -76,12 +79,15 @@ class CodedParams:
     k: Annotated[int, Ge(2), Le(4)] = 2
     r: Annotated[int, Ge(1), Le(4)] = 1
     encoder: Literal["add", "concat"] = "add"
-    fill_timeout_ms: Annotated[float, Gt(0), Le(10_000)] = 10.0
+    fill_timeout_ms: Annotated[float, Gt(0), Le(10_000)] = 100.0
+    fill: Literal["rate", "fixed"] = "rate"
 
     def __post_init__(self) -> None:
         check_bounds(self)
         if self.encoder not in ("add", "concat"):
             raise ValueError(f"CodedParams.encoder must be 'add' or 'concat'; got {self.encoder!r}")
+        if self.fill not in ("rate", "fixed"):
+            raise ValueError(f"CodedParams.fill must be 'rate' or 'fixed'; got {self.fill!r}")
         if self.encoder == "concat" and self.k not in (2, 4):
             raise ValueError(f"CodedParams: the concat encoder takes k of 2 or 4; got k={self.k}")
 

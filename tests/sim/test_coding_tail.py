@@ -116,3 +116,16 @@ def test_cli_quick_writes_csv_summary_and_figure(tmp_path) -> None:
     assert (out / "coding-tail.png").stat().st_size > 0
     header = (out / "results.csv").read_text().splitlines()[0].split(",")
     assert {"policy", "latency_p50_ms", "latency_p999_ms", "reconstructed_fraction"} <= set(header)
+
+
+def test_the_rate_fill_timeout_codes_the_groups_a_fixed_10_ms_leaves_uncoded() -> None:
+    # the CPU cluster's lowest rate (120 qps, 8.3 ms between queries) and k = 4 at 270 qps: the
+    # runtime's rate policy (the same GroupFormer) codes about 99 % of groups, within its 100 ms cap
+    for point in (points("fig9b")[0], replace(GPU_270, k=4)):
+        rate, _ = simulate_point(point, "parm", 0, CFG, COSTS)
+        fixed, _ = simulate_point(point, "parm", 0, replace(CFG, fill="fixed", fill_timeout_ms=10.0), COSTS)
+        share = rate["partial_groups"] / (rate["partial_groups"] + rate["complete_groups"])
+        before = fixed["partial_groups"] / (fixed["partial_groups"] + fixed["complete_groups"])
+        assert share < 0.03 and before > 0.2, (point, share, before)
+        assert rate["max_group_wait_ms"] <= CFG.fill_timeout_ms
+        assert rate["reconstructed_fraction"] > fixed["reconstructed_fraction"]

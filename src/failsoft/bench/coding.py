@@ -47,6 +47,8 @@ import yaml
 from failsoft.errors import ConfigError, FailsoftError
 
 POLICIES = ("parm", "equal-resources", "none")
+DIGITS_SHAPE = (64,)  # the digits families' input: held-out digits with labels; any other: images
+IMAGES = 64  # seeded random images sent to a model of another input shape (no labels)
 Progress = Callable[[str], None]
 
 
@@ -97,6 +99,7 @@ class _Plan:
     r: int
     servers: tuple[str, ...]  # each member's server, in member order
     er_apps: tuple[str, ...]
+    input_shape: tuple[int, ...] = DIGITS_SHAPE  # one query's shape, as the gateway serves it
 
 
 def run(
@@ -119,7 +122,9 @@ def run(
             client = Client(url, token=token, timeout=20.0)
             try:
                 _wait_home(client)
+                plan = replace(plan, input_shape=_input_shape(client, plan.er_apps[0]))
                 result: dict[str, Any] = {"config": str(path), "settings": asdict(settings)}
+                result["load"] = _load_description(plan)
                 result["stragglers"] = {
                     "how": (
                         f"every {settings.shuffle_s} s one of the servers {sorted(set(plan.servers))} "
@@ -239,6 +244,32 @@ class _quiet:
         return kind is not None and issubclass(kind, FailsoftError)
 
 
+def _input_shape(client: Any, app: str) -> tuple[int, ...]:
+    """One query's shape, from the gateway's model metadata (KServe v2)."""
+    shape = client.model(app)["inputs"][0]["shape"]
+    return tuple(int(d) for d in shape[1:])
+
+
+def _load_description(plan: _Plan) -> str:
+    if plan.input_shape == DIGITS_SHAPE:
+        return "held-out digits (the zoo's test split) with their labels"
+    return (
+        f"{IMAGES} seeded random float32 inputs of shape {list(plan.input_shape)} (no labels: accuracy is "
+        "not measured; for latency work, e.g. random-weight ResNet-18 parity models)"
+    )
+
+
+def _queries(plan: _Plan) -> tuple[np.ndarray, np.ndarray | None]:
+    """The inputs the load draws from, and their labels (digits) or None."""
+    if plan.input_shape == DIGITS_SHAPE:
+        from failsoft.zoo.digits import load_digits_split
+
+        split = load_digits_split()
+        return np.asarray(split.x_test, dtype=np.float32), np.asarray(split.y_test)
+    images = np.random.default_rng(0).standard_normal((IMAGES, *plan.input_shape), dtype=np.float32)
+    return images, None
+
+
 def _coding(client: Any, service: str) -> dict[str, Any]:
     for entry in client.repository_index():
         if entry["name"] == service:
@@ -259,9 +290,8 @@ async def _drive(
     """Open-loop Poisson load on ``targets`` (the one with fewest in flight) until the duration ends
     or ``until`` is set; with ``stragglers``, the shuffled slowdowns run meanwhile."""
     from failsoft.client import AsyncClient
-    from failsoft.zoo.digits import load_digits_split
 
-    split = load_digits_split()
+    inputs, labels = _queries(plan)
     rng = np.random.default_rng(settings.seed)
     client = AsyncClient(url, timeout=settings.timeout_s, token=token, max_connections=settings.max_in_flight)
     in_flight = dict.fromkeys(targets, 0)
@@ -275,9 +305,9 @@ async def _drive(
         sent = time.time()
         began = time.perf_counter()
         try:
-            result = await client.infer(target, split.x_test[i : i + 1], timeout=settings.timeout_s)
+            result = await client.infer(target, inputs[i : i + 1], timeout=settings.timeout_s)
             ms = (time.perf_counter() - began) * 1000
-            correct = bool(int(result.predictions[0]) == int(split.y_test[i]))
+            correct = None if labels is None else bool(int(result.predictions[0]) == int(labels[i]))
             shots.append(Shot(sent, ms, True, bool(result.reconstructed), correct))
         except FailsoftError as exc:
             ms = (time.perf_counter() - began) * 1000
@@ -298,7 +328,7 @@ async def _drive(
             ties = [t for t in targets if in_flight[t] == fewest]
             target = ties[turn % len(ties)]
             turn += 1
-            task = asyncio.ensure_future(one(target, int(rng.integers(len(split.y_test)))))
+            task = asyncio.ensure_future(one(target, int(rng.integers(len(inputs)))))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
         stop.set()
@@ -408,6 +438,12 @@ async def _failover(
 
 
 # numbers -------------------------------------------------------------------------------------------
+def _accuracy(shots: Sequence[Shot]) -> float | None:
+    """Top-1 over the shots with a label (None without any: random images carry none)."""
+    marked = [s.correct for s in shots if s.correct is not None]
+    return round(float(np.mean(marked)), 4) if marked else None
+
+
 def _summary(shots: Sequence[Shot]) -> dict[str, Any]:
     ok = [s for s in shots if s.ok]
     latencies = np.array([s.latency_ms for s in ok]) if ok else np.array([np.nan])
@@ -419,8 +455,8 @@ def _summary(shots: Sequence[Shot]) -> dict[str, Any]:
             "p999": _round(np.percentile(latencies, 99.9)),
         },
         "reconstructed_fraction": round(len(rebuilt) / len(ok), 4) if ok else 0.0,
-        "accuracy": round(float(np.mean([s.correct for s in ok])), 4) if ok else None,
-        "degraded_accuracy": round(float(np.mean([s.correct for s in rebuilt])), 4) if rebuilt else None,
+        "accuracy": _accuracy(ok),
+        "degraded_accuracy": _accuracy(rebuilt),
         "requests": len(shots),
         "failed_requests": len(shots) - len(ok),
         "errors": sorted({s.error or "" for s in shots if not s.ok})[:3],

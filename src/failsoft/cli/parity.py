@@ -43,6 +43,13 @@ def train(
     device: Annotated[
         str | None, typer.Option(help="Device to profile on (default: cuda if available)")
     ] = None,
+    random_weights: Annotated[
+        bool,
+        typer.Option(
+            "--random-weights",
+            help="Store untrained parity models (random weights, any architecture) for latency work",
+        ),
+    ] = False,
 ) -> None:
     """Train, measure (degraded-mode accuracy) and store the r parity models of FAMILY/VARIANT."""
     from failsoft.policies.registry import get_encoder
@@ -58,6 +65,13 @@ def train(
     repo.config(family, variant)  # the deployed variant must exist
     training = ParityTraining(epochs=epochs, lr=lr, seed=seed)
     settings = QUICK if quick else ProfileSettings()
+    if random_weights:
+        from failsoft.zoo.parity import random_parity
+
+        codes = [ParityCode(family, variant, k, r, encoder, p) for p in range(r)]
+        models = [random_parity(repo, code, seed, profile, settings, device) for code in codes]
+        typer.echo(json.dumps({"root": str(repo.root), "parity_models": models}, indent=2))
+        return
     results = []
     for index in range(r):
         code = ParityCode(family, variant, k, r, encoder, index)

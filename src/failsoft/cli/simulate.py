@@ -61,6 +61,9 @@ def simulate(
     fill_timeout_ms: Annotated[
         float | None, typer.Option(help="coding-tail: ParM's group fill timeout (default: the service's)")
     ] = None,
+    fill: Annotated[
+        str | None, typer.Option(help="coding-tail: fill timeout policy, rate or fixed (default: rate)")
+    ] = None,
 ) -> None:
     """Run a FailLite experiment (Figs. 7-11, 13), Jellyfish's client sets or LUMEN's llm-recovery
     under every policy and seed; write CSV, JSON, PNG."""
@@ -68,7 +71,7 @@ def simulate(
         _jellyfish(out, seeds or 1, policy)
         return
     if experiment == "coding-tail":
-        _coding_tail(out, seeds or 1, policy, quick, slowdown, fill_timeout_ms)
+        _coding_tail(out, seeds or 1, policy, quick, slowdown, fill_timeout_ms, fill)
         return
     if experiment in _LLM_EXPERIMENTS:
         from failsoft.cli.simulate_llm import simulate_llm
@@ -185,6 +188,7 @@ def _coding_tail(
     quick: bool,
     slowdown: float,
     fill_timeout_ms: float | None,
+    fill: str | None = None,
 ) -> None:
     """ParM's tail-latency figures: ParM, Equal-Resources, no redundancy (failsoft.sim.coding_tail)."""
     from failsoft.sim import coding_tail as ct
@@ -196,6 +200,12 @@ def _coding_tail(
     changes: dict[str, Any] = {"slowdown_per_shuffle": slowdown}
     if fill_timeout_ms is not None:
         changes["fill_timeout_ms"] = fill_timeout_ms
+    if fill is not None:
+        from failsoft.policies.coding.fill import FILL_POLICIES
+
+        if fill not in FILL_POLICIES:
+            raise ConfigError(f"--fill must be one of {', '.join(FILL_POLICIES)}; got {fill!r}")
+        changes["fill"] = fill
     cfg = dataclasses.replace(ct.QUICK if quick else ct.CodingTailConfig(), **changes)
     sweep = ct.Sweep(policies=chosen, seeds=seeds, rates_per_figure=2 if quick else None)
     started = time.perf_counter()

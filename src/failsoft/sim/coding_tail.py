@@ -102,6 +102,7 @@ class CodingTailConfig:
     slowdown_per_shuffle: float = 1.0
     shuffle_mb: tuple[float, float] = (128.0, 256.0)
     fill_timeout_ms: float = CodedParams().fill_timeout_ms
+    fill: str = CodedParams().fill
 
     def __post_init__(self) -> None:
         if self.queries <= self.warmup_queries or self.warmup_queries < 0:
@@ -374,7 +375,8 @@ def _arrivals(run: _Run) -> Any:
             if slot.index == 0:
                 run.trackers[slot.group] = AnswerTracker(decoder)
                 run.members[slot.group] = []
-                _after(run, former.fill_timeout_s, lambda: _poll(run))
+                due = former.next_timeout_s()
+                _after(run, max((due or env.now) - env.now, 0.0), lambda: _poll(run))
             run.members[slot.group].append(query)
             run.put("data", _Task(query, slot.group, slot.index))
             _close(run, closed)
@@ -420,7 +422,7 @@ def simulate_point(
     run.queues = {"data": [], "parity": []}
     run.idle = {"data": [], "parity": []}
     if policy == "parm":
-        run.former = GroupFormer(point.k, cfg.fill_timeout_ms)
+        run.former = GroupFormer(point.k, cfg.fill_timeout_ms, cfg.fill)
         run.decoder = registry.get_decoder(point.k, 1)  # stateless: one for every group's tracker
     run.workers = [
         env.process(_worker(run, i, "data" if i < data else "parity")) for i in range(data + parity)

@@ -200,12 +200,78 @@ def train_parity(
     return ParityResult(code, measured, train_s, epochs, stored["config"].weights_sha256, profile)
 
 
+def random_parity(
+    repo: ModelRepository,
+    code: ParityCode,
+    seed: int = 0,
+    profile: bool = True,
+    settings: ProfileSettings | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Store a parity model with the deployed architecture and *random* weights, for latency work.
+
+    The paper's latency experiments (section 6.1) serve ResNet-18 deployed and parity models: what
+    they measure is time, which a parity model's weights do not change (same architecture, same
+    work). Training a ResNet-18 parity model on ImageNet is out of reach here, so, like any
+    ImageNet variant of the zoo, it is built from its config with random weights (section 5.1's
+    initialisation, seed ``seed + index``). Its stored accuracy is the default-prediction bound
+    (1 / classes, what a decoded answer of random weights is worth), ``declared``, with
+    ``random_weights: true`` in its detail and in its ``parity`` block; ``check_parity`` accepts it
+    for its deployed variant, k, r, encoder and index like a trained one.
+    """
+    from failsoft.zoo.build import install_variant
+    from failsoft.zoo.network import build_network
+    from failsoft.zoo.profiler import profile_variant
+    from failsoft.zoo.train import deterministic
+
+    if code.family.endswith(PARITY_SUFFIX):
+        raise ConfigError(f"{code.family}/{code.variant} is itself a parity model")
+    deployed = repo.config(code.family, code.variant)
+    get_encoder(code.encoder, code.k, code.r, deployed.input_shape)  # the encoder fits the input
+    with deterministic(seed + code.index):
+        module, _ = build_network(deployed)
+        _paper_init(module)
+    module.eval()
+    default = 1.0 / max(deployed.num_classes, 1)
+    accuracy = Accuracy(
+        default,
+        "declared",
+        {
+            "metric": "random weights for latency work (paper 6.1): the default bound, 1 / classes",
+            "random_weights": True,
+            "seed": seed + code.index,
+        },
+    )
+    stored: dict[str, VariantConfig] = {}
+
+    def write(target: Path) -> None:
+        stored["config"] = _store_module(target, code, deployed, module, accuracy, random_weights=True)
+
+    install_variant(repo, code.parity_family, code.parity_variant, write)
+    if profile:
+        profile_variant(repo, code.parity_family, code.parity_variant, settings, device)
+    return {
+        "family": code.parity_family,
+        "variant": code.parity_variant,
+        "deployed": f"{code.family}/{code.variant}",
+        "k": code.k,
+        "r": code.r,
+        "encoder": code.encoder,
+        "index": code.index,
+        "random_weights": True,
+        "parameters": stored["config"].parameters,
+        "default_accuracy": round(default, 4),
+        "profiled": profile,
+    }
+
+
 def _deployed_config(repo: ModelRepository, code: ParityCode) -> VariantConfig:
     deployed = repo.config(code.family, code.variant)
     if deployed.arch not in ("digits_mlp", "digits_cnn"):
         raise ConfigError(
             f"parity models are trained on the digits families; {code.family}/{code.variant} is "
-            f"{deployed.arch!r} (random-weight parity models for latency work come with the coded dispatcher)"
+            f"{deployed.arch!r}: store a random-weight parity model for latency work instead "
+            "(failsoft parity train ... --random-weights)"
         )
     if code.family.endswith(PARITY_SUFFIX):
         raise ConfigError(f"{code.family}/{code.variant} is itself a parity model")
@@ -357,12 +423,6 @@ def _store(
     measured: DegradedAccuracy,
     training: ParityTraining,
 ) -> VariantConfig:
-    from failsoft.zoo.build import store_variant
-    from failsoft.zoo.catalog import FamilySpec, VariantSpec
-
-    architecture = dict(deployed.architecture)
-    fam = FamilySpec(code.parity_family, "trained", f"ParM parity models of {code.family}")
-    var = VariantSpec(code.parity_variant, deployed.arch, lambda: dict(architecture))
     detail = asdict(measured) | {
         "metric": "degraded-mode top-1: decoded argmax == label, each member of a group unavailable in turn",
         "n_test": len(load_digits_split().y_test),
@@ -370,10 +430,27 @@ def _store(
         "training": asdict(training) | {"groups_per_batch": training.groups_per_batch(code.k)},
         "source": SOURCE,
     }
-    config = store_variant(
-        target, fam, var, module, architecture, Accuracy(measured.degraded, "measured", detail)
-    )
-    block = {
+    return _store_module(target, code, deployed, module, Accuracy(measured.degraded, "measured", detail))
+
+
+def _store_module(
+    target: Path,
+    code: ParityCode,
+    deployed: VariantConfig,
+    module: torch.nn.Module,
+    accuracy: Accuracy,
+    random_weights: bool = False,
+) -> VariantConfig:
+    """Write a parity model: the deployed architecture, its weights, and the ``parity`` block."""
+    from failsoft.zoo.build import store_variant
+    from failsoft.zoo.catalog import FamilySpec, VariantSpec
+
+    architecture = dict(deployed.architecture)
+    kind: Literal["trained", "declared"] = "declared" if random_weights else "trained"
+    fam = FamilySpec(code.parity_family, kind, f"ParM parity models of {code.family}")
+    var = VariantSpec(code.parity_variant, deployed.arch, lambda: dict(architecture))
+    config = store_variant(target, fam, var, module, architecture, accuracy)
+    block: dict[str, Any] = {
         "deployed": {
             "family": code.family,
             "variant": code.variant,
@@ -387,6 +464,8 @@ def _store(
         .coefficients[code.index]
         .tolist(),
     }
+    if random_weights:
+        block["random_weights"] = True
     write_json(target / CONFIG_FILE, config.to_dict() | {"parity": block})
     return config
 

@@ -81,6 +81,26 @@ def test_first_k_of_k_plus_1_decodes_the_straggler_and_cancels_it():
     assert tracker.answered(1, outs[1]) == type(progress)(done=True)  # a late original changes nothing
 
 
+def test_the_decoder_runs_only_once_k_answers_are_present_and_decodes_exactly():
+    class Counting(type(get_decoder(3, 2))):  # the registry's linear decoder, counting its calls
+        calls = 0
+
+        def decode(self, available):
+            Counting.calls += 1
+            return super().decode(available)
+
+    outs = outputs(3, 2)
+    tracker = AnswerTracker(Counting(3, 2))
+    assert tracker.answered(np.int64(4), outs[4]).decoded == {}  # numpy integers are member indices too
+    assert tracker.answered(1, outs[1]).decoded == {} and Counting.calls == 0
+    progress = tracker.answered(3, outs[3])  # the third answer of k = 3: members 0 and 2 decoded
+    assert Counting.calls == 1 and progress.done and progress.cancel == (0, 2)
+    for j in (0, 2):
+        np.testing.assert_allclose(progress.decoded[j], outs[j], atol=1e-4)
+    with pytest.raises(ConfigError, match="got True"):
+        AnswerTracker(Counting(3, 2)).answered(True, outs[0])  # type: ignore[arg-type]
+
+
 def test_all_data_answers_first_cancel_the_parity():
     outs = outputs(3, 1)
     tracker = AnswerTracker(get_decoder(3, 1))
@@ -127,14 +147,15 @@ def test_too_many_losses_are_unrecoverable_and_cancel_the_parities():
     k=st.integers(2, 4),
     gaps_ms=st.lists(st.floats(0, 30, allow_nan=False), min_size=1, max_size=40),
     timeout_ms=st.floats(1, 20),
+    fill=st.sampled_from(["fixed", "rate"]),
 )
 def test_every_query_lands_in_one_group_in_arrival_order_and_none_waits_past_the_timeout(
-    k, gaps_ms, timeout_ms
+    k, gaps_ms, timeout_ms, fill
 ):
     """Driven as a gateway would (poll at each due timeout, join on each arrival): each query is in
     exactly one group, groups keep arrival order, complete ones hold k, and no group is released
-    later than its fill timeout."""
-    former = GroupFormer(k, timeout_ms)
+    later than its fill timeout (the cap, under either fill policy)."""
+    former = GroupFormer(k, timeout_ms, fill)
     closed: list = []
     now = 0.0
     for key, gap in enumerate(gaps_ms):

@@ -209,3 +209,19 @@ async def test_a_lone_query_of_a_killed_member_is_served_by_another_data_member_
         late, _ = rig.send(1.0)  # d0 already known failing: the next lone query falls back too
         await rig.clock.run_for(0.021)
         assert late.result().server == "s-d1"
+
+
+@sync
+async def test_a_query_goes_to_the_data_member_with_fewest_calls_in_flight_not_always_its_slot():
+    async with rigged(fill_timeout_ms=100.0) as rig:
+        rig.agents["s-d0"].latency_s = 1.0  # busy with a long call
+        rig.agents["s-p0"].latency_s = 1.0  # and no parity answer to decode it from soon
+        (t1, _), (t2, _) = rig.send(1.0), rig.send(1.0)
+        await rig.clock.run_for(0.02)
+        assert t2.done() and not t1.done()
+        t3, x3 = rig.send(1.0)  # slot 0 of the next group: d0 has a call in flight, d1 none
+        await rig.clock.run_for(0.02)
+        assert rig.calls("s-d0") == ["r1#d#1"] and rig.calls("s-d1") == ["r2#d#1", "r3#d#1"]
+        answer = t3.result()
+        assert answer.server == "s-d1" and not answer.reconstructed
+        np.testing.assert_allclose(answer.outputs, x3 @ WEIGHTS, rtol=1e-5)

@@ -5,7 +5,10 @@ them; a group is complete at k queries. As in the paper, a data query is never d
 the caller dispatches it to its data instance as soon as it joins (its :class:`Slot` says which
 group and member index it has), and only the parity queries wait for the group to fill. The public
 code (Clipper's ``ModelQueue``) waits for the k-th query without bound; failsoft closes a group that
-has waited ``fill_timeout_ms`` (``CodedParams``) since its first query. **A partial group is
+has waited its fill timeout since its first query: with the ``rate`` policy (the default of a coded
+service, :mod:`failsoft.policies.coding.fill`) the time in which k - 1 more queries arrive with
+probability 0.99 at the current arrival rate, at most ``fill_timeout_ms`` (``CodedParams``); with
+``fixed``, ``fill_timeout_ms`` itself. The timeout is set when the group opens. **A partial group is
 released uncoded**: its queries were dispatched already and are answered by their data instances
 alone; no parity query is made (the parity models are trained on k-query parities only, so a
 zero-padded parity would be out of their training distribution) and no reconstruction is possible
@@ -35,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from failsoft.errors import ConfigError
+from failsoft.policies.coding.fill import FillTimeout
 from failsoft.policies.coding.interface import Decoder, check_code, check_member
 
 
@@ -63,26 +67,33 @@ class _Open:
     id: int
     shape: Hashable
     opened_s: float
+    due_s: float
     keys: list[Any] = field(default_factory=list)
 
 
 class GroupFormer:
-    """Queries in arrival order into groups of k, a partial group released after ``fill_timeout_ms``."""
+    """Queries in arrival order into groups of k, a partial group released at its fill timeout.
 
-    def __init__(self, k: int, fill_timeout_ms: float) -> None:
+    ``fill``: ``"fixed"`` (every group waits ``fill_timeout_ms``) or ``"rate"`` (at most that long,
+    less at higher arrival rates: :class:`~failsoft.policies.coding.fill.FillTimeout`).
+    """
+
+    def __init__(self, k: int, fill_timeout_ms: float, fill: str = "fixed") -> None:
         self.k, _ = check_code(k, 1)
         if not (isinstance(fill_timeout_ms, (int, float)) and 0 < fill_timeout_ms <= 10_000):
             raise ConfigError(f"fill_timeout_ms must be in (0, 10000]; got {fill_timeout_ms!r}")
-        self.fill_timeout_s = float(fill_timeout_ms) / 1000.0
+        self.fill_timeout_s = float(fill_timeout_ms) / 1000.0  # the longest any group waits
+        self.fill = FillTimeout(self.k, fill_timeout_ms, fill)
         self._open: dict[Hashable, _Open] = {}
         self._next_id = 0
 
     def join(self, key: Any, now_s: float, shape: Hashable = None) -> tuple[Slot, tuple[Group, ...]]:
         """Place query ``key``; returns its slot and the groups this closes (timed-out ones first)."""
         closed = list(self.poll(now_s))
+        self.fill.arrived(now_s)
         group = self._open.get(shape)
         if group is None:
-            group = self._open[shape] = _Open(self._next_id, shape, now_s)
+            group = self._open[shape] = _Open(self._next_id, shape, now_s, now_s + self.fill.timeout_s())
             self._next_id += 1
         group.keys.append(key)
         slot = Slot(group.id, len(group.keys) - 1)
@@ -92,7 +103,7 @@ class GroupFormer:
 
     def poll(self, now_s: float) -> tuple[Group, ...]:
         """The open groups whose fill timeout has passed by ``now_s``, released uncoded."""
-        due = [g for g in self._open.values() if now_s >= g.opened_s + self.fill_timeout_s]
+        due = [g for g in self._open.values() if now_s >= g.due_s]
         return tuple(self._close(g, now_s, complete=False) for g in sorted(due, key=lambda g: g.id))
 
     def flush(self, now_s: float) -> tuple[Group, ...]:
@@ -105,7 +116,7 @@ class GroupFormer:
         """When the oldest open group times out; ``None`` when no group is open."""
         if not self._open:
             return None
-        return min(g.opened_s for g in self._open.values()) + self.fill_timeout_s
+        return min(g.due_s for g in self._open.values())
 
     @property
     def waiting(self) -> int:
@@ -132,8 +143,16 @@ class Progress:
     unrecoverable: tuple[int, ...] = ()
 
 
+_NOTHING = Progress()  # a report that changed nothing (shared; never written to)
+
+
 class AnswerTracker:
-    """The answers of one complete coding group: decode from the first k of k+r, cancel the rest."""
+    """The answers of one complete coding group: decode from the first k of k+r, cancel the rest.
+
+    Lean per answer (it runs on the gateway's event loop for every answer): the decoder is called
+    only once k answers are present, and a report that changes nothing returns a shared empty
+    :class:`Progress`.
+    """
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
@@ -142,6 +161,7 @@ class AnswerTracker:
         self.lost: set[int] = set()
         self.reconstructed: dict[int, np.ndarray] = {}
         self.done = False
+        self._data = 0  # data answers present
 
     @property
     def pending(self) -> tuple[int, ...]:
@@ -150,10 +170,13 @@ class AnswerTracker:
 
     def answered(self, index: int, output: np.ndarray) -> Progress:
         """Member ``index`` answered. A data answer goes to its client at once (not through here)."""
-        self._check(index)
+        if not (type(index) is int and 0 <= index < self.k + self.r):
+            self._check(index)
         if self.done or index in self.outputs or index in self.lost:
             return Progress(done=self.done)
-        self.outputs[index] = np.asarray(output)
+        self.outputs[index] = output if isinstance(output, np.ndarray) else np.asarray(output)
+        if index < self.k:
+            self._data += 1
         return self._step()
 
     def failed(self, index: int) -> Progress:
@@ -165,21 +188,22 @@ class AnswerTracker:
         return self._step()
 
     def _step(self) -> Progress:
-        if all(i in self.outputs for i in range(self.k)):
+        if self._data == self.k:
             self.done = True
             return Progress(cancel=self.pending, done=True)
-        decoded = self.decoder.decode(self.outputs)
-        if decoded is not None:
-            self.reconstructed = decoded
-            self.done = True
-            return Progress(decoded=decoded, cancel=self.pending, done=True)
-        if len(self.outputs) + len(self.pending) < self.k:  # k answers can never be present
+        if len(self.outputs) >= self.k:
+            decoded = self.decoder.decode(self.outputs)
+            if decoded is not None:
+                self.reconstructed = decoded
+                self.done = True
+                return Progress(decoded=decoded, cancel=self.pending, done=True)
+        if self.lost and len(self.outputs) + len(self.pending) < self.k:  # k answers never present
             self.done = True
             gone = tuple(i for i in range(self.k) if i not in self.outputs and i in self.lost)
             return Progress(
                 cancel=tuple(i for i in self.pending if i >= self.k), done=True, unrecoverable=gone
             )
-        return Progress()
+        return _NOTHING
 
     def _check(self, index: int) -> None:
         check_member(index, self.k, self.r)

@@ -4,9 +4,12 @@ A coded service's members are k *data* apps serving the deployed model, then r *
 serving its parity models (:class:`~failsoft.services.CodedParams`). Per request:
 
 * the request joins a coding group in arrival order (:class:`~failsoft.policies.coding.groups.
-  GroupFormer`; one open group per batch shape) and is sent **at once** to the data member of its
-  slot: data query i goes to data member i, exactly as the ``single`` dispatcher would send it
-  (current route, retried on a newer route until the deadline, withdrawn when no longer needed);
+  GroupFormer`; one open group per batch shape) and is sent **at once** to a data member, exactly
+  as the ``single`` dispatcher would send it (current route, retried on a newer route until the
+  deadline, withdrawn when no longer needed). The data members serve one model, so which one serves
+  a query does not matter to the code (its slot in the group does): as the paper's data instances
+  pull from one queue (section 6.2.1), the query goes to the healthy data member with the fewest
+  calls in flight, the member of its slot on a tie;
 * when the group's k-th query joins, the encoder (a pure policy) makes the r parity queries, sent to
   the r parity members; a group that has waited ``fill_timeout_ms`` (on the injected clock) since
   its first query is released *uncoded*: its queries are answered by their data members alone;
@@ -94,7 +97,8 @@ class _Query:
     """One request in a coding group: its own member call and the future its client awaits."""
 
     request: Request
-    index: int
+    index: int  # its slot in the group (the code's member index)
+    member: int  # the data member serving it
     result: asyncio.Future[Answer]
     own: asyncio.Task[Answer] | None = None
     fallen_back: bool = False
@@ -126,7 +130,7 @@ class CodedDispatcher(Dispatcher):
             for i, app in enumerate(service.members[: self.k])
         ]
         self.parity = [_Member(app, context, lambda: None) for app in service.members[self.k :]]
-        self.former = GroupFormer(self.k, params.fill_timeout_ms)
+        self.former = GroupFormer(self.k, params.fill_timeout_ms, params.fill)
         self.decoder = get_decoder(self.k, self.r)
         self.input_shape = context.input_shape(service.members[0])
         self._encoders: dict[tuple[int, ...], Encoder] = {}
@@ -134,6 +138,7 @@ class CodedDispatcher(Dispatcher):
         self._timer: asyncio.Task[None] | None = None
         self._expected: dict[int, str] = {}  # member index -> the variant its first answer came from
         self._down: dict[int, int] = {}  # data member -> requests reconstructed while it fails
+        self._in_flight = [0] * self.k  # calls of each data member not yet done
         self.counts = {"requests": 0, "coded_groups": 0, "uncoded_groups": 0, "reconstructed": 0}
         self.counts["reconstructed_during_failover"] = 0
         self.counts["served_by_another_member"] = 0  # uncoded queries of a failing member
@@ -174,10 +179,12 @@ class CodedDispatcher(Dispatcher):
         group = self._groups.get(slot.group)
         if group is None:
             group = self._groups[slot.group] = _Group(slot.group, tracker=AnswerTracker(self.decoder))
-        query = _Query(request, slot.index, asyncio.get_running_loop().create_future())
+        member = self._least_busy(slot.index)
+        query = _Query(request, slot.index, member, asyncio.get_running_loop().create_future())
         query.result.add_done_callback(_retrieved)
         group.queries[slot.index] = query
-        query.own = asyncio.ensure_future(self.data[slot.index].dispatch(_member_request(request, "d")))
+        self._in_flight[member] += 1
+        query.own = asyncio.ensure_future(self.data[member].dispatch(_member_request(request, "d")))
         query.own.add_done_callback(functools.partial(self._own_done, group, query))
         for done in closed:
             self._closed(done)
@@ -187,6 +194,18 @@ class CodedDispatcher(Dispatcher):
         except asyncio.CancelledError:  # the client left: withdraw its own call
             query.own.cancel()
             raise
+
+    def _least_busy(self, index: int) -> int:
+        """The healthy data member with the fewest calls in flight (member ``index`` on a tie)."""
+        best, best_load = index, None
+        for step in range(self.k):
+            i = (index + step) % self.k
+            member = self.data[i]
+            if member.failing or not member.ready():
+                continue
+            if best_load is None or self._in_flight[i] < best_load:
+                best, best_load = i, self._in_flight[i]
+        return best
 
     # groups ------------------------------------------------------------------------------------------
     def _checked(self, batch: Any) -> np.ndarray:
@@ -247,15 +266,17 @@ class CodedDispatcher(Dispatcher):
     def _member_failing(self, index: int) -> None:
         """Data member ``index`` failed a call: its queries in uncoded groups go to another member."""
         for group in list(self._groups.values()):
-            if group.closed and group.tracker is None and index in group.queries:
-                self._fall_back(group.queries[index])
+            if group.closed and group.tracker is None:
+                for query in group.queries.values():
+                    if query.member == index:
+                        self._fall_back(query)
 
     def _fall_back(self, query: _Query) -> None:
         """A query of an uncoded group whose member is failing: also sent to a healthy data member
         (every data member serves the same model); the first answer wins."""
-        if query.fallen_back or query.result.done() or not self.data[query.index].failing:
+        if query.fallen_back or query.result.done() or not self.data[query.member].failing:
             return
-        healthy = [m for i, m in enumerate(self.data) if i != query.index and not m.failing and m.ready()]
+        healthy = [m for i, m in enumerate(self.data) if i != query.member and not m.failing and m.ready()]
         if not healthy:
             return
         member = healthy[hash(query.request.request_id) % len(healthy)]
@@ -275,6 +296,7 @@ class CodedDispatcher(Dispatcher):
 
     # answers -----------------------------------------------------------------------------------------
     def _own_done(self, group: _Group, query: _Query, task: asyncio.Task[Answer]) -> None:
+        self._in_flight[query.member] -= 1
         if task.cancelled():
             self._forget_if_done(group)
             return
@@ -287,8 +309,8 @@ class CodedDispatcher(Dispatcher):
         answer = task.result()
         if not query.result.done():
             query.result.set_result(answer)
-        self.data[query.index].failed_route = None  # it answered: not failing
-        self._recovered(query.index)
+        self.data[query.member].failed_route = None  # it answered: not failing
+        self._recovered(query.member)
         self._feed(group, query.index, answer)
 
     def _parity_done(self, group: _Group, index: int, task: asyncio.Task[Answer]) -> None:
@@ -308,8 +330,9 @@ class CodedDispatcher(Dispatcher):
             progress = tracker.failed(index)
         else:
             group.variants[index] = answer.variant
+            output = np.asarray(answer.outputs)  # the transport's copy, not the decoder's work
             started = time.perf_counter()
-            progress = tracker.answered(index, np.asarray(answer.outputs))
+            progress = tracker.answered(index, output)
             if progress.decoded:
                 self.timings_us["decode"].append((time.perf_counter() - started) * 1e6)
         self._apply(group, progress)
@@ -333,13 +356,14 @@ class CodedDispatcher(Dispatcher):
 
     def _reconstructed(self, group: _Group, index: int, output: np.ndarray) -> Answer:
         self.counts["reconstructed"] += 1
-        member = self.data[index]
+        serving = group.queries[index].member
+        member = self.data[serving]
         if member.failing or not member.ready():
             self.counts["reconstructed_during_failover"] += 1
-            count = self._down.get(index, 0)
+            count = self._down.get(serving, 0)
             if count == 0:
-                self._event("coded_failover", index, "its requests are reconstructed from parity answers")
-            self._down[index] = count + 1
+                self._event("coded_failover", serving, "its requests are reconstructed from parity answers")
+            self._down[serving] = count + 1
         used = sorted(i for i in group.variants if i >= self.k)
         parity = self.parity[used[0] - self.k] if used else self.parity[0]
         route = parity.context.routes.route(parity.app)
