@@ -67,7 +67,7 @@ from failsoft.policies.coding.interface import Decoder
 from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
 from failsoft.profiles import load_profile_families
 from failsoft.services import CodedParams
-from failsoft.sim.output import output_dir, write_rows
+from failsoft.sim.output import write_experiment
 
 POLICIES = ("parm", "equal-resources", "none")
 FIGURES = ("fig9a", "fig9b", "fig10", "fig11")
@@ -535,15 +535,9 @@ def summarize(
 
 
 def write_outputs(rows: Sequence[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    csv_path, json_path, png_path = (
-        output_dir(out_dir) / "results.csv",
-        out_dir / "summary.json",
-        out_dir / "coding-tail.png",
-    )
-    write_rows(rows, list(rows[0]) if rows else ["figure"], csv_path)
-    json_path.write_text(json.dumps(summary, indent=2) + "\n")
-    _plot(summary, png_path)
-    return {"csv": str(csv_path), "summary": str(json_path), "figure": str(png_path)}
+    names = list(rows[0]) if rows else ["figure"]
+    plot = partial(_plot, summary)
+    return write_experiment(rows, names, summary, out_dir, "coding-tail.png", plot)
 
 
 STYLE = {

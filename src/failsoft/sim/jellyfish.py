@@ -26,7 +26,6 @@ ladder's profiled latencies, without noise.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -54,7 +53,7 @@ from failsoft.policies.adaptation.network import (
     server_deadline_s,
 )
 from failsoft.policies.queueing import Queued, QueueDiscipline, ServiceModel
-from failsoft.sim.output import output_dir, write_rows
+from failsoft.sim.output import write_experiment
 
 POLICIES = ("jellyfish", "edf-small", "edf-medium", "edf-large")
 TRACES = ("synthetic", "wifi", "lte")
@@ -323,15 +322,8 @@ def summarize(rows: Sequence[dict[str, Any]], cfg: JellyfishSimConfig) -> dict[s
 
 
 def write_outputs(rows: Sequence[dict[str, Any]], summary: dict[str, Any], out_dir: Path) -> dict[str, str]:
-    csv_path, json_path, png_path = (
-        output_dir(out_dir) / "results.csv",
-        out_dir / "summary.json",
-        out_dir / "jellyfish.png",
-    )
-    write_rows(rows, list(rows[0]) if rows else ["trace"], csv_path)
-    json_path.write_text(json.dumps(summary, indent=2))
-    _plot(summary, png_path)
-    return {"csv": str(csv_path), "summary": str(json_path), "figure": str(png_path)}
+    names = list(rows[0]) if rows else ["trace"]
+    return write_experiment(rows, names, summary, out_dir, "jellyfish.png", lambda path: _plot(summary, path))
 
 
 def _plot(summary: dict[str, Any], path: Path) -> None:

@@ -13,7 +13,7 @@ import csv
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +71,32 @@ def write_outputs(result: ExperimentResult, out_dir: Path) -> dict[str, str]:
     """Write the CSV, the summary and the figure into ``out_dir``; return their paths."""
     from failsoft.sim.figures import plot  # matplotlib only when a figure is drawn
 
-    csv_path = write_csv(result, output_dir(out_dir) / "results.csv")
+    return write_experiment(
+        result.rows,
+        columns(result.rows),
+        summary(result),
+        out_dir,
+        f"{result.experiment.name}.png",
+        lambda path: plot(result, path),
+    )
+
+
+def write_experiment(
+    rows: Sequence[dict[str, Any]],
+    names: Sequence[str],
+    summary_doc: dict[str, Any],
+    out_dir: Path,
+    figure: str,
+    plot: Callable[[Path], Any],
+) -> dict[str, str]:
+    """What every ``failsoft simulate`` experiment writes into ``out_dir``: ``results.csv`` (these
+    rows and columns), ``summary.json`` (strict JSON: NaN and infinities as null) and the figure
+    ``plot`` draws at ``out_dir / figure``. Returns the three paths."""
+    csv_path = write_rows(rows, names, output_dir(out_dir) / "results.csv")
     summary_path = out_dir / "summary.json"
-    summary_path.write_text(json.dumps(summary(result), indent=2, allow_nan=False) + "\n")
-    figure_path = plot(result, out_dir / f"{result.experiment.name}.png")
+    summary_path.write_text(json.dumps(_clean(summary_doc), indent=2, allow_nan=False) + "\n")
+    figure_path = out_dir / figure
+    plot(figure_path)
     return {"csv": str(csv_path), "summary": str(summary_path), "figure": str(figure_path)}
 
 

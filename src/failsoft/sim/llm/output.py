@@ -5,12 +5,11 @@ seeds; at 4 workers, LUMEN against each baseline beside the review's numbers) an
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
 from failsoft.sim.llm.experiment import LlmResult, headline
-from failsoft.sim.output import _clean, output_dir, write_rows
+from failsoft.sim.output import _clean, write_experiment
 from failsoft.sim.runner import aggregate
 
 
@@ -39,8 +38,11 @@ def write_llm_outputs(result: LlmResult, out_dir: Path) -> dict[str, str]:
     from failsoft.sim.llm.figure import plot_llm  # matplotlib only when a figure is drawn
 
     names = list(dict.fromkeys(k for row in result.rows for k in row))
-    csv_path = write_rows(result.rows, names, output_dir(out_dir) / "results.csv")
-    summary_path = out_dir / "summary.json"
-    summary_path.write_text(json.dumps(llm_summary(result), indent=2, allow_nan=False) + "\n")
-    figure = plot_llm(result, out_dir / f"{result.experiment.name}.png")
-    return {"csv": str(csv_path), "summary": str(summary_path), "figure": str(figure)}
+    return write_experiment(
+        result.rows,
+        names,
+        llm_summary(result),
+        out_dir,
+        f"{result.experiment.name}.png",
+        lambda path: plot_llm(result, path),
+    )
