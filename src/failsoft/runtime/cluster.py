@@ -445,9 +445,9 @@ class LlmWorkerRef(_ActorRef):
         return bool(await self._call("cancel", request_id, timeout_s=timeout_s))
 
     async def export_kv(
-        self, request_id: str, upto_tokens: int | None, timeout_s: float = 5.0
+        self, request_id: str, upto_tokens: int | None, from_start: bool = False, timeout_s: float = 5.0
     ) -> bytes | None:
-        out = await self._call("export_kv", request_id, upto_tokens, timeout_s=timeout_s)
+        out = await self._call("export_kv", request_id, upto_tokens, from_start, timeout_s=timeout_s)
         return None if out is None else bytes(out)
 
     async def hold(self, chunk: bytes, timeout_s: float = 5.0) -> int:

@@ -207,12 +207,15 @@ class LlmWorker:
             return cancelled
 
     # ------------------------------------------------------------------ KV checkpoints
-    def export_kv(self, request_id: str, upto_tokens: int | None) -> bytes | None:
-        """The full pages filled since the last export (None: none new, or the request is done)."""
+    def export_kv(self, request_id: str, upto_tokens: int | None, from_start: bool = False) -> bytes | None:
+        """The full pages filled since the last export (None: none new, or the request is done);
+        ``from_start``: every full page again (a new holder, the previous one lost them)."""
         with self._cond:
             req = self._tracked.get(request_id)
             if req is None or req.finished or req.state != "running":
                 return None
+            if from_start:
+                req.exported_pages = 0
             return self.engine.export_kv(request_id, upto_tokens)
 
     def hold(self, chunk: bytes) -> int:

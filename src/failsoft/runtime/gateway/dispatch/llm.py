@@ -217,6 +217,7 @@ class LlmDispatcher:
         the request."""
         kv_mb = tokens_so_far * self.kv_mb_per_token
         entry = self.ledger.get(rid)
+        placed = entry is None
         if entry is None:
             decision = self.policy.placement.choose(worker, kv_mb, self.view(), self.params)
             if decision.holder is None or self.ledger.assign(rid, worker, decision.holder, 0) is None:
@@ -225,7 +226,7 @@ class LlmDispatcher:
             assert entry is not None
         upto = self.ledger.extend(rid, tokens_so_far)
         try:
-            chunk = await self.workers[worker].export_kv(rid, upto)
+            chunk = await self.workers[worker].export_kv(rid, upto, placed)
         except ServerUnavailableError:
             return  # the worker died: the next poll sees it and recovers the request
         if chunk is None:
