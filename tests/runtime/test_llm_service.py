@@ -178,3 +178,9 @@ def test_worker_killed_mid_stream_every_stream_completes_identically(session: An
     assert sum(o["parameters"]["recoveries"] for o in outs) == stats.recovered
     assert victim in session.dispatcher.dead
     assert all(o["parameters"]["worker"] != victim for o in outs)
+    # stop-and-restart: a fresh process for the victim, routed to again
+    session.restart_worker(victim)
+    assert victim not in session.dispatcher.dead
+    assert session.load(victim)["pages_used"] == 0
+    with Client(session.url, timeout=120) as client:
+        assert client.generate("bytes", PROMPTS[2], **GREEDY)["text_output"] == reference[PROMPTS[2]]

@@ -126,6 +126,7 @@ class LlmSession:
         self.build = build
         self.cluster: Any = None
         self.workers: dict[str, Any] = {}
+        self._specs: dict[str, Any] = {}
         self.dispatcher: Any = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -164,6 +165,7 @@ class LlmSession:
                     e.max_batch,
                     e.torch_threads,
                 )
+                self._specs[name] = wspec
                 self.workers[name] = spawn_llm_worker(self.cluster, LlmWorker, spec.service.name, name, wspec)
             infos = {name: w.info_sync(timeout_s=300.0) for name, w in self.workers.items()}
             first = next(iter(infos.values()))
@@ -209,6 +211,28 @@ class LlmSession:
     def kill_worker(self, name: str) -> None:
         """Kill a worker's process for good (a failure: its engine and KV are gone)."""
         self.workers[name].kill()
+
+    def restart_worker(self, name: str, timeout_s: float = 120.0) -> float:
+        """Start a fresh process for a killed worker (stop-and-restart: the model is loaded again)
+        and let the gateway route to it once it has loaded; returns the model's load time in ms."""
+        from failsoft.runtime.cluster import spawn_llm_worker
+        from failsoft.runtime.llm_worker import LlmWorker
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ref = spawn_llm_worker(
+                    self.cluster, LlmWorker, self.config.spec.service.name, name, self._specs[name]
+                )
+                break
+            except ValueError:  # the dead actor still holds its name for a moment
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        info = ref.info_sync(timeout_s=timeout_s)
+        self.workers[name] = ref
+        self.dispatcher.revive(name, ref)
+        return float(info["load_ms"])
 
     def load(self, name: str) -> dict[str, Any]:
         return dict(self.workers[name].load_sync())

@@ -6,8 +6,9 @@
   brings tokens is yielded to the caller (the generate endpoints stream them as SSE events).
 * **KV checkpoints** (policy ``placement``, within ``checkpoint_budget_mb`` per holder by the
   :class:`~failsoft.policies.llm_recovery.CheckpointLedger`): once a request's first token is out,
-  a holder is chosen from the workers' loads; after each poll the pages its worker filled since
-  the last export are shipped to the holder (incrementally, up to what the ledger allows). A
+  a holder is chosen from the workers' loads; after a poll that brought tokens the pages its worker
+  filled since the last export are shipped to the holder (incrementally, up to what the ledger
+  allows), in a task beside the stream (one chunk in transit per request, so they arrive in order). A
   finished or abandoned request's checkpoint is dropped on its holder.
 * **Recovery**: when a worker dies under a request (its actor is gone), the policy's ``dispatch``
   routes it: to its checkpoint's holder, which restores the pages and recomputes only the tokens
@@ -55,6 +56,7 @@ class LlmStats:
     restored: int = 0
     recomputed_tokens: int = 0
     failed: int = 0
+    restore_refused: int = 0
     shipped_bytes: int = 0
 
 
@@ -86,6 +88,7 @@ class LlmDispatcher:
         self._outstanding = dict.fromkeys(self.workers, 0)
         self._ids = 0
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._shipping: dict[str, asyncio.Task[None]] = {}
         self.stats = LlmStats()
 
     # ------------------------------------------------------------------ routing
@@ -114,6 +117,12 @@ class LlmDispatcher:
             self.dead.add(worker)
             for request in self.ledger.lose_holder(worker):
                 log.info("checkpoint of %s lost with its holder %s", request, worker)
+
+    def revive(self, worker: str, ref: Any) -> None:
+        """A restarted ``worker`` (a fresh process: no request, no checkpoint) serves again."""
+        self.workers[worker] = ref
+        self._outstanding.setdefault(worker, 0)
+        self.dead.discard(worker)
 
     # ------------------------------------------------------------------ requests
     def check(self, prompt: Any, sampling: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
@@ -151,20 +160,27 @@ class LlmDispatcher:
         self._ids += 1
         rid = request_id or f"{self.service}-{self._ids}"
         started = time.perf_counter()
-        worker = self.pick()
         received: list[int] = []
         times: list[float] = []
         recoveries = 0
         finished = False
+        while True:  # a worker that died before anyone noticed: the next shortest queue
+            worker = self.pick()
+            try:
+                await self.workers[worker].submit(rid, tokens, fields)
+                break
+            except ServerUnavailableError:
+                self.mark_dead(worker)
         self._outstanding[worker] += 1
         try:
-            await self.workers[worker].submit(rid, tokens, fields)
             while True:
                 try:
                     got = await self.workers[worker].poll(rid, len(received), POLL_WAIT_S)
                 except ServerUnavailableError:
                     self.mark_dead(worker)
                     recoveries += 1
+                    self.stats.recovered += 1
+                    await self._shipped(rid)
                     old, worker = worker, await self._recover(rid, worker, tokens, received, fields)
                     self._outstanding[old] -= 1
                     self._outstanding[worker] += 1
@@ -193,8 +209,12 @@ class LlmDispatcher:
                         "output_tokens": len(received),
                     }
                     return
-                if new and self.policy.checkpoints:
-                    await self._ship(rid, worker, len(tokens) + len(received))
+                shipping = self._shipping.get(rid)
+                if new and self.policy.checkpoints and (shipping is None or shipping.done()):
+                    # off the stream's path: the next poll does not wait for the copy
+                    self._shipping[rid] = asyncio.get_running_loop().create_task(
+                        self._ship(rid, worker, len(tokens) + len(received))
+                    )
         finally:
             self._outstanding[worker] -= 1
             # in a task of its own: a client that left cancels this coroutine, and the web
@@ -208,7 +228,14 @@ class LlmDispatcher:
         client left) and its checkpoint on the holder."""
         if not finished:
             await self._abandon(rid, worker)
+        await self._shipped(rid)
         await self._drop_checkpoint(rid)
+
+    async def _shipped(self, rid: str) -> None:
+        """Wait for the request's chunk in transit (chunks are shipped one at a time, in order)."""
+        task = self._shipping.pop(rid, None)
+        if task is not None:
+            await asyncio.wait([task])
 
     # ------------------------------------------------------------------ checkpoints
     async def _ship(self, rid: str, worker: str, tokens_so_far: int) -> None:
@@ -284,7 +311,6 @@ class LlmDispatcher:
             raise NoRouteError(
                 f"llm service {self.service!r}: request {rid} lost its worker and none is alive"
             )
-        self.stats.recovered += 1
         everything = prompt + received
         if route.restore and entry is not None:
             try:
@@ -297,7 +323,8 @@ class LlmDispatcher:
             except ServerUnavailableError:
                 self.mark_dead(route.worker)
             except InvalidRequestError as exc:  # no usable checkpoint there after all: recompute
-                log.info("%s: restore on %s refused (%s); recomputing", rid, route.worker, exc)
+                self.stats.restore_refused += 1
+                log.warning("%s: restore on %s refused (%s); recomputing", rid, route.worker, exc)
             await self._drop_checkpoint(rid)
             return await self._recover(rid, failed, prompt, received, fields)
         await self._drop_checkpoint(rid)
