@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,6 +215,35 @@ class Client:
         extra = {"timeout": timeout + SLACK_S} if timeout else {}
         request = _request(array, timeout, request_id, classification)
         return _result(app, self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
+
+    def generate(self, model: str, text: str, **parameters: Any) -> dict[str, Any]:
+        """Triton's generate extension (an ``llm`` service): the whole ``text_output`` and its
+        ``parameters`` (worker, finish_reason, ttft_ms, tpot_ms, recoveries)."""
+        body = {"text_input": text, "parameters": parameters}
+        return _checked(self._send("POST", f"/v2/models/{model}/generate", json=body))
+
+    def generate_stream(
+        self, model: str, text: str, **parameters: Any
+    ) -> Generator[dict[str, Any], None, None]:
+        """The generation as it streams (Server-Sent Events): dicts with ``text_output`` (a chunk);
+        the last one also has ``parameters``. Leaving the loop early closes the stream, which frees
+        the request's KV on its worker. Bad input raises before the first chunk."""
+        body = {"text_input": text, "parameters": parameters}
+        try:
+            with self._http.stream("POST", f"/v2/models/{model}/generate_stream", json=body) as response:
+                if not response.is_success:
+                    response.read()
+                    _checked(response)
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        event = json.loads(line[5:])
+                        if "error" in event:
+                            raise ServingError(f"generation failed: {event['error']}")
+                        yield event
+        except httpx.TimeoutException as exc:
+            raise DeadlineExceededError(f"no answer from the gateway at {self.url}: {exc}") from exc
+        except httpx.TransportError as exc:
+            raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
 
     def live(self) -> bool:
         return self._send("GET", "/v2/health/live").is_success

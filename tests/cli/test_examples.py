@@ -67,8 +67,10 @@ def _families(cuda: bool) -> tuple[Family, ...]:
 
 
 @pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda"])
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_example_config_deploys_with_a_margin(path, cuda):
+@pytest.mark.parametrize(
+    "path", sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "llm.yaml"), ids=lambda p: p.name
+)
+def test_every_example_config_deploys_with_a_margin(path, cuda):  # llm.yaml: tests/runtime/test_config.py
     config = load_config(path)
     deployed = resolve(config, _families(cuda))
     assert {a.name for a in deployed.apps} == {a.name for a in config.apps}

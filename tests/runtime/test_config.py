@@ -119,10 +119,27 @@ def test_resolve_refuses_what_does_not_fit_or_does_not_exist():
         resolve(config_from_dict(data), [FAM])
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+LLM_EXAMPLES = ("llm.yaml",)  # LUMEN deployments: `failsoft llm serve`, their own schema
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in EXAMPLES.glob("*.yaml") if p.name not in LLM_EXAMPLES), ids=lambda p: p.name
+)
 def test_every_example_config_is_valid(path):
     cfg = load_config(path)
     assert cfg.servers and cfg.apps
+
+
+@pytest.mark.parametrize("name", LLM_EXAMPLES)
+def test_every_example_llm_config_is_valid(name):
+    from failsoft.runtime.llm_session import load_llm_config
+
+    cfg = load_llm_config(EXAMPLES / name)
+    assert cfg.workers and cfg.spec.service.policy == "lumen"
+    with pytest.raises(ConfigError, match="checkpoint_budget_mb"):
+        from failsoft.runtime.llm_session import llm_config_from_dict
+
+        llm_config_from_dict({"service": {"params": {"checkpoint_budget_mb": -1}}})
 
 
 def test_the_demo_serves_examples_edge_yaml():

@@ -117,3 +117,32 @@ def coding(
         seed=seed,
     )
     typer.echo(json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2))
+
+
+@app.command("llm")
+def llm(
+    config: Annotated[Path, typer.Argument(help="An llm deployment config, e.g. examples/llm.yaml")],
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy",
+            "-p",
+            help="llm_recovery policies (repeatable; default: lumen, fixed-checkpointing, stop-and-restart)",
+        ),
+    ] = None,
+    requests: Annotated[int, typer.Option(min=1, max=10_000, help="Requests replayed per policy")] = 40,
+    rate_rps: Annotated[float, typer.Option(min=0.1, max=1000, help="Mean arrival rate")] = 8.0,
+    kill_at_s: Annotated[float, typer.Option(min=0, max=600, help="When the busiest worker is killed")] = 2.0,
+    slow_ms: Annotated[float, typer.Option(min=0, max=10_000, help="Added ms per engine step")] = 10.0,
+    seed: Annotated[int, typer.Option(help="Trace window and prompt seed")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """LUMEN vs Fixed-Checkpointing vs Stop-and-Restart on a real llm service, one worker killed."""
+    from failsoft.bench.llm import POLICIES, LlmBenchSettings, run
+
+    settings = LlmBenchSettings(tuple(policy or POLICIES), requests, rate_rps, kill_at_s, slow_ms, seed)
+    result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result + "\n")
+    typer.echo(result)

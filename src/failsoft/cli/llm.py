@@ -72,3 +72,36 @@ def generate(
             "tpot_ms": round(req.tpot_ms or 0.0, 3),
         }
     typer.echo(json.dumps(summary, indent=2))
+
+
+@app.command("serve")
+def serve(
+    config: Annotated[Path, typer.Argument(help="An llm deployment config (examples/llm.yaml)")],
+    port: Annotated[int | None, typer.Option(help="Override the gateway's port")] = None,
+) -> None:
+    """Build the model pair if needed, start the LLM workers and the generate gateway; Ctrl-C stops."""
+    from failsoft.runtime.llm_session import LlmSession, load_llm_config
+
+    cfg = load_llm_config(config)
+    if port is not None:
+        spec = cfg.spec.model_copy(update={"gateway": cfg.spec.gateway.model_copy(update={"port": port})})
+        cfg = type(cfg)(spec, cfg.params, cfg.root)
+
+    session = LlmSession(cfg)
+    typer.echo(f"building/loading the {cfg.spec.model.size} model under {cfg.root} ...", err=True)
+    try:
+        session.start(background=True)
+        typer.echo(
+            f"serving {cfg.spec.service.name!r} ({cfg.spec.service.workers} workers, policy "
+            f"{cfg.spec.service.policy}) on {session.url}; try:\n  curl -N {session.url}/v2/models/"
+            f'{cfg.spec.service.name}/generate_stream -d \'{{"text_input": "def main(", '
+            f'"parameters": {{"max_tokens": 64}}}}\'',
+            err=True,
+        )
+        assert session._thread is not None
+        while session._thread.is_alive():
+            session._thread.join(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        session.stop()

@@ -245,12 +245,24 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         on_token: TokenCallback | None = None,
+        prompt_len: int | None = None,
     ) -> Request:
-        """Queue a request; it joins the running batch at a step when its pages are free."""
+        """Queue a request; it joins the running batch at a step when its pages are free.
+
+        ``prompt_len`` shorter than the tokens given: the tokens after it are output generated
+        elsewhere already (a request recomputed after its worker failed); they count against
+        ``max_tokens`` and the request continues after them."""
         params = params or SamplingParams()
         tokens = self._tokens(prompt)
-        self._check_fits(len(tokens), params)
-        req = self._new(tokens, len(tokens), params, request_id, on_token, scheduled=True)
+        plen = len(tokens) if prompt_len is None else prompt_len
+        if not 1 <= plen <= len(tokens):
+            raise InvalidRequestError(f"prompt_len must be in [1, {len(tokens)}]; got {prompt_len!r}")
+        if len(tokens) - plen >= params.max_tokens:
+            raise InvalidRequestError(
+                f"the {len(tokens) - plen} tokens already generated reach max_tokens {params.max_tokens}"
+            )
+        self._check_fits(plen, params)
+        req = self._new(tokens, plen, params, request_id, on_token, scheduled=True)
         self._waiting.append(req)
         return req
 

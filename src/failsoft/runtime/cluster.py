@@ -402,3 +402,87 @@ class RayCluster:
         if self._started:
             ray.shutdown()
             self._started = False
+
+
+# ----------------------------------------------------------------------------------------------
+# LLM workers (LUMEN): one actor per worker, each running failsoft.llm's engine in its own loop.
+# ----------------------------------------------------------------------------------------------
+
+
+def llm_worker_name(service: str, worker: str) -> str:
+    return f"failsoft-llm-{service}-{worker}"
+
+
+class LlmWorkerRef(_ActorRef):
+    """An LLM worker (:class:`failsoft.runtime.llm_worker.LlmWorker`) with failsoft's call conventions."""
+
+    def __init__(self, handle: Any, worker: str) -> None:
+        super().__init__(handle, f"llm worker {worker!r}")
+        self.worker = worker
+
+    async def info(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        return dict(await self._call("info", timeout_s=timeout_s))
+
+    async def submit(
+        self,
+        request_id: str,
+        tokens: list[int],
+        sampling: dict[str, Any],
+        prompt_len: int | None = None,
+        timeout_s: float = 10.0,
+    ) -> dict[str, Any]:
+        return dict(await self._call("submit", request_id, tokens, sampling, prompt_len, timeout_s=timeout_s))
+
+    async def restore(
+        self, request_id: str, tokens: list[int], sampling: dict[str, Any], timeout_s: float = 10.0
+    ) -> dict[str, Any]:
+        return dict(await self._call("restore", request_id, tokens, sampling, timeout_s=timeout_s))
+
+    async def poll(self, request_id: str, since: int, wait_s: float) -> dict[str, Any]:
+        return dict(await self._call("poll", request_id, since, wait_s, timeout_s=wait_s + 10.0))
+
+    async def cancel(self, request_id: str, timeout_s: float = 5.0) -> bool:
+        return bool(await self._call("cancel", request_id, timeout_s=timeout_s))
+
+    async def export_kv(
+        self, request_id: str, upto_tokens: int | None, from_start: bool = False, timeout_s: float = 5.0
+    ) -> bytes | None:
+        out = await self._call("export_kv", request_id, upto_tokens, from_start, timeout_s=timeout_s)
+        return None if out is None else bytes(out)
+
+    async def hold(self, chunk: bytes, timeout_s: float = 5.0) -> int:
+        return int(await self._call("hold", chunk, timeout_s=timeout_s))
+
+    async def drop_checkpoint(self, request_id: str, timeout_s: float = 5.0) -> bool:
+        return bool(await self._call("drop_checkpoint", request_id, timeout_s=timeout_s))
+
+    async def load(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        return dict(await self._call("load", timeout_s=timeout_s))
+
+    def set_slow_sync(self, ms: float, timeout_s: float = 10.0) -> None:
+        self._call_sync("set_slow", ms, timeout_s=timeout_s)
+
+    def load_sync(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        return dict(self._call_sync("load", timeout_s=timeout_s))
+
+    def info_sync(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        return dict(self._call_sync("info", timeout_s=timeout_s))
+
+
+def spawn_llm_worker(cluster: RayCluster, cls: type, service: str, worker: str, *args: Any) -> LlmWorkerRef:
+    """A new LLM worker actor of ``service``, named by service and worker, on any node."""
+    handle: Any = (
+        ray.remote(cls)
+        .options(
+            name=llm_worker_name(service, worker),
+            namespace=NAMESPACE,
+            num_cpus=0,
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=64,
+        )
+        .remote(*args)
+    )
+    ref = LlmWorkerRef(handle, worker)
+    cluster._spawned.append(ref)
+    return ref

@@ -1,0 +1,213 @@
+"""``failsoft bench llm CONFIG``: LUMEN's recovery policies on a real LLM service, one worker killed.
+
+For each policy a fresh deployment of the config (its workers, model and engine settings; the
+service's policy replaced) replays the same trace: the Azure LLM conversation trace shipped with
+failsoft (``failsoft/data/llm``), its arrivals compressed to ``rate_rps`` and its prompt and output
+lengths rescaled to the model's context (``scale``), prompts cut from the corpus's held-out text.
+Every request streams through the gateway (``generate_stream``) with greedy decoding. After
+``kill_at_s`` seconds the busiest worker's process is killed (Ray kills the actor: its engine and
+every KV page are gone). A first run without a failure gives the reference texts.
+
+The killed worker is then restarted at once (a fresh process loading the model: Stop-and-Restart's
+restart; every policy pays it).
+
+Per policy: ``ttft_ms`` and ``tpot_ms`` (mean, p99, client side), ``recovery_ms`` (the kill to the
+later of the restarted worker serving and the last interrupted stream's next token; ``restart_ms``
+is the first alone),
+``recomputed_tokens`` (tokens prefilled again on a survivor), ``restored_requests`` (resumed from a
+checkpoint), ``identical_outputs`` (greedy texts equal to the no-failure run's),
+``failed_requests``. Worker steps are slowed by ``slow_ms`` (the chaos of a slower machine) so that
+a tiny model's requests last long enough to be interrupted at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+POLICIES = ("lumen", "fixed-checkpointing", "stop-and-restart")
+
+
+@dataclass(frozen=True, slots=True)
+class LlmBenchSettings:
+    policies: tuple[str, ...] = POLICIES
+    requests: int = 40
+    rate_rps: float = 8.0
+    kill_at_s: float = 2.0
+    slow_ms: float = 10.0
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class _Outcome:
+    text: str = ""
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    recoveries: int = 0
+    error: str | None = None
+    times: list[float] = field(default_factory=list)
+
+
+def trace(n: int, rate_rps: float, context: int, seed: int) -> list[tuple[float, str, int]]:
+    """(arrival_s, prompt, max_tokens) of ``n`` requests from the conversation trace, rescaled."""
+    from failsoft.llm.corpus import load_corpus
+    from failsoft.sim.llm.data import load_trace
+
+    arrivals, prompt, output = load_trace("conv")
+    rng = np.random.default_rng(seed)
+    start = int(rng.integers(0, max(len(arrivals) - n, 1)))
+    a = arrivals[start : start + n] - arrivals[start]
+    a = a * (n / rate_rps) / max(float(a[-1]), 1e-9)  # mean rate rate_rps, the trace's burstiness
+    budget = context // 2
+    p_scale = budget / max(float(np.percentile(prompt, 95)), 1.0)
+    o_scale = budget / max(float(np.percentile(output, 95)), 1.0)
+    held = load_corpus().held_out
+    out = []
+    for i in range(len(a)):
+        plen = int(np.clip(round(prompt[start + i] * p_scale), 4, budget))
+        olen = int(np.clip(round(output[start + i] * o_scale), 8, budget - 1))
+        at = int(rng.integers(0, len(held) - plen))
+        text = held[at : at + plen].decode(errors="ignore") or "def "
+        out.append((float(a[i]), text, olen))
+    return out
+
+
+async def _one(url: str, model: str, arrival: float, t0: float, prompt: str, max_tokens: int) -> _Outcome:
+    import httpx
+
+    await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
+    o = _Outcome()
+    body = {"text_input": prompt, "parameters": {"max_tokens": max_tokens, "temperature": 0}}
+    chunks: list[str] = []
+    try:
+        async with (
+            httpx.AsyncClient(timeout=300) as http,
+            http.stream("POST", f"{url}/v2/models/{model}/generate_stream", json=body) as r,
+        ):
+            if r.status_code != 200:
+                await r.aread()
+                o.error = f"{r.status_code}: {r.text[:200]}"
+                return o
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                event = json.loads(line[5:])
+                if "error" in event:
+                    o.error = str(event["error"])
+                    return o
+                o.times.append(time.perf_counter())
+                chunks.append(event["text_output"])
+                p = event.get("parameters")
+                if p:
+                    o.ttft_ms, o.tpot_ms, o.recoveries = p["ttft_ms"], p["tpot_ms"], p["recoveries"]
+    except Exception as exc:  # a stream that broke is a failed request, counted
+        o.error = f"{type(exc).__name__}: {exc}"
+    o.text = "".join(chunks)
+    return o
+
+
+def _stat(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p99": None}
+    return {"mean": round(float(np.mean(values)), 2), "p99": round(float(np.percentile(values, 99)), 2)}
+
+
+def _run_one(
+    config: Any, policy: str | None, settings: LlmBenchSettings, reqs: list[tuple[float, str, int]]
+) -> tuple[list[_Outcome], dict[str, Any]]:
+    from failsoft.runtime.llm_session import LlmSession
+
+    spec = config.spec
+    svc = spec.service.model_copy(update={"policy": policy or spec.service.policy})
+    gw = spec.gateway.model_copy(update={"port": 0})
+    cfg = type(config)(spec.model_copy(update={"service": svc, "gateway": gw}), config.params, config.root)
+    with LlmSession(cfg).start() as session:
+        for w in session.workers.values():
+            w.set_slow_sync(settings.slow_ms)
+
+        async def drive() -> tuple[list[_Outcome], float | None]:
+            t0 = time.perf_counter()
+            tasks = [asyncio.ensure_future(_one(session.url, svc.name, a, t0, p, m)) for a, p, m in reqs]
+            killed_at = None
+            if policy is not None:
+                await asyncio.sleep(settings.kill_at_s)
+                in_flight = session.dispatcher.describe()["in_flight"]
+                victim = max(in_flight, key=lambda w: (in_flight[w], w))
+                killed_at = time.perf_counter()
+                await asyncio.to_thread(session.kill_worker, victim)
+                await asyncio.to_thread(session.restart_worker, victim)
+                restarted.append(time.perf_counter())
+            return list(await asyncio.gather(*tasks)), killed_at
+
+        restarted: list[float] = []
+        outcomes, killed_at = asyncio.run(drive())
+        stats = session.dispatcher.stats
+        extra = {
+            "recomputed_tokens": stats.recomputed_tokens,
+            "restored_requests": stats.restored,
+            "recovered_requests": stats.recovered,
+            "checkpoint_bytes_shipped": stats.shipped_bytes,
+            "killed_at": killed_at,
+            "restart_ms": round((restarted[0] - killed_at) * 1000, 1) if restarted and killed_at else None,
+        }
+    return outcomes, extra
+
+
+def run(
+    config_path: Any, settings: LlmBenchSettings, progress: Callable[[str], None] = print
+) -> dict[str, Any]:
+    from failsoft.llm.models import build_pair, load_lm
+    from failsoft.runtime.llm_session import load_llm_config
+
+    config = load_llm_config(config_path)
+    device = None if config.spec.model.device == "auto" else config.spec.model.device
+    build_pair(config.root, config.spec.model.size, device)
+    context = load_lm(config.root, f"{config.spec.model.size}-target", "cpu").context
+    reqs = trace(settings.requests, settings.rate_rps, context, settings.seed)
+    progress(f"no-failure reference: {len(reqs)} requests")
+    reference, _ = _run_one(config, None, settings, reqs)
+    results: dict[str, Any] = {
+        "config": str(config_path),
+        "model": f"{config.spec.model.size}-target",
+        "workers": config.spec.service.workers,
+        "settings": {
+            "requests": settings.requests,
+            "rate_rps": settings.rate_rps,
+            "kill_at_s": settings.kill_at_s,
+            "slow_ms": settings.slow_ms,
+            "seed": settings.seed,
+        },
+        "no-failure": {
+            "ttft_ms": _stat([o.ttft_ms for o in reference if o.ttft_ms is not None]),
+            "tpot_ms": _stat([o.tpot_ms for o in reference if o.tpot_ms is not None]),
+            "failed_requests": sum(o.error is not None for o in reference),
+        },
+        "policies": {},
+    }
+    for policy in settings.policies:
+        progress(f"policy {policy}: kill the busiest worker at {settings.kill_at_s} s")
+        outcomes, extra = _run_one(config, policy, settings, reqs)
+        killed_at = extra.pop("killed_at")
+        recovered = [o for o in outcomes if o.recoveries > 0 and o.error is None]
+        recovery_ms = float(extra["restart_ms"] or 0.0)  # the worker back, and every stream going
+        for o in recovered:
+            after = [t for t in o.times if t > killed_at]
+            if after:
+                recovery_ms = max(recovery_ms, (after[0] - killed_at) * 1000)
+        results["policies"][policy] = {
+            "ttft_ms": _stat([o.ttft_ms for o in outcomes if o.ttft_ms is not None]),
+            "tpot_ms": _stat([o.tpot_ms for o in outcomes if o.tpot_ms is not None]),
+            "recovery_ms": round(recovery_ms, 1),
+            "identical_outputs": sum(
+                o.error is None and o.text == r.text for o, r in zip(outcomes, reference, strict=True)
+            ),
+            "failed_requests": sum(o.error is not None for o in outcomes),
+            **extra,
+        }
+    return results

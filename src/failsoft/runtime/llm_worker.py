@@ -1,0 +1,277 @@
+"""An LLM worker of an ``llm`` service (LUMEN): :mod:`failsoft.llm`'s engine in a loop of its own.
+
+One worker serves one model (a target LM built by ``failsoft llm build``) with continuous batching
+and KV-bounded admission (the engine admits a request only when its pages are free). The engine is
+single-threaded, so every call takes one lock; the loop thread steps the engine while it has work
+and sleeps on a condition otherwise. The gateway drives it through these calls (a Ray actor, see
+:func:`failsoft.runtime.cluster.spawn_llm_worker`):
+
+* :meth:`LlmWorker.submit` queues a request (its tokens, sampling parameters; bad input raises
+  :class:`~failsoft.errors.InvalidRequestError` at once, naming the value); with ``prompt_len``
+  shorter than the tokens it continues a request whose first tokens were generated elsewhere (a
+  recompute after a failure);
+* :meth:`LlmWorker.poll` long-polls its output from an offset (the gateway streams what it gets);
+* :meth:`LlmWorker.cancel` stops it and frees its KV pages (a stream client that left);
+* KV checkpoints: :meth:`LlmWorker.export_kv` returns the pages filled since the last export,
+  :meth:`LlmWorker.hold` keeps a peer's chunks in host memory, :meth:`LlmWorker.restore` resumes a
+  request from the checkpoint it holds, :meth:`LlmWorker.drop_checkpoint` frees one;
+* :meth:`LlmWorker.load` reports the queue and the KV pages (join-shortest-queue routing, tests that
+  count pages).
+
+Each finished request's TTFT and time per output token are kept for :meth:`LlmWorker.stats`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from failsoft.errors import InvalidRequestError
+
+POLL_MAX_S = 30.0
+KEEP_FINISHED = 1024  # finished streams kept for late polls
+KEEP_METRICS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LlmWorkerSpec:
+    """Which model a worker serves and how: ``model`` (e.g. ``tiny-target``) under ``root``."""
+
+    name: str
+    root: Path
+    model: str
+    device: str | None = None
+    kv_pages: int = 256
+    page_size: int = 16
+    max_batch: int = 16
+    torch_threads: int = 1
+
+
+@dataclass(slots=True)
+class _Stream:
+    output: list[int] = field(default_factory=list)
+    finished: bool = False
+    reason: str | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+def sampling_params(sampling: dict[str, Any]) -> Any:
+    """:class:`failsoft.llm.SamplingParams` from a request's JSON fields; unknown fields refused."""
+    from failsoft.llm import SamplingParams
+
+    known = {"max_tokens", "temperature", "seed", "stop_at_eos"}
+    extra = sorted(set(sampling) - known)
+    if extra:
+        raise InvalidRequestError(
+            f"unknown sampling parameter {extra[0]!r} (known: {', '.join(sorted(known))})"
+        )
+    return SamplingParams(**sampling)
+
+
+class LlmWorker:
+    """One LLM worker. Thread-safe: Ray runs its methods on a pool of threads."""
+
+    def __init__(self, spec: LlmWorkerSpec) -> None:
+        import torch
+
+        from failsoft.llm import Engine
+        from failsoft.llm.models import load_lm
+
+        if spec.torch_threads > 0:
+            torch.set_num_threads(spec.torch_threads)
+        self.spec = spec
+        started = time.perf_counter()
+        self.lm = load_lm(spec.root, spec.model, spec.device)
+        self.load_ms = (time.perf_counter() - started) * 1000.0
+        self.engine = Engine(self.lm, spec.kv_pages, spec.page_size, spec.max_batch)
+        self._cond = threading.Condition()
+        self._streams: dict[str, _Stream] = {}
+        self._done: list[str] = []
+        self._tracked: dict[str, Any] = {}  # request id -> the engine's Request, until it finishes
+        self._held: dict[str, Any] = {}  # request id -> CheckpointBuffer (peers' checkpoints)
+        self._ttft: list[float] = []
+        self._tpot: list[float] = []
+        self._stopped = False
+        self._slow_s = 0.0
+        self._cancelled = 0
+        self._thread = threading.Thread(target=self._loop, name=f"llm-{spec.name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and self.engine.idle():
+                    self._cond.wait(0.5)
+                if self._stopped:
+                    return
+                self.engine.step()
+                self._note_finished()
+                self._cond.notify_all()
+            if self._slow_s > 0:  # injected (chaos slow): every step takes this much longer
+                time.sleep(self._slow_s)
+
+    def _on_token(self, req: Any, token: int) -> None:
+        stream = self._streams.get(req.id)
+        if stream is not None:
+            stream.output.append(token)
+
+    def _note_finished(self) -> None:
+        for rid, stream in self._streams.items():
+            if stream.finished:
+                continue
+            req = self._tracked.get(rid)
+            if req is not None and req.finished:
+                stream.finished, stream.reason = True, req.finish_reason
+                stream.ttft_ms, stream.tpot_ms = req.ttft_ms, req.tpot_ms
+                self._tracked.pop(rid, None)
+                if req.finish_reason != "cancelled":
+                    if req.ttft_ms is not None:
+                        self._ttft.append(req.ttft_ms)
+                    if req.tpot_ms is not None:
+                        self._tpot.append(req.tpot_ms)
+                    del self._ttft[:-KEEP_METRICS], self._tpot[:-KEEP_METRICS]
+                self._done.append(rid)
+        while len(self._done) > KEEP_FINISHED:
+            self._streams.pop(self._done.pop(0), None)
+
+    def _start(self, req: Any, already: list[int]) -> dict[str, Any]:
+        self._streams[req.id] = _Stream(output=list(already))
+        self._tracked[req.id] = req
+        self._note_finished()
+        self._cond.notify_all()
+        return {"worker": self.spec.name, "request_id": req.id, "prompt_len": req.prompt_len}
+
+    # ------------------------------------------------------------------ requests
+    def submit(
+        self, request_id: str, tokens: list[int], sampling: dict[str, Any], prompt_len: int | None = None
+    ) -> dict[str, Any]:
+        params = sampling_params(sampling)
+        with self._cond:
+            self._forget(request_id)
+            req = self.engine.submit(
+                tokens, params, request_id=request_id, on_token=self._on_token, prompt_len=prompt_len
+            )
+            return self._start(req, req.output)
+
+    def restore(self, request_id: str, tokens: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+        """Resume ``request_id`` from the checkpoint held here (InvalidRequestError when none):
+        ``tokens`` are the prompt and the output its client already received."""
+        params = sampling_params(sampling)
+        with self._cond:
+            buffer = self._held.pop(request_id, None)
+            if buffer is None:
+                raise InvalidRequestError(f"worker {self.spec.name!r} holds no checkpoint of {request_id!r}")
+            self._forget(request_id)
+            req = self.engine.restore(buffer, params, tokens=tokens, on_token=self._on_token)
+            out = self._start(req, req.output)
+            out["restored_tokens"] = buffer.covered_tokens
+            return out
+
+    def _forget(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._streams.pop(request_id)
+            self._tracked.pop(request_id, None)
+            if request_id in self._done:
+                self._done.remove(request_id)
+
+    def poll(self, request_id: str, since: int, wait_s: float) -> dict[str, Any]:
+        """Output tokens from ``since`` on, waiting up to ``wait_s`` for one when there is none yet."""
+        deadline = time.monotonic() + min(max(wait_s, 0.0), POLL_MAX_S)
+        with self._cond:
+            while True:
+                stream = self._streams.get(request_id)
+                if stream is None:
+                    raise InvalidRequestError(f"worker {self.spec.name!r} has no request {request_id!r}")
+                left = deadline - time.monotonic()
+                if len(stream.output) > since or stream.finished or left <= 0:
+                    return {
+                        "tokens": stream.output[since:],
+                        "finished": stream.finished,
+                        "reason": stream.reason,
+                        "ttft_ms": stream.ttft_ms,
+                        "tpot_ms": stream.tpot_ms,
+                    }
+                self._cond.wait(left)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a request and free its KV pages; False when it is not running here."""
+        with self._cond:
+            cancelled = self.engine.cancel(request_id)
+            self._cancelled += cancelled
+            self._note_finished()
+            return cancelled
+
+    # ------------------------------------------------------------------ KV checkpoints
+    def export_kv(self, request_id: str, upto_tokens: int | None, from_start: bool = False) -> bytes | None:
+        """The full pages filled since the last export (None: none new, or the request is done);
+        ``from_start``: every full page again (a new holder, the previous one lost them)."""
+        with self._cond:
+            req = self._tracked.get(request_id)
+            if req is None or req.finished or req.state != "running":
+                return None
+            if from_start:
+                req.exported_pages = 0
+            return self.engine.export_kv(request_id, upto_tokens)
+
+    def hold(self, chunk: bytes) -> int:
+        """Keep a peer's checkpoint chunk (host memory); returns the bytes held for its request."""
+        from failsoft.llm import CheckpointBuffer, KvChunk
+
+        c = KvChunk.from_bytes(chunk)
+        with self._cond:
+            buffer = self._held.setdefault(c.request_id, CheckpointBuffer())
+            buffer.add(c)
+            return int(buffer.nbytes)
+
+    def drop_checkpoint(self, request_id: str) -> bool:
+        with self._cond:
+            return self._held.pop(request_id, None) is not None
+
+    # ------------------------------------------------------------------ reports
+    def load(self) -> dict[str, Any]:
+        with self._cond:
+            e = self.engine
+            return {
+                "worker": self.spec.name,
+                "waiting": e.waiting,
+                "running": e.running,
+                "pages_used": e.pool.used,
+                "pages_total": e.pool.total,
+                "cancelled": self._cancelled,
+                "checkpoints": len(self._held),
+                "held_kv_mb": sum(b.nbytes for b in self._held.values()) / 2**20,
+            }
+
+    def info(self) -> dict[str, Any]:
+        import os
+
+        return {
+            "worker": self.spec.name,
+            "model": self.spec.model,
+            "fingerprint": self.lm.fingerprint,
+            "context": self.lm.context,
+            "kv_mb_per_token": self.lm.kv_mb_per_token,
+            "page_size": self.engine.page_size,
+            "device": self.lm.device,
+            "load_ms": self.load_ms,
+            "pid": os.getpid(),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        with self._cond:
+            return {"worker": self.spec.name, "ttft_ms": list(self._ttft), "tpot_ms": list(self._tpot)}
+
+    def set_slow(self, ms: float) -> None:
+        """Add ``ms`` milliseconds to every engine step (a slow or overloaded worker); 0 restores."""
+        self._slow_s = max(float(ms), 0.0) / 1000.0
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5.0)

@@ -1,0 +1,186 @@
+"""The ``llm`` service on a real cluster: Ray worker actors running the engine, the generate
+gateway on 127.0.0.1, the streaming client; a worker killed mid-stream (SIGKILL of its process).
+
+The model is a random-weight Llama with a wide initialisation stored like a built pair (a trained
+tiny model mostly repeats one byte, which would make every equality below trivially true). The
+workers' steps are slowed (``set_slow``, the chaos of a slow worker) so that a stream is still
+running when its worker is killed: no assert is timed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from failsoft.client import Client
+from failsoft.errors import InvalidRequestError
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("ray")
+
+PROMPTS = ("def main(", "The function returns the", "import os\n", "class Foo:")
+GREEDY = {"max_tokens": 60, "temperature": 0}
+
+
+def _store_random_lm(root: Path) -> None:
+    """A random wide-init Llama under ``root/llm/tiny-target`` in the layout load_lm reads."""
+    from transformers import LlamaForCausalLM
+
+    from failsoft.llm.models import FORMAT, LmSpec
+    from failsoft.zoo.layout import write_json
+    from failsoft.zoo.network import save_weights
+
+    spec = LmSpec(64, 2, 4, 2, 128, 128, steps=0, batch=1, seq_len=8, lr=0.0, seed=0)
+    config = spec.config()
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    module = LlamaForCausalLM(config).eval()
+    where = root / "llm" / "tiny-target"
+    where.mkdir(parents=True)
+    nbytes, sha = save_weights(module, where / "model.safetensors")
+    write_json(
+        where / "config.json",
+        {
+            "format": FORMAT,
+            "architecture": module.config.to_dict(),
+            "weights": {"file": "model.safetensors", "bytes": nbytes, "sha256": sha},
+        },
+    )
+
+
+def _config(root: Path, policy: str) -> Any:
+    from failsoft.runtime.llm_session import llm_config_from_dict
+
+    return llm_config_from_dict(
+        {
+            "model": {"size": "tiny", "root": str(root), "device": "cpu"},
+            "service": {
+                "name": "bytes",
+                "workers": 3,
+                "policy": policy,
+                "params": {"checkpoint_budget_mb": 8},
+            },
+            "engine": {"kv_pages": 64, "page_size": 8, "max_batch": 8, "torch_threads": 1},
+            "gateway": {"host": "127.0.0.1", "port": 0},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from failsoft.runtime.llm_session import LlmSession
+
+    root = tmp_path_factory.mktemp("llm-root")
+    _store_random_lm(root)
+    s = LlmSession(_config(root, "lumen"), num_cpus=2, build=False).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _stream(client: Client, prompt: str, params: dict[str, Any], out: dict[str, Any]) -> None:
+    text: list[str] = []
+    last: dict[str, Any] = {}
+    for event in client.generate_stream("bytes", prompt, **params):
+        text.append(event["text_output"])
+        out.setdefault("first", threading.Event()).set()
+        last = event.get("parameters", last)
+    out["text"], out["parameters"] = "".join(text), last
+
+
+def _wait(predicate: Any, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_generate_stream_and_bad_input(session: Any) -> None:
+    with Client(session.url, timeout=60) as client:
+        whole = client.generate("bytes", PROMPTS[0], **GREEDY)
+        chunks = list(client.generate_stream("bytes", PROMPTS[0], **GREEDY))
+        assert len(chunks) > 2  # streamed, not one answer
+        assert "".join(c["text_output"] for c in chunks) == whole["text_output"]
+        p = whole["parameters"]
+        assert p["output_tokens"] == 60 and p["finish_reason"] == "length"
+        assert p["ttft_ms"] > 0 and p["tpot_ms"] > 0
+        for bad, named in (
+            ({"max_tokens": 0}, "max_tokens"),
+            ({"max_tokens": 100000}, "100000"),
+            ({"temperature": -1}, "temperature"),
+            ({"top_k": 5}, "top_k"),
+        ):
+            with pytest.raises(InvalidRequestError, match=named) as info:
+                client.generate("bytes", PROMPTS[0], **bad)
+            assert info.value.status == 400
+        with pytest.raises(InvalidRequestError, match="context of 128"):
+            list(client.generate_stream("bytes", "x" * 200, max_tokens=4))
+
+
+def test_disconnecting_stream_frees_its_kv(session: Any) -> None:
+    for w in session.workers.values():
+        w.set_slow_sync(20)
+    try:
+        cancelled = sum(session.load(w)["cancelled"] for w in session.workers)
+        with Client(session.url, timeout=60) as client:
+            stream = client.generate_stream("bytes", PROMPTS[1], max_tokens=60)
+            next(stream)  # the request runs on some worker, holding its pages
+            assert sum(session.load(w)["pages_used"] for w in session.workers) > 0
+            stream.close()  # the client leaves mid-generation
+        # cancelled on its worker (not left to finish), every page back in the pool
+        assert _wait(lambda: sum(session.load(w)["cancelled"] for w in session.workers) == cancelled + 1)
+        assert _wait(lambda: sum(session.load(w)["pages_used"] for w in session.workers) == 0)
+        assert _wait(lambda: sum(session.load(w)["checkpoints"] for w in session.workers) == 0)
+    finally:
+        for w in session.workers.values():
+            w.set_slow_sync(0)
+
+
+def test_worker_killed_mid_stream_every_stream_completes_identically(session: Any) -> None:
+    with Client(session.url, timeout=120) as client:
+        reference = {p: client.generate("bytes", p, **GREEDY)["text_output"] for p in PROMPTS}
+    for w in session.workers.values():
+        w.set_slow_sync(25)
+    outs: list[dict[str, Any]] = [{"first": threading.Event()} for _ in PROMPTS]
+    clients = [Client(session.url, timeout=120) for _ in PROMPTS]
+    threads = [
+        threading.Thread(target=_stream, args=(c, p, GREEDY, o), daemon=True)
+        for c, p, o in zip(clients, PROMPTS, outs, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        assert all(o["first"].wait(60) for o in outs)
+        # the busiest worker dies with its requests' KV
+        in_flight = session.dispatcher.describe()["in_flight"]
+        victim = max(in_flight, key=lambda w: in_flight[w])
+        assert in_flight[victim] > 0
+        # let a few pages be checkpointed before the kill
+        _wait(lambda: session.dispatcher.stats.shipped_bytes > 0, 20)
+        session.kill_worker(victim)
+        for t in threads:
+            t.join(120)
+    finally:
+        for c in clients:
+            c.close()
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.get("text") == reference[prompt], prompt
+    stats = session.dispatcher.stats
+    assert stats.recovered >= 1
+    assert sum(o["parameters"]["recoveries"] for o in outs) == stats.recovered
+    assert victim in session.dispatcher.dead
+    assert all(o["parameters"]["worker"] != victim for o in outs)
+    # stop-and-restart: a fresh process for the victim, routed to again
+    session.restart_worker(victim)
+    assert victim not in session.dispatcher.dead
+    assert session.load(victim)["pages_used"] == 0
+    with Client(session.url, timeout=120) as client:
+        assert client.generate("bytes", PROMPTS[2], **GREEDY)["text_output"] == reference[PROMPTS[2]]
