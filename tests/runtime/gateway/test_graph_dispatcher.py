@@ -16,6 +16,7 @@ import pytest
 from failsoft.clock import ManualClock
 from failsoft.errors import OverloadedError, http_status
 from failsoft.runtime.gateway.dispatch import DispatchContext, GraphDispatcher, Request, dispatcher_class
+from failsoft.runtime.gateway.dispatch.graph import front_app
 from failsoft.services import GraphNode, GraphParams, Service, ServiceMode
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
 
@@ -125,3 +126,9 @@ def test_log_keeps_the_last_requests_only() -> None:
         assert list(d.edge_log["d"]) == [3, 4]
 
     _run(body)
+
+
+def test_requests_are_checked_against_the_entry_node() -> None:
+    reordered = Service("dag", ServiceMode.GRAPH, ("app-d", "app-c", "app-b", "app-a"), SERVICE.params)
+    assert front_app(reordered) == "app-a"
+    assert front_app(Service.single("cam")) == "cam"

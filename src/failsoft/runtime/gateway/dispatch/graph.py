@@ -142,6 +142,15 @@ class GraphDispatcher(Dispatcher):
         return answer
 
 
+def front_app(service: Service) -> str:
+    """The app whose input a request to ``service`` must fit: a graph's first entry node's app (every
+    entry node takes the request's batch), any other mode's first member."""
+    if isinstance(service.params, GraphParams):
+        entry = Topology(service.params).entries[0]
+        return next(n.app for n in service.params.nodes if n.name == entry)
+    return service.members[0]
+
+
 def _join(outputs: list[Any]) -> Any:
     """A fan-in's input: its upstream outputs for one request side by side (last axis)."""
     return np.concatenate([np.asarray(o) for o in outputs], axis=-1)
