@@ -56,6 +56,7 @@ from failsoft.runtime.config import GatewaySettings
 from failsoft.runtime.gateway import admin, slo_clients
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
+from failsoft.runtime.gateway.dispatch.graph import front_app
 from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
 from failsoft.runtime.gateway.events import EventHub, Feed
 from failsoft.runtime.gateway.link import ControllerLink
@@ -111,7 +112,7 @@ class Gateway:
             input_shape=self._input_shape, event=self._publish,
         )
         dispatchers = build_dispatchers(services, context)
-        self.served = {s.name: Served(s, dispatchers[s.name], apps[s.members[0]]) for s in services}
+        self.served = {s.name: Served(s, dispatchers[s.name], apps[front_app(s)]) for s in services}
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
         self.controller_stats: dict[str, Any] | None = None
         self.app = self._build()

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 from failsoft.errors import ConfigError
 from failsoft.runtime.gateway.dispatch.coded import CodedDispatcher
+from failsoft.runtime.gateway.dispatch.graph import GraphDispatcher
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
@@ -21,6 +22,7 @@ DISPATCHERS: Mapping[ServiceMode, type[Dispatcher]] = {
     ServiceMode.SINGLE: SingleDispatcher,
     ServiceMode.SLO: SloDispatcher,
     ServiceMode.CODED: CodedDispatcher,
+    ServiceMode.GRAPH: GraphDispatcher,
 }
 
 
@@ -53,6 +55,7 @@ __all__ = [
     "CodedDispatcher",
     "DispatchContext",
     "Dispatcher",
+    "GraphDispatcher",
     "Request",
     "SingleDispatcher",
     "SloDispatcher",
