@@ -59,3 +59,25 @@ def test_a_replay_reads_the_runtime_runs_of_an_earlier_output(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"per_app": {}}))
     with pytest.raises(ConfigError, match="not an output of 'failsoft bench fidelity'"):
         replayed(tmp_path / "other.json")
+
+
+B0 = "efficientnet_b0"
+
+
+def test_a_family_whose_variants_take_different_inputs_is_refused_before_any_build(tmp_path):
+    from failsoft.bench.failover import ensure_families
+    from failsoft.errors import ConfigError
+    from failsoft.runtime.config import config_from_dict
+
+    config = config_from_dict(
+        {
+            "name": "t",
+            "repository": str(tmp_path / "zoo"),
+            "servers": [{"name": "a1", "site": "a", "memory_mb": 1000, "compute": 8.0}],
+            "apps": [{"name": "e", "family": "efficientnet", "primary": {"server": "a1", "variant": B0}}],
+        },
+        source="test",
+    )
+    with pytest.raises(ConfigError, match=r"'efficientnet' cannot serve an app.*efficientnet_b7: 600"):
+        ensure_families(config, lambda _: None)
+    assert not (tmp_path / "zoo").exists()  # minutes of building saved

@@ -104,6 +104,13 @@ def ensure_families(config: RuntimeConfig, say: Progress) -> None:
         built = set(repo.variant_names(family)) if repo.root.is_dir() else set()
         if {v.name for v in family_spec(family).variants} - built:
             missing.append(family)
+    for family in missing:  # before minutes of building: a family whose inputs differ cannot fail over
+        sizes = {v.name: v.architecture().get("image_size") for v in family_spec(family).variants}
+        if len({size for size in sizes.values() if size is not None}) > 1:
+            raise ConfigError(
+                f"family {family!r} cannot serve an app: its variants take different input sizes "
+                f"({', '.join(f'{n}: {s}' for n, s in sizes.items())}); nothing was built"
+            )
     if missing:
         say(f"building {', '.join(missing)} into {root} (once; minutes for ImageNet families) ...")
         build_zoo(root, families=missing, settings=QUICK)
