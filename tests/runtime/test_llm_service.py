@@ -104,9 +104,18 @@ def _wait(predicate: Any, timeout_s: float = 30.0) -> bool:
 
 
 def test_generate_stream_and_bad_input(session: Any) -> None:
+    # Slowed steps: on a fast machine the tiny model writes all 60 tokens before the gateway's
+    # first poll comes back, and the stream is then (rightly) one chunk.
+    for w in session.workers.values():
+        w.set_slow_sync(20)
+    try:
+        with Client(session.url, timeout=60) as client:
+            whole = client.generate("bytes", PROMPTS[0], **GREEDY)
+            chunks = list(client.generate_stream("bytes", PROMPTS[0], **GREEDY))
+    finally:
+        for w in session.workers.values():
+            w.set_slow_sync(0)
     with Client(session.url, timeout=60) as client:
-        whole = client.generate("bytes", PROMPTS[0], **GREEDY)
-        chunks = list(client.generate_stream("bytes", PROMPTS[0], **GREEDY))
         assert len(chunks) > 2  # streamed, not one answer
         assert "".join(c["text_output"] for c in chunks) == whole["text_output"]
         p = whole["parameters"]

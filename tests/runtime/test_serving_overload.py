@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 SLOW_MS = 300.0
 DEADLINE_S = 2.0
 BURST = 80
+MAX_BATCH = 4
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def cluster(tiny_zoo, tmp_path_factory):
                 {"name": "app", "family": "digits_mlp", "primary": {"server": "s1", "variant": "mlp_s"}}
             ],
             "gateway": {"port": 0},
-            "agents": {"queue": {"discipline": "fifo", "max_batch": 4}},
+            "agents": {"queue": {"discipline": "fifo", "max_batch": MAX_BATCH}},
             "state_dir": str(tmp_path_factory.mktemp("state")),
         },
         source="test",
@@ -95,9 +96,9 @@ def test_a_burst_beyond_what_a_slow_server_can_answer_gets_fast_503s_and_the_res
         (code, round(elapsed, 3), answer) for code, elapsed, _, answer in results if code not in (200, 503)
     ]
     # ... and (almost) none was admitted only to time out: admission trusts a service-time estimate,
-    # and on a shared 2-core machine a batch now and then runs long; a broken admission times out
-    # dozens.
-    assert len(others) <= 2 and all(code == 504 for code, *_ in others), (others, queue)
+    # and on a shared machine the last batch admitted now and then runs long (CI saw one whole batch
+    # of 4 answer ~5 ms late); a broken admission times out dozens.
+    assert len(others) <= MAX_BATCH and all(code == 504 for code, *_ in others), (others, queue)
     assert queue["refused"] >= len(refused) and queue["batches"] < queue["served"]  # batched
     # The server is fast again: normal requests are served as before.
     for _ in range(5):
