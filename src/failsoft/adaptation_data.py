@@ -108,7 +108,14 @@ def read_client_set(path: str | Path) -> tuple[tuple[float, float], ...]:
 
 def bundled_client_set(clients: int, fps: str, slo: str) -> tuple[tuple[float, float], ...]:
     """The paper's set ``client_cfg_template_<clients>_<fps>_<slo>.txt`` (``var`` for mixed)."""
-    return read_client_set(_data_dir() / "clients" / f"client_cfg_template_{clients}_{fps}_{slo}.txt")
+    name = f"client_cfg_template_{clients}_{fps}_{slo}"
+    path = _data_dir() / "clients" / f"{name}.txt"
+    if not path.is_file():
+        known = sorted(p.stem.removeprefix("client_cfg_template_") for p in path.parent.glob("*.txt"))
+        raise ConfigError(
+            f"no client set {name!r} ships with failsoft (clients_fps_slo: {', '.join(known)})"
+        )
+    return read_client_set(path)
 
 
 def efficientnet_ladder(max_batch: int = 8, batch_cost: float = DEFAULT_BATCH_COST) -> Ladder:

@@ -90,8 +90,12 @@ class InferResult:
         return self.outputs.argmax(axis=1)
 
 
-def _request(
-    array: Any, timeout: float | None, request_id: str | None, classification: int | None = None
+def request_kwargs(
+    array: Any,
+    timeout: float | None,
+    request_id: str | None,
+    classification: int | None = None,
+    parameters: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """httpx keyword arguments for an infer request: JSON, or Triton's binary form for big tensors."""
     arr = np.asarray(array, dtype=np.float32)
@@ -101,8 +105,11 @@ def _request(
     header: dict[str, Any] = {"inputs": [tensor]}
     if classification is not None:
         header["outputs"] = [{"name": OUTPUT, "parameters": {"classification": _top_k(classification)}}]
+    params = dict(parameters or {})
     if timeout is not None:
-        header["parameters"] = {"timeout": timeout}
+        params["timeout"] = timeout
+    if params:
+        header["parameters"] = params
     if request_id is not None:
         header["id"] = request_id
     if arr.size < BINARY_ABOVE:
@@ -122,7 +129,7 @@ def _top_k(k: Any) -> int:
 
 
 def _result(app: str, response: httpx.Response, started: float) -> InferResult:
-    body = _checked(response)
+    body = checked_body(response)
     try:
         out = body["outputs"][0]
         params = body.get("parameters") or {}
@@ -161,7 +168,7 @@ def parse_classification(output: dict[str, Any]) -> Classes:
     return tuple(tuple(sorted(pairs[r * k : (r + 1) * k], key=lambda p: -p[1])) for r in range(rows))
 
 
-def _checked(response: httpx.Response) -> Any:
+def checked_body(response: httpx.Response) -> Any:
     """The JSON body of a 2xx response; the failsoft error a non-2xx one stands for."""
     try:
         body = response.json()
@@ -213,14 +220,14 @@ class Client:
         """Ask ``app`` about ``array``; ``classification=K``: its ``K`` best classes per row."""
         started = time.perf_counter()
         extra = {"timeout": timeout + SLACK_S} if timeout else {}
-        request = _request(array, timeout, request_id, classification)
+        request = request_kwargs(array, timeout, request_id, classification)
         return _result(app, self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
 
     def generate(self, model: str, text: str, **parameters: Any) -> dict[str, Any]:
         """Triton's generate extension (an ``llm`` service): the whole ``text_output`` and its
         ``parameters`` (worker, finish_reason, ttft_ms, tpot_ms, recoveries)."""
         body = {"text_input": text, "parameters": parameters}
-        return _checked(self._send("POST", f"/v2/models/{model}/generate", json=body))
+        return checked_body(self._send("POST", f"/v2/models/{model}/generate", json=body))
 
     def generate_stream(
         self, model: str, text: str, **parameters: Any
@@ -233,7 +240,7 @@ class Client:
             with self._http.stream("POST", f"/v2/models/{model}/generate_stream", json=body) as response:
                 if not response.is_success:
                     response.read()
-                    _checked(response)
+                    checked_body(response)
                 for line in response.iter_lines():
                     if line.startswith("data:"):
                         event = json.loads(line[5:])
@@ -252,22 +259,22 @@ class Client:
         return self._send("GET", "/v2/health/ready").is_success
 
     def model(self, app: str) -> dict[str, Any]:
-        return _checked(self._send("GET", f"/v2/models/{app}"))
+        return checked_body(self._send("GET", f"/v2/models/{app}"))
 
     def repository_index(self) -> list[dict[str, Any]]:
-        return _checked(self._send("POST", "/v2/repository/index", json={}))
+        return checked_body(self._send("POST", "/v2/repository/index", json={}))
 
     def status(self) -> dict[str, Any]:
         """The cluster's state (admin: needs the token)."""
-        return _checked(self._send("GET", "/admin/status"))
+        return checked_body(self._send("GET", "/admin/status"))
 
     def admin(self, action: str, **body: Any) -> dict[str, Any]:
         """``/admin/chaos/<action>`` (kill, hang, resume, slow, break), a JSON body; admin token needed."""
-        return _checked(self._send("POST", f"/admin/chaos/{action}", json=body))
+        return checked_body(self._send("POST", f"/admin/chaos/{action}", json=body))
 
     def recoveries(self) -> dict[str, Any]:
         """Measured recoveries (detection to first answer) and recent events (admin token needed)."""
-        return _checked(self._send("GET", "/admin/recoveries"))
+        return checked_body(self._send("GET", "/admin/recoveries"))
 
     def events(self, app: str | None = None, open_timeout: float = 10.0) -> Iterator[dict[str, Any]]:
         """Events as they happen (blocking iterator); ``app`` keeps that app's (and cluster) events."""
@@ -327,7 +334,7 @@ class AsyncClient:
     ) -> InferResult:
         started = time.perf_counter()
         extra = {"timeout": timeout + SLACK_S} if timeout else {}
-        request = _request(array, timeout, request_id, classification)
+        request = request_kwargs(array, timeout, request_id, classification)
         return _result(app, await self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
 
     async def live(self) -> bool:
@@ -337,13 +344,13 @@ class AsyncClient:
         return (await self._send("GET", "/v2/health/ready")).is_success
 
     async def status(self) -> dict[str, Any]:
-        return _checked(await self._send("GET", "/admin/status"))
+        return checked_body(await self._send("GET", "/admin/status"))
 
     async def admin(self, action: str, **body: Any) -> dict[str, Any]:
-        return _checked(await self._send("POST", f"/admin/chaos/{action}", json=body))
+        return checked_body(await self._send("POST", f"/admin/chaos/{action}", json=body))
 
     async def recoveries(self) -> dict[str, Any]:
-        return _checked(await self._send("GET", "/admin/recoveries"))
+        return checked_body(await self._send("GET", "/admin/recoveries"))
 
     async def events(
         self, app: str | None = None, open_timeout: float = 10.0

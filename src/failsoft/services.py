@@ -101,7 +101,10 @@ class SloParams:
 
     ``slo_ms`` is the SLO of a client that states none; the gateway's slo dispatcher re-plans the
     client-to-worker mapping and the workers' variants every ``replan_s``; a plan's batches go up
-    to ``max_batch``.
+    to ``max_batch``. ``policy`` is the adaptation policy: ``jellyfish`` (mapping DP + annealing),
+    or one of the paper's Clockwork-style baselines ``edf-small|medium|large`` (one fixed variant on
+    every worker, every client's frames to the least busy worker; run their agents with the ``edf``
+    queue discipline, as ``failsoft bench adaptation`` does).
     """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
@@ -109,6 +112,7 @@ class SloParams:
     slo_ms: Annotated[float, Gt(0), Le(60_000)] = 100.0
     replan_s: Annotated[float, Gt(0), Le(3600)] = 0.5
     max_batch: Annotated[int, Ge(1), Le(64)] = 8
+    policy: Literal["jellyfish", "edf-small", "edf-medium", "edf-large"] = "jellyfish"
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from failsoft.client import Client
+from failsoft.policies.adaptation.network import frame_kbit
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.session import Session
 from failsoft.zoo.digits import load_digits_split
@@ -166,6 +167,48 @@ def test_bad_client_input_gets_a_4xx_naming_the_value_and_others_are_unaffected(
     assert http.delete(f"/v2/clients/{good}").status_code == 200
     code, body, _ = frame(http, good, row)
     assert code == 404
+
+
+def test_sdk_clients_replaying_traces_measure_their_uplink_and_send_the_frame_size_asked(cluster):
+    """Two SDK clients shape their uplinks to flat traces (4 and 60 Mbit/s): each estimates its own
+    bandwidth from its answers, and the server asks the slow one for the smallest frames and the fast
+    one for larger ones; both are served within the SLO."""
+    import asyncio
+
+    from failsoft.adaptation_data import Trace
+    from failsoft.slo_client import SloStream, TraceUplink
+
+    session, _, _ = cluster
+    split = load_digits_split()
+
+    async def replay(mbps: float) -> tuple[SloStream, list[Any]]:
+        async with httpx.AsyncClient(base_url=session.url, timeout=20.0) as http:
+            uplink = TraceUplink(Trace(f"flat-{mbps}", (mbps,), 1.0), rtt_ms=2.0)
+            stream = SloStream(http, SERVICE, SLO_MS, FPS, uplink=uplink)
+            await stream.register()
+            results = []
+            for i in range(30):
+                results.append(await stream.send(split.x_test[i]))
+                await asyncio.sleep(1.0 / FPS)
+            await stream.leave()
+            return stream, results
+
+    async def both() -> list[tuple[SloStream, list[Any]]]:
+        return list(await asyncio.gather(replay(4.0), replay(60.0)))
+
+    (slow, slow_results), (fast, fast_results) = asyncio.run(both())
+    for stream, results, mbps in ((slow, slow_results, 4.0), (fast, fast_results, 60.0)):
+        late = [(r.e2e_ms, r.drop_reason, r.error) for r in results if r.missed]
+        assert len(late) <= 3, late
+        # the loopback's own time counts as upload: the estimate is a little low, never high
+        assert 0.4 * mbps * 1000 <= stream.bandwidth_kbps <= 1.1 * mbps * 1000, stream.bandwidth_kbps
+    # at 4 Mbit/s a 456 px frame alone takes 169 ms (> the SLO): the slow client is asked for 224 or
+    # 260 px; the fast one for more
+    assert {r.frame_px for r in slow_results[5:]} <= {224, 260} and slow.frame_px <= 260
+    assert fast.frame_px > slow.frame_px
+    # the shaped transfer is what the trace says (plus half the RTT): e.g. 224 px in ~53 ms at 4 Mbit/s
+    for r in slow_results:
+        assert r.upload_ms == pytest.approx(frame_kbit(r.frame_px) / 4.0 + 1.0, rel=0.05)
 
 
 def test_a_killed_workers_clients_are_remapped_and_served_again_within_seconds(cluster):

@@ -121,7 +121,7 @@ def run(
             url, token = session.url, session.prepared.admin_token
             client = Client(url, token=token, timeout=20.0)
             try:
-                _wait_home(client)
+                wait_home(client)
                 plan = replace(plan, input_shape=_input_shape(client, plan.er_apps[0]))
                 result: dict[str, Any] = {"config": str(path), "settings": asdict(settings)}
                 result["load"] = _load_description(plan)
@@ -223,7 +223,7 @@ def _instances(plan: _Plan, policy: str) -> int:
     return plan.k if policy == "none" else plan.k + plan.r
 
 
-def _wait_home(client: Any, timeout_s: float = 120.0) -> None:
+def wait_home(client: Any, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with _quiet():

@@ -73,6 +73,43 @@ def fidelity(
     typer.echo(json.dumps(result, indent=2))
 
 
+@app.command("adaptation")
+def adaptation(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML) with one slo service, e.g. examples/slo.yaml")
+    ],
+    trace: Annotated[
+        str, typer.Option(help="Bandwidth trace the clients replay: synthetic, wifi or lte")
+    ] = "wifi",
+    policy: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--policy", "-p", help="jellyfish, edf-small, edf-medium, edf-large (repeatable; default: all)"
+        ),
+    ] = None,
+    clients: Annotated[int, typer.Option(help="The paper's client set: 1, 2, 4 or 8 clients")] = 4,
+    fps: Annotated[str, typer.Option(help="Client set frame rate: 15, 25 or var")] = "15",
+    slo: Annotated[str, typer.Option(help="Client set SLO (ms): 75, 100, 150 or var")] = "100",
+    duration_s: Annotated[float, typer.Option(min=1, max=600, help="Measured seconds per policy")] = 30.0,
+    warmup_s: Annotated[float, typer.Option(min=0, max=120, help="Unmeasured seconds first")] = 5.0,
+    root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,
+    seed: Annotated[int, typer.Option(help="Trace offsets seed")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """Jellyfish vs Clockwork-style EDF baselines on a real slo service, clients replaying a trace."""
+    from failsoft.bench.adaptation import POLICIES, AdaptationBenchSettings, run
+
+    settings = AdaptationBenchSettings(
+        trace=trace, policies=tuple(policy or POLICIES), clients=clients, fps=fps, slo=slo,
+        duration_s=duration_s, warmup_s=warmup_s, seed=seed, root=root,
+    )  # fmt: skip
+    result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result + "\n")
+    typer.echo(result)
+
+
 @app.command("adaptation-plan")
 def adaptation_plan(
     seeds: Annotated[int, typer.Option(min=1, max=100, help="Random instances per size")] = 3,

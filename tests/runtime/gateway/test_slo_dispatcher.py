@@ -91,7 +91,7 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rigged() -> AsyncIterator[Rig]:
+async def rigged(params: SloParams | None = None) -> AsyncIterator[Rig]:
     clock = ManualClock(1000.0)
     agents = {s: SwitchingAgent(s, clock) for s in ("s1", "s2")}
 
@@ -104,7 +104,7 @@ async def rigged() -> AsyncIterator[Rig]:
     async with mirrored(clock, routes) as (_, mirror):
         apps = {w: App(w, "fam") for w in ("w1", "w2")}
         context = DispatchContext(mirror, agent, clock, apps=apps, families={"fam": FAMILY})  # type: ignore[arg-type]
-        service = Service("pool", ServiceMode.SLO, ("w1", "w2"), SloParams())
+        service = Service("pool", ServiceMode.SLO, ("w1", "w2"), params or SloParams())
         yield Rig(clock, agents, SloDispatcher(service, context))
 
 
@@ -221,3 +221,36 @@ async def test_a_frame_whose_switched_variant_was_unloaded_is_retried_on_the_rou
     answer = await rig.finish(rig.send(client))
     assert (answer.variant, answer.dropped, answer.attempts) == ("v0", False, 2)
     assert [(c["app"], c["variant"]) for c in agent.calls[-2:]] == [(key, "v2"), (worker, "v0")]
+
+
+@rigged_test
+async def test_a_frame_smaller_than_its_variants_input_counts_the_smaller_variants_accuracy(rig):
+    d = rig.dispatcher
+    client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
+    await asyncio.sleep(0)
+    await rig.clock.run_for(LOAD_S)  # switched to v2 (input 600 px)
+    await asyncio.sleep(0)
+    full = await rig.finish(rig.send(client, "r1", frame_px=600))
+    small = await rig.finish(rig.send(client, "r2", frame_px=224))  # v0's input size
+    assert (full.variant, small.variant) == ("v2", "v2")
+    assert (full.accuracy, small.accuracy) == (0.90, 0.80)
+    assert not full.degraded and small.degraded
+
+
+def test_an_edf_baseline_serves_every_client_on_its_fixed_variant_from_the_least_busy_worker():
+    async def run() -> None:
+        async with rigged(SloParams(policy="edf-small")) as rig:
+            d = rig.dispatcher
+            ids = [(await d.register(200, 10, bandwidth_kbps=50_000))["client"] for _ in range(3)]
+            assert d.plan.pooled and {wp.rung for wp in d.plan.workers} == {0}
+            assert d.describe()["policy"] == "edf-small"
+            # no per-worker mapping: two frames in flight at once go to the two workers
+            first, second = rig.send(ids[0], "r1"), rig.send(ids[1], "r2")
+            answers = [await rig.finish(first), await rig.finish(second)]
+            assert sorted(a.server for a in answers) == ["s1", "s2"]
+            assert all(a.variant == "v0" and not a.dropped for a in answers)
+            assert not any(a.loads for a in rig.agents.values())  # the route's variant: no switch
+            # the client's frame size follows throughput only (section 7.3): v0's input
+            assert answers[0].parameters()["next_frame_px"] == 224
+
+    sync(run)()

@@ -149,6 +149,10 @@ class EdfFixed(AdaptationPolicy):
     name: ClassVar[str]
     size: ClassVar[str]
 
+    def __init__(self, seed: int = 0) -> None:
+        """``seed`` is accepted like every adaptation policy's and unused: the baseline is deterministic."""
+        self.seed = seed
+
     def rung(self, snapshot: Snapshot) -> int:
         m = snapshot.ladder.size
         return {"small": 0, "medium": (m - 1) // 2, "large": m - 1}[self.size]

@@ -69,6 +69,7 @@ from failsoft.policies.adaptation.model import ClientSnapshot, Ladder, Plan, Run
 from failsoft.policies.adaptation.network import (
     BandwidthWindow,
     OverheadTracker,
+    carried_frame_rung,
     check_bandwidth,
     check_fps,
     check_slo,
@@ -89,7 +90,6 @@ DEFAULT_RTT_MS = 1.0
 MAX_RTT_MS = 10_000.0
 MAX_CLIENTS = 1024  # per service
 IDLE_S = 10.0  # a client that sends nothing (no frame, no report) this long has left
-POLICY = "jellyfish"
 SEED = 0
 
 
@@ -146,12 +146,13 @@ class SloDispatcher(Dispatcher):
         self.members = service.members
         self.family = _family_of(service, context)
         self.ladder = service_ladder(self.family, self.params.max_batch)
-        self.policy: AdaptationPolicy = registry.make("adaptation", POLICY, SEED)
+        self.policy: AdaptationPolicy = registry.make("adaptation", self.params.policy, SEED)
         self.overhead = OverheadTracker()
         self.clients: dict[str, SloClient] = {}
         self.plan: Plan | None = None
         self.workers: dict[str, _Worker] = {}
         self.suspect: dict[str, Route] = {}  # member -> the route a request found dead
+        self.in_flight: dict[str, int] = dict.fromkeys(service.members, 0)  # pooled plans: JSQ
         self.replans = 0
         self._generation = 0
         self._lock: asyncio.Lock | None = None
@@ -201,7 +202,7 @@ class SloDispatcher(Dispatcher):
         return client
 
     def client_state(self, client: SloClient) -> dict[str, Any]:
-        wp = self.plan.worker_of(client.id) if self.plan else None
+        wp = self._worker_plan(client)
         return {
             "slo_ms": client.slo_ms,
             "fps": client.fps,
@@ -330,8 +331,21 @@ class SloDispatcher(Dispatcher):
         with contextlib.suppress(FailsoftError):
             await self.context.agents(server).unload(*held)
 
+    def _worker_plan(self, client: SloClient) -> WorkerPlan | None:
+        """The client's worker: the one the plan maps it to, or, when the plan pools the workers (the
+        EDF baselines' one shared queue), the live planned worker with the fewest frames in flight."""
+        if self.plan is None:
+            return None
+        if not self.plan.pooled:
+            return self.plan.worker_of(client.id)
+        live = [wp for wp in self.plan.workers if wp.worker in self.workers]
+        return min(live, key=lambda wp: self.in_flight[wp.worker], default=None)
+
     def _next_rung(self, client: SloClient, now: float) -> int:
-        wp = self.plan.worker_of(client.id) if self.plan else None
+        wp = self._worker_plan(client)
+        if wp is not None and self.plan is not None and self.plan.pooled:
+            # the baselines' client adapts to throughput only (section 7.3, as AWStream)
+            return carried_frame_rung(self.ladder, wp.rung, client.fps, client.window.estimate(now))
         w = self.workers.get(wp.worker) if wp else None
         rung = self.ladder.index(w.serving[1]) if w else None
         return next_frame_rung(
@@ -354,7 +368,7 @@ class SloDispatcher(Dispatcher):
         kbit = self._frame_kbit(params.get("frame_px"), client)
         attempts = 0
         while True:
-            wp = self.plan.worker_of(client.id) if self.plan else None
+            wp = self._worker_plan(client)
             w = self.workers.get(wp.worker) if wp else None
             if wp is None or w is None:
                 return self._dropped(client, None, attempts, "unmapped", received)
@@ -366,12 +380,16 @@ class SloDispatcher(Dispatcher):
             if left <= 0:
                 return self._dropped(client, w, attempts, "deadline", received)
             attempts += 1
-            outcome = await self._attempt(w, request, f"{request.request_id}#{attempts}", left)
+            self.in_flight[w.member] += 1
+            try:
+                outcome = await self._attempt(w, request, f"{request.request_id}#{attempts}", left)
+            finally:
+                self.in_flight[w.member] -= 1
             if outcome is _LAZY_DROP:
                 return self._dropped(client, w, attempts, "deadline", received)
             if outcome is _RETRY:
                 continue
-            return self._served(client, w, wp, outcome, attempts, received)
+            return self._served(client, w, wp, outcome, attempts, received, kbit)
 
     async def _attempt(self, w: _Worker, request: Request, call_id: str, left: float) -> Any:
         app, variant = w.serving
@@ -417,17 +435,29 @@ class SloDispatcher(Dispatcher):
         await self.replan_now()
 
     def _served(
-        self, client: SloClient, w: _Worker, wp: WorkerPlan, outputs: Any, attempts: int, received: float
+        self,
+        client: SloClient,
+        w: _Worker,
+        wp: WorkerPlan,
+        outputs: Any,
+        attempts: int,
+        received: float,
+        kbit: float,
     ) -> Answer:
         variant = w.serving[1]
         j = self.ladder.index(variant)
+        # A frame smaller than the variant's input is only as good as the variant that input is for
+        # (the paper's accounting): the answer's accuracy is the lower of the two.
+        sent = max(
+            [i for i, r in enumerate(self.ladder.rungs) if r.frame_kbit <= kbit * (1 + 1e-9)], default=0
+        )
         route = self.context.routes.route(w.member)
         return Answer(
             outputs=outputs,
             server=w.server,
             variant=variant,
-            degraded=j < self.ladder.size - 1,
-            accuracy=self.ladder.rungs[j].accuracy,
+            degraded=min(j, sent) < self.ladder.size - 1,
+            accuracy=self.ladder.rungs[min(j, sent)].accuracy,
             kind=route.kind if route else "slo",
             attempts=attempts,
             detected_at=route.detected_at if route else None,
@@ -493,7 +523,7 @@ class SloDispatcher(Dispatcher):
             "version": None,
             "state": "READY" if ready else "UNAVAILABLE",
             "reason": "" if ready else "no worker has a live server",
-            "policy": POLICY,
+            "policy": self.params.policy,
             "clients": len(self.clients),
             "unmapped": [] if self.plan is None else list(self.plan.unserved),
             "replans": self.replans,
