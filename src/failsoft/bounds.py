@@ -15,6 +15,7 @@ import typing
 from typing import Any
 
 from annotated_types import Ge, Gt, Le, Lt
+from pydantic import ValidationError
 
 # pydantic reads this as ``__pydantic_config__`` on the dataclasses that a config or scenario embeds:
 # unknown keys are refused, as everywhere else in failsoft's inputs.
@@ -65,3 +66,41 @@ def _describe(check: Any) -> str:
     if isinstance(check, Le):
         return f"<= {check.le}"
     return f"< {check.lt}"
+
+
+def describe_validation_error(exc: ValidationError, data: Any) -> str:
+    """The first pydantic error as one line: where (with the entry's name), what, and the bad value.
+
+    ``servers[1] ('s2'): missing required field 'memory_mb'``,
+    ``servers[0] ('s1').memory_mb: Input should be greater than or equal to 0 (got -5)``.
+    """
+    err = exc.errors()[0]
+    loc = list(err["loc"])
+    if err["type"] in ("missing", "extra_forbidden", "unexpected_keyword_argument", "missing_argument"):
+        field_name, loc = loc[-1], loc[:-1]
+        missing = err["type"] in ("missing", "missing_argument")
+        message = f"{'missing required' if missing else 'unknown'} field {field_name!r}"
+    elif err["type"] == "value_error":  # a check of our own: its message names field and value
+        message = str(err.get("ctx", {}).get("error", err["msg"]))
+    else:
+        shown = "input" in err and not isinstance(err["input"], (dict, list))
+        message = err["msg"] + (f" (got {err['input']!r})" if shown else "")
+    path, node = "", data
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        node = _child(node, part)
+        name = (node.get("name") or node.get("variant")) if isinstance(node, dict) else None
+        if isinstance(part, int) and isinstance(name, str):
+            path += f" ({name!r})"
+    more = len(exc.errors()) - 1
+    suffix = f"; and {more} more problem{'s' if more > 1 else ''}" if more else ""
+    return f"{path or 'top level'}: {message}{suffix}"
+
+
+def _child(node: Any, part: Any) -> Any:
+    """``node[part]`` where the input has it, else None."""
+    if isinstance(node, dict):
+        return node.get(part)
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return node[part]
+    return None

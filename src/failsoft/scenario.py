@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from failsoft.bounds import describe_validation_error
 from failsoft.domain import App, Family, Placement, PolicyParams, Scenario, Server, Variant, WarmBackup
 from failsoft.errors import ConfigError
 from failsoft.services import PARAMS_OF_MODE, Service, ServiceMode, check_services
@@ -244,44 +245,6 @@ def _refuse_duplicates(source: str, what: str, names: list[str]) -> None:
 
 def _names(index: dict[str, Any]) -> str:
     return ", ".join(sorted(index)) or "none"
-
-
-def describe_validation_error(exc: ValidationError, data: Any) -> str:
-    """The first pydantic error as one line: where (with the entry's name), what, and the bad value.
-
-    ``servers[1] ('s2'): missing required field 'memory_mb'``,
-    ``servers[0] ('s1').memory_mb: Input should be greater than or equal to 0 (got -5)``.
-    """
-    err = exc.errors()[0]
-    loc = list(err["loc"])
-    if err["type"] in ("missing", "extra_forbidden", "unexpected_keyword_argument", "missing_argument"):
-        field_name, loc = loc[-1], loc[:-1]
-        missing = err["type"] in ("missing", "missing_argument")
-        message = f"{'missing required' if missing else 'unknown'} field {field_name!r}"
-    elif err["type"] == "value_error":  # a check of our own: its message names field and value
-        message = str(err.get("ctx", {}).get("error", err["msg"]))
-    else:
-        shown = "input" in err and not isinstance(err["input"], (dict, list))
-        message = err["msg"] + (f" (got {err['input']!r})" if shown else "")
-    path, node = "", data
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-        node = _child(node, part)
-        name = (node.get("name") or node.get("variant")) if isinstance(node, dict) else None
-        if isinstance(part, int) and isinstance(name, str):
-            path += f" ({name!r})"
-    more = len(exc.errors()) - 1
-    suffix = f"; and {more} more problem{'s' if more > 1 else ''}" if more else ""
-    return f"{path or 'top level'}: {message}{suffix}"
-
-
-def _child(node: Any, part: Any) -> Any:
-    """``node[part]`` where the input has it, else None."""
-    if isinstance(node, dict):
-        return node.get(part)
-    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-        return node[part]
-    return None
 
 
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:

@@ -98,9 +98,7 @@ def serve(
             f'"parameters": {{"max_tokens": 64}}}}\'',
             err=True,
         )
-        assert session._thread is not None
-        while session._thread.is_alive():
-            session._thread.join(0.5)
+        session.wait()
     except KeyboardInterrupt:
         pass
     finally:

@@ -16,7 +16,6 @@ its own loop) and the gateway (:mod:`failsoft.runtime.gateway.llm_app`).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from failsoft.errors import ConfigError, ServingError
+from failsoft.bounds import describe_validation_error
+from failsoft.errors import ConfigError
 from failsoft.services import LlmParams
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,7 @@ def llm_config_from_dict(data: Any, source: str = "config", base_dir: Path | Non
     try:
         spec = LlmConfigModel.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"{source}: {where}: {first['msg']} (got {first.get('input')!r})") from None
+        raise ConfigError(f"{source}: {describe_validation_error(exc, data)}") from None
     try:
         params = LlmParams(**spec.service.params)
     except (TypeError, ValueError) as exc:
@@ -129,7 +127,6 @@ class LlmSession:
         self._specs: dict[str, Any] = {}
         self.dispatcher: Any = None
         self._server: Any = None
-        self._thread: threading.Thread | None = None
         self.port: int | None = None
 
     @property
@@ -197,16 +194,12 @@ class LlmSession:
             self.port = g.port
             self._server.run()
             return
-        self._thread = threading.Thread(target=self._server.run, name="llm-gateway", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30.0
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise ServingError(
-                    f"the llm gateway could not start on {g.host}:{g.port} (is the port in use?)"
-                )
-            time.sleep(0.05)
-        self.port = int(self._server.servers[0].sockets[0].getsockname()[1])
+        self.port = self._server.start_in_thread("llm-gateway")
+
+    def wait(self) -> None:
+        """Block until the gateway (started in the background) ends: Ctrl-C, or :meth:`stop`."""
+        if self._server is not None:
+            self._server.wait()
 
     def kill_worker(self, name: str) -> None:
         """Kill a worker's process for good (a failure: its engine and KV are gone)."""
@@ -239,9 +232,7 @@ class LlmSession:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.should_exit = True
-            if self._thread is not None:
-                self._thread.join(timeout=10.0)
+            self._server.stop()
             self._server = None
         if self.cluster is not None:
             self.cluster.shutdown()

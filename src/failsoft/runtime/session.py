@@ -69,7 +69,6 @@ class Session:
         self.agents: dict[str, Any] = {}
         self.gateway: Any = None
         self._server: Any = None
-        self._thread: threading.Thread | None = None
         self.port: int | None = None
         self.heartbeat: Any = None
 
@@ -187,26 +186,11 @@ class Session:
         )
         self._server = GatewayServer(uv)  # a Ctrl-C ends serving; it is not raised again
         if background:
-            self._thread = threading.Thread(target=self._server.run, name="gateway", daemon=True)
-            self._thread.start()
-            self._wait_started()
-
-    def _wait_started(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if self._thread is not None and not self._thread.is_alive():
-                raise ServingError(
-                    f"the gateway could not start on {self.config.gateway.host}:{self.config.gateway.port} "
-                    "(is the port in use?)"
-                )
-            if time.monotonic() > deadline:
-                raise ServingError("the gateway did not start in time")
-            time.sleep(0.02)
-        self._note_port()
+            self._server.start_in_thread("gateway")
+            self._note_port()
 
     def _note_port(self) -> None:
-        sockets = [s for server in self._server.servers for s in server.sockets]
-        self.port = sockets[0].getsockname()[1] if sockets else self.config.gateway.port
+        self.port = self._server.bound_port()
         self._write_gateway_file()
 
     def serve_forever(self, on_started: Callable[[str], None] | None = None) -> None:
@@ -242,9 +226,7 @@ class Session:
     # 3. stop -------------------------------------------------------------------------------------
     def stop(self) -> None:
         if self._server is not None:
-            self._server.should_exit = True
-            if self._thread is not None:
-                self._thread.join(timeout=10.0)
+            self._server.stop()
             self._server = None
         if self.cluster is not None:
             self.cluster.shutdown()

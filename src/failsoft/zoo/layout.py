@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from failsoft.bounds import describe_validation_error
 from failsoft.errors import CorruptModelError, ModelNotFoundError
 
 CONFIG_FILE = "config.json"
@@ -152,9 +153,7 @@ def read_config(variant_dir: Path) -> VariantConfig:
     try:
         spec = _ConfigSpec.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise CorruptModelError(f"{str(path)!r}: {where}: {err['msg']}") from exc
+        raise CorruptModelError(f"{str(path)!r}: {describe_validation_error(exc, data)}") from exc
     return VariantConfig(
         family=spec.family,
         variant=spec.variant,

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from failsoft.bounds import describe_validation_error
 from failsoft.domain import Family, Variant
 from failsoft.errors import ConfigError, CorruptModelError, ModelNotFoundError
 from failsoft.zoo.layout import (
@@ -125,8 +126,7 @@ class ModelRepository:
         try:
             p = _ProfileSummary.model_validate(data)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            raise CorruptModelError(f"{str(path)!r}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from exc
+            raise CorruptModelError(f"{str(path)!r}: {describe_validation_error(exc, data)}") from exc
         return Variant(
             variant, p.memory_mb, p.accuracy, p.load_ms, p.latency_ms, p.accuracy_source,
             _batch_profile(data.get("latency")),

@@ -57,7 +57,7 @@ def peer(request: Request) -> str:
 
 
 def parse(model: type[BaseModel], body: bytes) -> Any:
-    from failsoft.scenario import describe_validation_error
+    from failsoft.bounds import describe_validation_error
 
     try:
         return model.model_validate_json(body or b"{}")
