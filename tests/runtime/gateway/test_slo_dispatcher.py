@@ -27,7 +27,7 @@ from failsoft.errors import (
 )
 from failsoft.policies.adaptation.network import frame_kbit
 from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SloDispatcher
-from failsoft.runtime.gateway.dispatch.slo import IDLE_S
+from failsoft.runtime.gateway.dispatch.slo import DISPATCH_WINDOW_S, IDLE_S
 from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
 
@@ -254,3 +254,28 @@ def test_an_edf_baseline_serves_every_client_on_its_fixed_variant_from_the_least
             assert answers[0].parameters()["next_frame_px"] == 224
 
     sync(run)()
+
+
+@rigged_test
+async def test_one_stalled_call_does_not_inflate_the_overhead_and_old_times_expire(rig):
+    d = rig.dispatcher
+    client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
+    start_ms = d.overhead.total_ms
+    for i in range(5):
+        await rig.finish(rig.send(client, f"r{i}"))
+    for agent in rig.agents.values():
+        agent.latency_s = 0.150  # one stall of the shared machine, far longer than a dispatch
+    await rig.finish(rig.send(client, "stalled"))
+    for agent in rig.agents.values():
+        agent.latency_s = 0.002
+    # the median of the recent dispatch times: a few ms, not the EWMA's ~40 ms that drops every frame
+    assert d.overhead.total_ms < start_ms + 5
+    for agent in rig.agents.values():
+        agent.latency_s = 0.150  # a long stall: every recent call is slow
+    for i in range(5):
+        await rig.finish(rig.send(client, f"s{i}"))
+    inflated = d.overhead.total_ms
+    assert inflated > start_ms + 50
+    rig.clock.advance(DISPATCH_WINDOW_S + 1)  # no call served since: the old times are forgotten
+    await d.replan_now()
+    assert d.overhead.total_ms == start_ms

@@ -44,7 +44,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +93,8 @@ MAX_RTT_MS = 10_000.0
 MAX_CLIENTS = 1024  # per service
 IDLE_S = 10.0  # a client that sends nothing (no frame, no report) this long has left
 SEED = 0
+DISPATCH_WINDOW_S = 5.0  # dispatch times older than this are forgotten
+DISPATCH_WINDOW_CALLS = 64
 
 
 def frame_sizes_px(count: int) -> tuple[int, ...]:
@@ -107,6 +111,29 @@ def service_ladder(family: Family, max_batch: int) -> Ladder:
     sizes = frame_sizes_px(len(ordered))
     rungs = [Rung(v, px, frame_kbit(px)) for v, px in zip(ordered, sizes, strict=True)]
     return Ladder.build(rungs, max_batch, DEFAULT_BATCH_COST)
+
+
+class DispatchTimes:
+    """The one-way dispatch time (gateway to worker's answer, less the compute), robustly.
+
+    A call's time minus the profile's compute also holds the time the frame waited in the worker's
+    queue and any stall of this machine; an EWMA of it alone lets one stall (a 250 ms pause on the
+    shared CPU was measured) inflate the overhead, shrink every budget, drop every frame before a
+    call is made, and so never be measured again: the service stays dark. So the dispatch time is
+    the median of the last ``window_s`` of calls, and back at ``initial_ms`` when none is left.
+    """
+
+    def __init__(self, initial_ms: float, window_s: float = DISPATCH_WINDOW_S) -> None:
+        self.initial_ms, self.window_s = initial_ms, window_s
+        self._seen: deque[tuple[float, float]] = deque(maxlen=DISPATCH_WINDOW_CALLS)
+
+    def observe(self, now_s: float, one_way_ms: float) -> None:
+        self._seen.append((now_s, one_way_ms))
+
+    def dispatch_ms(self, now_s: float) -> float:
+        while self._seen and self._seen[0][0] < now_s - self.window_s:
+            self._seen.popleft()
+        return statistics.median(ms for _, ms in self._seen) if self._seen else self.initial_ms
 
 
 @dataclass(slots=True)
@@ -148,6 +175,7 @@ class SloDispatcher(Dispatcher):
         self.ladder = service_ladder(self.family, self.params.max_batch)
         self.policy: AdaptationPolicy = registry.make("adaptation", self.params.policy, SEED)
         self.overhead = OverheadTracker()
+        self.dispatch_times = DispatchTimes(self.overhead.dispatch_ms)
         self.clients: dict[str, SloClient] = {}
         self.plan: Plan | None = None
         self.workers: dict[str, _Worker] = {}
@@ -244,6 +272,7 @@ class SloDispatcher(Dispatcher):
             self.plan = None
             self.replans += 1
             return
+        self._track_overhead()  # old measurements expire even when no frame is served
         overhead = self.overhead.total_ms
         snap = Snapshot(
             self.ladder,
@@ -422,8 +451,13 @@ class SloDispatcher(Dispatcher):
         self.context.outcome(w.server, True, "")
         call_ms = (self.context.clock.now() - started) * 1000.0
         compute_ms = float(self.ladder.latency_ms[self.ladder.index(variant), 0])
-        self.overhead.observe(max(call_ms - compute_ms, 0.0) / 2, 0.0, self.overhead.noise_ms)
+        self.dispatch_times.observe(self.context.clock.now(), max(call_ms - compute_ms, 0.0) / 2)
+        self._track_overhead()
         return outputs
+
+    def _track_overhead(self) -> None:
+        """The overhead the budgets charge: the dispatch time as :class:`DispatchTimes` sees it now."""
+        self.overhead.dispatch_ms = self.dispatch_times.dispatch_ms(self.context.clock.now())
 
     async def _worker_failed(self, w: _Worker) -> None:
         """A request found ``w``'s server gone: leave it out until its route changes, re-map now."""
