@@ -150,8 +150,11 @@ class EdfFixed(AdaptationPolicy):
     size: ClassVar[str]
 
     def rung(self, snapshot: Snapshot) -> int:
-        m = snapshot.ladder.size
-        return {"small": 0, "medium": (m - 1) // 2, "large": m - 1}[self.size]
+        """The smallest, middle or largest *model* (a low-resolution feed is not a variant of its own;
+        the baseline's clients still send such frames when their uplink needs it)."""
+        models = snapshot.ladder.models
+        m = len(models)
+        return models[{"small": 0, "medium": (m - 1) // 2, "large": m - 1}[self.size]]
 
     def plan(self, snapshot: Snapshot) -> Plan:
         ladder = snapshot.ladder
