@@ -7,20 +7,29 @@ after half the round trip, waits in a serving queue, runs in a batch and comes b
 overhead and the other half of the round trip. A frame *misses* if it is dropped or answered after
 its SLO.
 
+The client is the public one: the server acks each frame on arrival; the ack's round trip feeds the
+client's :class:`UplinkEstimator`, whose estimate rides on the next frame to the server's
+:class:`BandwidthWindow`; each frame goes out at the largest size, up to the one the server asked
+for last, that this estimate carries at the client's frame rate ("best backoff",
+``carried_frame_rung``). The ladder has, besides EfficientNet B0-B7, low-resolution feeds of B0
+(``low_res_px``: 128, 160, 192 px frames upscaled on the server, at B0's cost and a declared
+accuracy): the paper's client sends "the maximum possible size" when the network cannot carry the
+model's (section 3.1), and its smallest frame is 128 px. ``client_backoff=False, low_res_px=()``
+gives the earlier model (estimates fed by answers only, frames never below 224 px).
+
 * ``jellyfish``: the controller re-plans every ``replan_s`` (0.5 s) with the adaptation policy, from
-  each client's server-side bandwidth estimate (:class:`~failsoft.policies.adaptation.network.
-  BandwidthWindow`, fed by the client's :class:`UplinkEstimator` on every answer); each worker runs
-  its variant with fixed-size batches and lazy drop (the ``batch-lazy-drop`` discipline), and every
-  answer tells the client the frame size to send next (``next_frame_rung``). An unmapped client's
-  frames are dropped at once, as the public server does.
-* ``edf-small|medium|large``: every worker runs the fixed variant; all frames share one EDF queue
-  with lazy drop; each client sends the largest frame, up to that variant's input size, that its
-  uplink carries at its frame rate (section 7.3: the baselines adapt the frame size too, on
-  throughput alone).
+  each client's server-side estimate; each worker runs its rung with fixed-size batches and lazy
+  drop (the ``batch-lazy-drop`` discipline), and every answer tells the client the frame size to send
+  next (``next_frame_rung``). An unmapped client's frames are dropped at once, as the public server
+  does (the paper, section 8, leaves such clients to local execution).
+* ``edf-small|medium|large``: every worker runs the smallest, middle or largest *model* (a
+  low-resolution feed is not a variant of its own); all frames share one EDF queue with lazy drop;
+  the client asks for that model's input size and backs off the same way (section 7.3: the
+  baselines adapt the frame size too, on throughput alone).
 
 Simplifications (said in docs/jellyfish.md): variant switches take effect at once (the paper keeps
 the neighbouring variants resident on the GPU); a frame smaller than its model's input scores the
-smaller variant's accuracy (the upscaled frame carries no more detail); service times are the
+smaller rung's accuracy (the upscaled frame carries no more detail); service times are the
 ladder's profiled latencies, without noise.
 """
 
@@ -115,6 +124,7 @@ class _Run:
     dropped: int = 0
     unmapped: int = 0  # of the dropped: the client had no worker (no variant fits its budget)
     late: int = 0
+    upscaled: int = 0  # of the in-time answers: frames smaller than the smallest model's input
 
 
 def _client(run: _Run, c: int, trace: Trace, offset_s: float, phase_s: float) -> Any:
@@ -198,6 +208,7 @@ def _answer(run: _Run, frame: _Frame, served: tuple[int, int] | None, done_s: fl
     else:
         run.latencies_ms.append(e2e_ms)
         run.accuracies.append(float(run.ladder.accuracy[min(frame.rung, served[0])]))
+        run.upscaled += run.ladder.rungs[frame.rung].upscaled
     if not cfg.client_backoff:
         kbps = run.estimators[c].observe(
             frame.kbit, e2e_ms, (done_s - frame.arrive_s) * 1000.0 + cfg.overhead_ms
@@ -292,6 +303,7 @@ def simulate_run(
         "late": run.late,
         "accuracy": round(statistics.mean(run.accuracies), 6) if run.accuracies else 0.0,
         "answered_in_time": answered,
+        "answered_upscaled": run.upscaled,
         "latency_p50_ms": round(float(np.percentile(lat, 50)), 2) if lat else None,
         "latency_p99_ms": round(float(np.percentile(lat, 99)), 2) if lat else None,
     }
@@ -344,7 +356,8 @@ def summarize(rows: Sequence[dict[str, Any]], cfg: JellyfishSimConfig) -> dict[s
                     "miss_rate": round(missed / frames, 6) if frames else 0.0,
                     "accuracy": round(accuracy, 6), "dropped": sum(r["dropped"] for r in group),
                     "dropped_unmapped": sum(r["dropped_unmapped"] for r in group),
-                    "late": sum(r["late"] for r in group)})  # fmt: skip
+                    "late": sum(r["late"] for r in group),
+                    "answered_upscaled": sum(r["answered_upscaled"] for r in group)})  # fmt: skip
     return {"experiment": "jellyfish", "config": asdict(cfg), "by_trace_policy": out}
 
 
