@@ -73,3 +73,38 @@ def test_simulate_jellyfish_writes_csv_summary_and_figure(tmp_path, capsys, monk
     ]
     assert (out / "jellyfish.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["simulate", "jellyfish", "--out", str(out), "-p", "nope"]) != 0
+
+
+LOW = Trace("low", (3.5,), 1.0)  # carries 160 px frames at 25 fps, not B0's 224 px (5.2 Mbit/s)
+OLD = JellyfishSimConfig(duration_s=5.0, low_res_px=(), client_backoff=False)  # before the LTE fix
+
+
+@pytest.mark.parametrize("policy", ["jellyfish", "edf-small"])
+def test_an_uplink_too_slow_for_the_smallest_model_gets_served_at_a_lower_resolution(policy) -> None:
+    from failsoft.adaptation_data import LOW_RES_PX, upscaled_accuracy
+
+    client = ((150.0, 25.0),)
+    new = simulate_run(efficientnet_ladder(low_res_px=LOW_RES_PX), client, LOW, policy, 0, CFG)
+    assert new["miss_rate"] <= 0.01
+    # its frames are upscaled 160 px ones, scored at the declared cost, below B0's own 77.7%
+    b0 = efficientnet_ladder().rungs[0].accuracy
+    assert new["accuracy"] == pytest.approx(upscaled_accuracy(b0, 160), abs=0.01)
+    assert new["accuracy"] < b0 - 0.03
+    old = simulate_run(efficientnet_ladder(), client, LOW, policy, 0, OLD)
+    assert old["miss_rate"] >= 0.5  # no variant fitted: unmapped (jellyfish) or piled up on the uplink
+    if policy == "jellyfish":
+        assert old["dropped_unmapped"] >= 0.5 * old["requests"]
+        assert new["dropped_unmapped"] == 0
+
+
+def test_the_client_backs_off_on_its_own_estimate_in_a_dip() -> None:
+    dip = Trace("dip", (10.0, 10.0, 10.0, 3.5, 3.5, 10.0), 1.0)  # two 2 s dips in any 12 s
+    ladder = efficientnet_ladder(low_res_px=(128, 160, 192))
+    clients = ((150.0, 25.0), (100.0, 15.0))
+    cfg = JellyfishSimConfig(duration_s=12.0)
+    slow = JellyfishSimConfig(duration_s=12.0, client_backoff=False)  # waits for the server's answers
+    for seed in (0, 1):
+        backoff = simulate_run(ladder, clients, dip, "jellyfish", seed, cfg)
+        waits = simulate_run(ladder, clients, dip, "jellyfish", seed, slow)
+        assert backoff["miss_rate"] < 0.5 * waits["miss_rate"]
+        assert backoff["dropped_unmapped"] < 0.5 * waits["dropped_unmapped"]

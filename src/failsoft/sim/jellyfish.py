@@ -7,20 +7,29 @@ after half the round trip, waits in a serving queue, runs in a batch and comes b
 overhead and the other half of the round trip. A frame *misses* if it is dropped or answered after
 its SLO.
 
+The client is the public one: the server acks each frame on arrival; the ack's round trip feeds the
+client's :class:`UplinkEstimator`, whose estimate rides on the next frame to the server's
+:class:`BandwidthWindow`; each frame goes out at the largest size, up to the one the server asked
+for last, that this estimate carries at the client's frame rate ("best backoff",
+``carried_frame_rung``). The ladder has, besides EfficientNet B0-B7, low-resolution feeds of B0
+(``low_res_px``: 128, 160, 192 px frames upscaled on the server, at B0's cost and a declared
+accuracy): the paper's client sends "the maximum possible size" when the network cannot carry the
+model's (section 3.1), and its smallest frame is 128 px. ``client_backoff=False, low_res_px=()``
+gives the earlier model (estimates fed by answers only, frames never below 224 px).
+
 * ``jellyfish``: the controller re-plans every ``replan_s`` (0.5 s) with the adaptation policy, from
-  each client's server-side bandwidth estimate (:class:`~failsoft.policies.adaptation.network.
-  BandwidthWindow`, fed by the client's :class:`UplinkEstimator` on every answer); each worker runs
-  its variant with fixed-size batches and lazy drop (the ``batch-lazy-drop`` discipline), and every
-  answer tells the client the frame size to send next (``next_frame_rung``). An unmapped client's
-  frames are dropped at once, as the public server does.
-* ``edf-small|medium|large``: every worker runs the fixed variant; all frames share one EDF queue
-  with lazy drop; each client sends the largest frame, up to that variant's input size, that its
-  uplink carries at its frame rate (section 7.3: the baselines adapt the frame size too, on
-  throughput alone).
+  each client's server-side estimate; each worker runs its rung with fixed-size batches and lazy
+  drop (the ``batch-lazy-drop`` discipline), and every answer tells the client the frame size to send
+  next (``next_frame_rung``). An unmapped client's frames are dropped at once, as the public server
+  does (the paper, section 8, leaves such clients to local execution).
+* ``edf-small|medium|large``: every worker runs the smallest, middle or largest *model* (a
+  low-resolution feed is not a variant of its own); all frames share one EDF queue with lazy drop;
+  the client asks for that model's input size and backs off the same way (section 7.3: the
+  baselines adapt the frame size too, on throughput alone).
 
 Simplifications (said in docs/jellyfish.md): variant switches take effect at once (the paper keeps
 the neighbouring variants resident on the GPU); a frame smaller than its model's input scores the
-smaller variant's accuracy (the upscaled frame carries no more detail); service times are the
+smaller rung's accuracy (the upscaled frame carries no more detail); service times are the
 ladder's profiled latencies, without noise.
 """
 
@@ -37,6 +46,7 @@ import simpy
 
 from failsoft.adaptation_data import (
     DEFAULT_BATCH_COST,
+    LOW_RES_PX,
     Trace,
     bundled_client_set,
     bundled_trace,
@@ -70,6 +80,14 @@ class JellyfishSimConfig:
     overhead_ms: float = 4.0  # 2 x dispatch + pre-processing + noise, the public server's start values
     replan_s: float = 0.5
     max_batch: int = 8
+    # frames below EfficientNet-B0's 224 px a client may send in a bandwidth dip (upscaled on the
+    # server, at a declared accuracy cost: adaptation_data.upscaled_accuracy); () = none
+    low_res_px: tuple[int, ...] = LOW_RES_PX
+    # the public client: its bandwidth estimate is fed by the server's ack of each frame (sent on
+    # arrival), piggybacked on its next frame, and each frame is sent at the largest size up to the
+    # one the server asked for that this estimate carries ("best backoff"). False: the estimate is fed
+    # by the answers only and the client sends what the last answer asked for.
+    client_backoff: bool = True
 
 
 @dataclass
@@ -79,6 +97,7 @@ class _Frame:
     rung: int
     kbit: float
     arrive_s: float = 0.0
+    bw_kbps: float | None = None  # the client's estimate, piggybacked on the frame
 
 
 @dataclass
@@ -92,7 +111,8 @@ class _Run:
     policy: str
     windows: list[BandwidthWindow]
     estimators: list[UplinkEstimator]
-    next_rung: list[int]
+    next_rung: list[int]  # the frame size the server asked for last
+    client_bw: list[float]  # the client's own estimate (kbps): its registration value, then measured
     worker_rung: list[int]
     worker_batch: list[int]
     worker_of: dict[int, int] = field(default_factory=dict)
@@ -104,6 +124,7 @@ class _Run:
     dropped: int = 0
     unmapped: int = 0  # of the dropped: the client had no worker (no variant fits its budget)
     late: int = 0
+    upscaled: int = 0  # of the in-time answers: frames smaller than the smallest model's input
 
 
 def _client(run: _Run, c: int, trace: Trace, offset_s: float, phase_s: float) -> Any:
@@ -113,7 +134,11 @@ def _client(run: _Run, c: int, trace: Trace, offset_s: float, phase_s: float) ->
     uplink_free = 0.0
     while env.now < run.cfg.duration_s:
         rung = run.next_rung[c]
-        frame = _Frame(c, env.now, rung, ladder.rungs[rung].frame_kbit)
+        bw = None
+        if run.cfg.client_backoff:
+            bw = run.client_bw[c]
+            rung = carried_frame_rung(ladder, rung, fps, bw)
+        frame = _Frame(c, env.now, rung, ladder.rungs[rung].frame_kbit, bw_kbps=bw)
         start = max(env.now, uplink_free)
         transfer_s = frame.kbit / (trace.at(start, offset_s) * 1000.0)
         uplink_free = start + transfer_s
@@ -124,22 +149,29 @@ def _client(run: _Run, c: int, trace: Trace, offset_s: float, phase_s: float) ->
 
 
 def _deliver(run: _Run, frame: _Frame) -> Any:
-    env = run.env
+    env, c = run.env, frame.client
     yield env.timeout(frame.arrive_s - env.now)
-    slo_ms = run.clients[frame.client][0]
+    if frame.bw_kbps is not None:
+        run.windows[c].report(env.now, frame.bw_kbps)
+    slo_ms = run.clients[c][0]
     if run.policy == "jellyfish":
-        k = run.worker_of.get(frame.client)
+        k = run.worker_of.get(c)
         if k is None:
             run.unmapped += 1
             _answer(run, frame, None, env.now)
-            return
     else:
         k = 0  # one shared EDF queue
-    bw = run.windows[frame.client].estimate(env.now)
-    deadline = server_deadline_s(env.now, slo_ms, frame.kbit, bw, run.cfg.rtt_ms, run.cfg.overhead_ms)
-    run.queues[k].append(Queued(frame, env.now, deadline))
-    if not run.wakeups[k].triggered:
-        run.wakeups[k].succeed()
+    if k is not None:
+        bw = run.windows[c].estimate(env.now)
+        deadline = server_deadline_s(env.now, slo_ms, frame.kbit, bw, run.cfg.rtt_ms, run.cfg.overhead_ms)
+        run.queues[k].append(Queued(frame, env.now, deadline))
+        if not run.wakeups[k].triggered:
+            run.wakeups[k].succeed()
+    if run.cfg.client_backoff:  # the ack reaches the client after the way back
+        yield env.timeout(run.cfg.rtt_ms / 2000.0)
+        kbps = run.estimators[c].observe(frame.kbit, (env.now - frame.sent_s) * 1000.0, 0.0)
+        if kbps is not None:
+            run.client_bw[c] = kbps
 
 
 def _worker(run: _Run, w: int, discipline: Callable[[int], QueueDiscipline]) -> Any:
@@ -176,12 +208,17 @@ def _answer(run: _Run, frame: _Frame, served: tuple[int, int] | None, done_s: fl
     else:
         run.latencies_ms.append(e2e_ms)
         run.accuracies.append(float(run.ladder.accuracy[min(frame.rung, served[0])]))
-    kbps = run.estimators[c].observe(frame.kbit, e2e_ms, (done_s - frame.arrive_s) * 1000.0 + cfg.overhead_ms)
-    if kbps is not None:
-        run.windows[c].report(run.env.now, kbps)
+        run.upscaled += run.ladder.rungs[frame.rung].upscaled
+    if not cfg.client_backoff:
+        kbps = run.estimators[c].observe(
+            frame.kbit, e2e_ms, (done_s - frame.arrive_s) * 1000.0 + cfg.overhead_ms
+        )
+        if kbps is not None:
+            run.windows[c].report(run.env.now, kbps)
     bw = run.windows[c].estimate(run.env.now)
     if run.policy != "jellyfish":
-        run.next_rung[c] = carried_frame_rung(run.ladder, run.worker_rung[0], fps, bw)
+        top = run.worker_rung[0]  # with client_backoff, the client picks the frame its uplink carries
+        run.next_rung[c] = top if cfg.client_backoff else carried_frame_rung(run.ladder, top, fps, bw)
     else:
         k = run.worker_of.get(c)
         rung = run.worker_rung[k] if k is not None else None
@@ -238,7 +275,8 @@ def simulate_run(
     pooled = fixed is not None
     run = _Run(
         env, ladder, cfg, tuple(clients), policy_name, windows, [UplinkEstimator() for _ in range(n)],
-        [start_rung] * n, [start_rung] * cfg.workers, [cfg.max_batch if pooled else 1] * cfg.workers,
+        [start_rung] * n, [trace.at(0.0, o) * 1000.0 for o in offsets], [start_rung] * cfg.workers,
+        [cfg.max_batch if pooled else 1] * cfg.workers,
     )  # fmt: skip
     queues = 1 if pooled else cfg.workers
     run.queues = [[] for _ in range(queues)]
@@ -265,6 +303,7 @@ def simulate_run(
         "late": run.late,
         "accuracy": round(statistics.mean(run.accuracies), 6) if run.accuracies else 0.0,
         "answered_in_time": answered,
+        "answered_upscaled": run.upscaled,
         "latency_p50_ms": round(float(np.percentile(lat, 50)), 2) if lat else None,
         "latency_p99_ms": round(float(np.percentile(lat, 99)), 2) if lat else None,
     }
@@ -283,7 +322,7 @@ class Sweep:
 def run_sweep(
     sweep: Sweep, cfg: JellyfishSimConfig, on_row: Callable[[dict[str, Any]], None] | None = None
 ) -> list[dict[str, Any]]:
-    ladder = efficientnet_ladder(cfg.max_batch)
+    ladder = efficientnet_ladder(cfg.max_batch, low_res_px=cfg.low_res_px)
     rows = []
     for trace_name in sweep.traces:
         trace = bundled_trace(trace_name)
@@ -317,7 +356,8 @@ def summarize(rows: Sequence[dict[str, Any]], cfg: JellyfishSimConfig) -> dict[s
                     "miss_rate": round(missed / frames, 6) if frames else 0.0,
                     "accuracy": round(accuracy, 6), "dropped": sum(r["dropped"] for r in group),
                     "dropped_unmapped": sum(r["dropped_unmapped"] for r in group),
-                    "late": sum(r["late"] for r in group)})  # fmt: skip
+                    "late": sum(r["late"] for r in group),
+                    "answered_upscaled": sum(r["answered_upscaled"] for r in group)})  # fmt: skip
     return {"experiment": "jellyfish", "config": asdict(cfg), "by_trace_policy": out}
 
 

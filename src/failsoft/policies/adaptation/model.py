@@ -34,19 +34,55 @@ QUEUE_FACTOR = 2.0  # eq. 6: a request may wait for one batch, then run in its o
 
 @dataclass(frozen=True)
 class Rung:
-    """One variant of the ladder: the model, the frame size it wants, its declared accuracy."""
+    """One variant of the ladder: the model, the frame size it wants, its declared accuracy.
+
+    A rung may also be a *low-resolution feed* of a model (``frame_px`` below ``input_px``): the
+    client sends smaller frames, which the server upscales to the model's input (the Jellyfish paper,
+    section 3.1: the client sends "the maximum possible size" when the network cannot carry the
+    model's own). Such a rung costs what the model costs, carries ``frame_kbit`` of the smaller frame,
+    and scores ``frame_accuracy``, a number its maker must declare (upscaling adds no detail).
+    """
 
     variant: Variant
-    input_px: int  # square input; the client sends frames of this size for it
-    frame_kbit: float  # the compressed frame on the wire (network.frame_kbit)
+    input_px: int  # square input of the model
+    frame_kbit: float  # the compressed frame on the wire (network.frame_kbit of frame_px)
+    frame_px: int | None = None  # the frame the client sends, when smaller than input_px
+    frame_accuracy: float | None = None  # declared accuracy of those upscaled frames
+
+    def __post_init__(self) -> None:
+        if (self.frame_px is None) != (self.frame_accuracy is None):
+            raise ConfigError(
+                f"variant {self.variant.name!r}: a low-resolution rung needs both frame_px and frame_accuracy"
+            )
+        if self.frame_px is not None and self.frame_accuracy is not None:
+            if not 1 <= self.frame_px < self.input_px:
+                raise ConfigError(
+                    f"variant {self.variant.name!r}: frame_px {self.frame_px!r} must be below the "
+                    f"model's input {self.input_px} px"
+                )
+            if not 0 < self.frame_accuracy <= self.variant.accuracy:
+                raise ConfigError(
+                    f"variant {self.variant.name!r}: upscaled frames of {self.frame_px} px cannot score "
+                    f"{self.frame_accuracy!r} (must be in (0, {self.variant.accuracy!r}])"
+                )
+
+    @property
+    def upscaled(self) -> bool:
+        """True for a low-resolution feed of the model (frames smaller than its input)."""
+        return self.frame_px is not None
+
+    @property
+    def px(self) -> int:
+        """The frame size the client sends for this rung."""
+        return self.frame_px if self.frame_px is not None else self.input_px
 
     @property
     def name(self) -> str:
-        return self.variant.name
+        return f"{self.variant.name}@{self.frame_px}px" if self.frame_px is not None else self.variant.name
 
     @property
     def accuracy(self) -> float:
-        return self.variant.accuracy
+        return self.frame_accuracy if self.frame_accuracy is not None else self.variant.accuracy
 
 
 @dataclass(frozen=True)
@@ -73,12 +109,12 @@ class Ladder:
             raise ConfigError("an adaptation ladder needs at least one variant")
         if not 1 <= max_batch <= 64:
             raise ConfigError(f"max_batch must be in 1..64; got {max_batch!r}")
-        ordered = sorted(rungs, key=lambda r: (r.input_px, r.accuracy))
+        ordered = sorted(rungs, key=lambda r: (r.px, r.accuracy))
         for lo, hi in itertools.pairwise(ordered):
             if hi.accuracy < lo.accuracy:
                 raise ConfigError(
-                    f"variant {hi.name!r} (input {hi.input_px} px) is less accurate than "
-                    f"{lo.name!r} (input {lo.input_px} px): {hi.accuracy!r} < {lo.accuracy!r}"
+                    f"variant {hi.name!r} (input {hi.px} px) is less accurate than "
+                    f"{lo.name!r} (input {lo.px} px): {hi.accuracy!r} < {lo.accuracy!r}"
                 )
         lat = np.array(
             [[r.variant.latency_at(b, batch_cost) for b in range(1, max_batch + 1)] for r in ordered],
@@ -101,6 +137,11 @@ class Ladder:
     @property
     def accuracy(self) -> np.ndarray:
         return np.array([r.accuracy for r in self.rungs])
+
+    @property
+    def models(self) -> tuple[int, ...]:
+        """The rungs that feed a model its own input size (not a low-resolution feed), by size."""
+        return tuple(j for j, r in enumerate(self.rungs) if not r.upscaled)
 
     def index(self, name: str) -> int:
         for j, r in enumerate(self.rungs):

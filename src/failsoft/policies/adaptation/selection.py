@@ -154,8 +154,11 @@ class EdfFixed(AdaptationPolicy):
         self.seed = seed
 
     def rung(self, snapshot: Snapshot) -> int:
-        m = snapshot.ladder.size
-        return {"small": 0, "medium": (m - 1) // 2, "large": m - 1}[self.size]
+        """The smallest, middle or largest *model* (a low-resolution feed is not a variant of its own;
+        the baseline's clients still send such frames when their uplink needs it)."""
+        models = snapshot.ladder.models
+        m = len(models)
+        return models[{"small": 0, "medium": (m - 1) // 2, "large": m - 1}[self.size]]
 
     def plan(self, snapshot: Snapshot) -> Plan:
         ladder = snapshot.ladder
