@@ -109,7 +109,8 @@ class SloStream:
         self.rtt_ms = rtt_ms if rtt_ms is not None else (uplink.rtt_ms if uplink else 1.0)
         self.estimator = UplinkEstimator(one_way_ms=self.rtt_ms / 2)
         self.client_id: str | None = None
-        self.frame_px = DEFAULT_FRAME_PX
+        self.frame_px = DEFAULT_FRAME_PX  # the size the server asked for last
+        self.frame_sizes_px: tuple[int, ...] = ()  # the sizes the service takes, from registration
         self.bandwidth_kbps: float | None = None
         self._t0 = time.monotonic()
 
@@ -128,6 +129,7 @@ class SloStream:
         answer = checked_body(response)
         self.client_id = answer["client"]
         self.frame_px = int(answer.get("frame_px") or self.frame_px)
+        self.frame_sizes_px = tuple(sorted(int(px) for px in answer.get("frame_sizes_px") or ()))
         self._t0 = time.monotonic()
         return answer
 
@@ -137,7 +139,8 @@ class SloStream:
         if self.client_id is None:
             raise ConfigError("register the stream before sending frames")
         captured = time.monotonic()
-        px, kbit = self.frame_px, frame_kbit(self.frame_px)
+        px = self.backoff_px()
+        kbit = frame_kbit(px)
         start, arrival = captured, captured
         if self.uplink is not None:
             start, arrival = self.uplink.schedule(captured - self._t0, kbit)
@@ -168,6 +171,19 @@ class SloStream:
             captured, e2e, (arrival - start) * 1000.0, px, dropped, dropped or e2e > self.slo_ms,
             p.get("variant"), p.get("accuracy"), outputs, None, p.get("drop_reason"),
         )  # fmt: skip
+
+    def backoff_px(self) -> int:
+        """The frame size to send now (the public client's "best backoff"): the largest the service
+        takes, up to the one it asked for, that the client's own bandwidth estimate carries at its
+        frame rate; the smallest when none does. The server's ask lags a falling uplink by up to a
+        plan; this follows the client's latest measurement, frame by frame."""
+        if self.bandwidth_kbps is None or not self.frame_sizes_px:
+            return self.frame_px
+        sizes = [px for px in self.frame_sizes_px if px <= self.frame_px] or [self.frame_sizes_px[0]]
+        for px in reversed(sizes):
+            if self.bandwidth_kbps / frame_kbit(px) > self.fps:
+                return px
+        return sizes[0]
 
     def _failed(self, captured: float, upload_s: float, px: int, error: str) -> FrameResult:
         e2e = (time.monotonic() - captured) * 1000.0

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from failsoft.adaptation_data import upscaled_accuracy
 from failsoft.clock import ManualClock
 from failsoft.domain import App, Family, Variant
 from failsoft.errors import (
@@ -242,7 +243,7 @@ def test_an_edf_baseline_serves_every_client_on_its_fixed_variant_from_the_least
         async with rigged(SloParams(policy="edf-small")) as rig:
             d = rig.dispatcher
             ids = [(await d.register(200, 10, bandwidth_kbps=50_000))["client"] for _ in range(3)]
-            assert d.plan.pooled and {wp.rung for wp in d.plan.workers} == {0}
+            assert d.plan.pooled and {d.ladder.rungs[wp.rung].name for wp in d.plan.workers} == {"v0"}
             assert d.describe()["policy"] == "edf-small"
             # no per-worker mapping: two frames in flight at once go to the two workers
             first, second = rig.send(ids[0], "r1"), rig.send(ids[1], "r2")
@@ -279,3 +280,16 @@ async def test_one_stalled_call_does_not_inflate_the_overhead_and_old_times_expi
     rig.clock.advance(DISPATCH_WINDOW_S + 1)  # no call served since: the old times are forgotten
     await d.replan_now()
     assert d.overhead.total_ms == start_ms
+
+
+@rigged_test
+async def test_a_client_whose_uplink_cannot_carry_224_px_gets_smaller_frames_at_declared_accuracy(rig):
+    d = rig.dispatcher
+    # 1.5 Mbit/s carries 7 frames/s of 224 px, fewer than the client's 10: only the upscaled feeds fit
+    reg = await d.register(300, 10, bandwidth_kbps=1_500)
+    assert reg["worker"] is not None and reg["variant"] == "v0"  # mapped, not left unserved
+    assert reg["frame_px"] < 224 and reg["frame_sizes_px"][:4] == [128, 160, 192, 224]
+    answer = await rig.finish(rig.send(reg["client"], frame_px=reg["frame_px"]))
+    assert not answer.dropped and answer.variant == "v0"
+    assert answer.accuracy == pytest.approx(upscaled_accuracy(0.80, reg["frame_px"]))
+    assert answer.accuracy < 0.80 and answer.degraded

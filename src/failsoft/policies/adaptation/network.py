@@ -88,7 +88,7 @@ def check_slo(slo_ms: float, ladder: Ladder) -> float:
         raise ConfigError(f"slo_ms must be a positive number; got {slo_ms!r}")
     if slo_ms < QUEUE_FACTOR * fastest:
         raise ConfigError(
-            f"slo_ms {slo_ms!r} is below what the fastest variant {ladder.rungs[0].name!r} needs "
+            f"slo_ms {slo_ms!r} is below what the fastest variant {ladder.rungs[0].variant.name!r} needs "
             f"({QUEUE_FACTOR:g} x {fastest:.2f} ms: one batch waited for, one run)"
         )
     return float(slo_ms)

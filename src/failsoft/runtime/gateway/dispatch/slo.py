@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from failsoft.adaptation_data import DEFAULT_BATCH_COST
+from failsoft.adaptation_data import DEFAULT_BATCH_COST, LOW_RES_PX, upscaled_accuracy
 from failsoft.domain import Family
 from failsoft.errors import (
     ConfigError,
@@ -105,11 +105,17 @@ def frame_sizes_px(count: int) -> tuple[int, ...]:
     return tuple(SIZE_LADDER_PX[int(i)] for i in picks)
 
 
-def service_ladder(family: Family, max_batch: int) -> Ladder:
-    """The family's variants, by accuracy, as an adaptation ladder with growing frame sizes."""
+def service_ladder(family: Family, max_batch: int, low_res_px: tuple[int, ...] = LOW_RES_PX) -> Ladder:
+    """The family's variants, by accuracy, as an adaptation ladder with growing frame sizes, and the
+    least accurate one also fed smaller frames (``low_res_px``, upscaled; their accuracy declared by
+    :func:`~failsoft.adaptation_data.upscaled_accuracy`) for clients whose uplink cannot carry 224 px."""
     ordered = sorted(family.variants, key=lambda v: (v.accuracy, v.latency_ms, v.name))
     sizes = frame_sizes_px(len(ordered))
     rungs = [Rung(v, px, frame_kbit(px)) for v, px in zip(ordered, sizes, strict=True)]
+    smallest = rungs[0]
+    for px in sorted(set(low_res_px)):
+        accuracy = upscaled_accuracy(smallest.accuracy, px, smallest.input_px)
+        rungs.append(Rung(smallest.variant, smallest.input_px, frame_kbit(px), px, accuracy))
     return Ladder.build(rungs, max_batch, DEFAULT_BATCH_COST)
 
 
@@ -235,8 +241,9 @@ class SloDispatcher(Dispatcher):
             "slo_ms": client.slo_ms,
             "fps": client.fps,
             "worker": None if wp is None else wp.worker,
-            "variant": None if wp is None else self.ladder.rungs[wp.rung].name,
-            "frame_px": self.ladder.rungs[client.frame_rung].input_px,
+            "variant": None if wp is None else self.ladder.rungs[wp.rung].variant.name,
+            "frame_px": self.ladder.rungs[client.frame_rung].px,
+            "frame_sizes_px": sorted({r.px for r in self.ladder.rungs}),
         }
 
     # planning --------------------------------------------------------------------------------
@@ -293,7 +300,7 @@ class SloDispatcher(Dispatcher):
         self.plan = plan
         self.replans += 1
         for wp in plan.workers:
-            self._switch(wp.worker, self.ladder.rungs[wp.rung].name)
+            self._switch(wp.worker, self.ladder.rungs[wp.rung].variant.name)
         for c in clients:
             c.frame_rung = self._next_rung(c, now)
 
@@ -376,7 +383,10 @@ class SloDispatcher(Dispatcher):
             # the baselines' client adapts to throughput only (section 7.3, as AWStream)
             return carried_frame_rung(self.ladder, wp.rung, client.fps, client.window.estimate(now))
         w = self.workers.get(wp.worker) if wp else None
-        rung = self.ladder.index(w.serving[1]) if w else None
+        rung = None
+        if wp is not None and w is not None:  # the plan's rung, once the worker serves its model
+            planned = self.ladder.rungs[wp.rung]
+            rung = wp.rung if planned.variant.name == w.serving[1] else self.ladder.index(w.serving[1])
         return next_frame_rung(
             self.ladder, rung, wp.batch if wp else 0, client.slo_ms, client.fps,
             client.window.estimate(now), client.rtt_ms, self.overhead.total_ms,
@@ -524,7 +534,7 @@ class SloDispatcher(Dispatcher):
             ("worker", worker),
             ("batch", batch),
             ("residence_ms", round((now - received) * 1000.0, 3)),
-            ("next_frame_px", self.ladder.rungs[client.frame_rung].input_px),
+            ("next_frame_px", self.ladder.rungs[client.frame_rung].px),
         )
 
     def _frame_kbit(self, frame_px: Any, client: SloClient) -> float:
@@ -562,7 +572,7 @@ class SloDispatcher(Dispatcher):
             "unmapped": [] if self.plan is None else list(self.plan.unserved),
             "replans": self.replans,
             "overhead_ms": round(self.overhead.total_ms, 3),
-            "variants": {r.name: r.input_px for r in self.ladder.rungs},
+            "variants": {r.name: r.px for r in self.ladder.rungs},
             "workers": workers,
         }
 
