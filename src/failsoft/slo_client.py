@@ -64,7 +64,9 @@ class FrameResult:
     accuracy: float | None = None  # the serving variant's accuracy (its profile)
     outputs: list[float] | None = None
     error: str | None = None
-    drop_reason: str | None = None  # the server's, for a dropped frame (unmapped, deadline)
+    # the server's (unmapped, deadline) or the client's own ("stale": skipped, it could not reach the
+    # server within its SLO behind the frames still uploading)
+    drop_reason: str | None = None
 
 
 class TraceUplink:
@@ -77,6 +79,11 @@ class TraceUplink:
             raise ConfigError(f"rtt_ms must be >= 0; got {rtt_ms!r}")
         self.trace, self.offset_s, self.rtt_ms = trace, offset_s, rtt_ms
         self._free_at = -math.inf
+
+    @property
+    def free_at(self) -> float:
+        """When the frames already scheduled will have left (seconds on the caller's clock)."""
+        return self._free_at
 
     def schedule(self, now_s: float, kbit: float) -> tuple[float, float]:
         """``(start, arrival)`` in seconds on the caller's clock for a frame of ``kbit`` ready at
@@ -143,6 +150,8 @@ class SloStream:
         kbit = frame_kbit(px)
         start, arrival = captured, captured
         if self.uplink is not None:
+            if self._stale(captured, kbit):
+                return FrameResult(captured, 0.0, 0.0, px, True, True, drop_reason="stale")
             start, arrival = self.uplink.schedule(captured - self._t0, kbit)
             start, arrival = start + self._t0, arrival + self._t0
             await asyncio.sleep(max(arrival - time.monotonic(), 0.0))
@@ -171,6 +180,18 @@ class SloStream:
             captured, e2e, (arrival - start) * 1000.0, px, dropped, dropped or e2e > self.slo_ms,
             p.get("variant"), p.get("accuracy"), outputs, None, p.get("drop_reason"),
         )  # fmt: skip
+
+    def _stale(self, captured: float, kbit: float) -> bool:
+        """True when the frame, queued behind the ones still uploading, would reach the server after
+        its SLO by the client's own estimate: a live camera skips it rather than delay every frame
+        after it (a miss either way, but one miss instead of a run of late frames)."""
+        if self.uplink is None or self.bandwidth_kbps is None:
+            return False
+        wait_s = max(self.uplink.free_at - (captured - self._t0), 0.0)
+        if wait_s <= 0:
+            return False
+        arrive_ms = (wait_s + kbit / self.bandwidth_kbps) * 1000.0 + self.uplink.rtt_ms / 2
+        return arrive_ms > self.slo_ms
 
     def backoff_px(self) -> int:
         """The frame size to send now (the public client's "best backoff"): the largest the service
