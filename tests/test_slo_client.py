@@ -4,6 +4,7 @@ is tested in tests/runtime/test_slo_service.py."""
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 
 from failsoft.adaptation_data import Trace
@@ -43,3 +44,16 @@ def test_the_client_backs_off_to_the_largest_frame_its_own_estimate_carries():
     assert stream.backoff_px() == 128
     stream.frame_px, stream.bandwidth_kbps = 224, 1e6  # never above what the server asked for
     assert stream.backoff_px() == 224
+
+
+def test_a_frame_stuck_behind_uploads_past_its_slo_is_skipped_not_sent_late():
+    import asyncio
+
+    uplink = TraceUplink(Trace("slow", (1.0,), 1.0), rtt_ms=2.0)
+    stream = SloStream(httpx.AsyncClient(base_url="http://127.0.0.1:9"), "svc", 100, 15, uplink=uplink)
+    stream.client_id, stream.bandwidth_kbps, stream.frame_px = "c", 1_000.0, 224
+    uplink.schedule(0.0, frame_kbit(600))  # a big frame holds the 1 Mbit/s link for ~1 s
+    result = asyncio.run(stream.send(np.zeros(64, dtype=np.float32)))
+    # nothing was sent (the gateway address is closed: a send would have failed, not been dropped)
+    assert (result.dropped, result.missed, result.drop_reason, result.error) == (True, True, "stale", None)
+    assert uplink.free_at == pytest.approx(frame_kbit(600) / 1_000)  # the skipped frame took no link time
