@@ -169,7 +169,7 @@ def _run_policy(
                 entry = next(e for e in client.repository_index() if e["name"] == service)
             finally:
                 client.close()
-    seen = {k: entry.get(k) for k in ("policy", "replans", "overhead_ms", "workers")}
+    seen = {k: entry.get(k) for k in ("policy", "replans", "switches", "overhead_ms", "workers")}
     return {**_summary(frames), "discipline": DISCIPLINE.get(policy, "edf"), "service_at_end": seen}
 
 

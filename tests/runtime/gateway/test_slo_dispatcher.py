@@ -192,6 +192,7 @@ async def test_a_variant_switch_loads_in_the_background_and_drops_no_frame(rig):
     assert (after.variant, after.dropped) == ("v2", False)
     assert rig.agents[server].calls[-1]["app"] == key
     assert rig.agents[server].unloads == []  # the route's v0 stays with the controller
+    assert d.switches == 1 and d.describe()["switches"] == 1
 
 
 @rigged_test

@@ -188,6 +188,7 @@ class SloDispatcher(Dispatcher):
         self.suspect: dict[str, Route] = {}  # member -> the route a request found dead
         self.in_flight: dict[str, int] = dict.fromkeys(service.members, 0)  # pooled plans: JSQ
         self.replans = 0
+        self.switches = 0  # variant switches started (a background load, or back to the route's)
         self._generation = 0
         self._lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -329,6 +330,7 @@ class SloDispatcher(Dispatcher):
         w = self.workers.get(member)
         if w is None or variant in (w.serving[1], w.loading):
             return
+        self.switches += 1
         if variant == w.route_variant:  # the controller holds it: switch now
             old, w.serving, w.loading = w.serving, (member, variant), None
             self._unload_later(w, old)
@@ -571,6 +573,7 @@ class SloDispatcher(Dispatcher):
             "clients": len(self.clients),
             "unmapped": [] if self.plan is None else list(self.plan.unserved),
             "replans": self.replans,
+            "switches": self.switches,
             "overhead_ms": round(self.overhead.total_ms, 3),
             "variants": {r.name: r.px for r in self.ladder.rungs},
             "workers": workers,
