@@ -39,7 +39,7 @@ def gru_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
     return build_tiny_zoo(out, families=(FAMILY,))
 
 
-def chain_config(repo: ModelRepository, state_dir: str) -> Any:
+def chain_config(repo: ModelRepository, state_dir: str, q_stateful: bool = False) -> Any:
     family = {f.name: f for f in repo.families()}[FAMILY]
     memory = round(6 * family.variant(VARIANT).memory_mb, 3)
     return config_from_dict(
@@ -65,7 +65,10 @@ def chain_config(repo: ModelRepository, state_dir: str) -> Any:
                     "mode": "graph",
                     "members": ["p", "q"],
                     "params": {
-                        "nodes": [{"name": "p", "app": "p", "stateful": True}, {"name": "q", "app": "q"}],
+                        "nodes": [
+                            {"name": "p", "app": "p", "stateful": True},
+                            {"name": "q", "app": "q", "stateful": q_stateful},
+                        ],
                         "edges": [["p", "q"]],
                     },
                 }
@@ -92,9 +95,9 @@ def reference(repo: ModelRepository, inputs: list[np.ndarray]) -> list[np.ndarra
         torch.set_num_threads(threads)
 
 
-def replication(client: Client) -> dict[str, Any]:
+def replication(client: Client, node: str = "p") -> dict[str, Any]:
     (index,) = [e for e in client.repository_index() if e["name"] == "chain"]
-    return dict(index["replication"]["nodes"]["p"])
+    return dict(index["replication"]["nodes"][node])
 
 
 def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_exact(gru_zoo, tmp_path):
@@ -130,3 +133,56 @@ def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_ex
     assert after["failovers"] == 1 and after["lost"] == 0 and after["divergent"] == 0
     assert after["primary"] == placed["backup"]  # the backup was promoted
     assert after["backup"] not in (None, after["primary"])  # and a new one placed
+
+
+def test_under_concurrent_requests_the_failover_replays_and_answers_stay_exact(gru_zoo, tmp_path):
+    """Both nodes stateful (each computes in ``seq`` order, so requests may overlap): 4 clients send
+    at once, s1 (p's primary, and q's first backup: the first server that is not q's primary) is
+    killed mid-run. p's backup lags its primary by the requests in flight, which the failover replays;
+    q keeps its primary and gets a new backup."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = chain_config(gru_zoo, str(tmp_path / "state"), q_stateful=True)
+    series = sp500_series()
+    n = 3 * REQUESTS
+    inputs = [np.asarray([[series[i]]], dtype=np.float32) for i in range(n)]
+    answers: dict[int, tuple[int, np.ndarray]] = {}
+    with Session(config, num_cpus=2) as session:
+        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        try:
+            wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
+            for node in ("p", "q"):
+                wait_for(
+                    lambda node=node: replication(client, node)["backup_holds"] is not None,
+                    60.0,
+                    "backups",
+                    0.2,
+                )
+            placed = {node: replication(client, node) for node in ("p", "q")}
+            assert placed["p"]["primary"] == "s1" and placed["q"]["primary"] == "s2"
+
+            def send(i: int) -> None:
+                if i == n // 3:
+                    client.admin("kill", server="s1")
+                raw = client.infer("chain", inputs[i])
+                answers[int(raw.raw["parameters"]["seq"])] = (i, np.asarray(raw.outputs))
+
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(send, range(n)))
+            for node in ("p", "q"):
+                wait_for(
+                    lambda node=node: replication(client, node)["durable"] == n, 30.0, f"{node} durable", 0.2
+                )
+            after = {node: replication(client, node) for node in ("p", "q")}
+        finally:
+            client.close()
+    print(f"\n{after}")
+    assert sorted(answers) == list(range(1, n + 1))  # every request answered
+    by_seq = [answers[s][0] for s in sorted(answers)]  # which input each seq carried
+    expected = reference(gru_zoo, [inputs[i] for i in by_seq])
+    for seq, (_, got) in answers.items():
+        np.testing.assert_array_equal(got, expected[seq - 1], err_msg=f"request {seq}")
+    assert after["p"]["failovers"] == 1 and after["p"]["lost"] == 0 and after["p"]["divergent"] == 0
+    assert after["p"]["primary"] == placed["p"]["backup"]
+    assert after["q"]["failovers"] == 0 and after["q"]["primary"] == "s2"
+    assert after["q"]["backup"] not in (None, "s2")
