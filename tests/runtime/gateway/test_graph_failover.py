@@ -115,7 +115,9 @@ class StatefulAgent:
         return None
 
 
-def _scenario(kill: str | None, apply_s: float = 0.005, n: int = 40) -> dict[str, Any]:
+def _scenario(
+    kill: str | None, apply_s: float = 0.005, n: int = 40, servers: tuple[str, ...] = SERVERS
+) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
     kill ``kill`` (``"primary"`` or ``"backup"`` of c) after the 15th is sent. Returns the answers
     by seq, the agents, the dispatcher's replication report, and its route log."""
@@ -137,7 +139,7 @@ def _scenario(kill: str | None, apply_s: float = 0.005, n: int = 40) -> dict[str
             return agents[server]
 
         async with mirrored(clock, routes) as (controller, mirror):
-            context = DispatchContext(mirror, agent, clock, servers=lambda: SERVERS)  # type: ignore[arg-type]
+            context = DispatchContext(mirror, agent, clock, servers=lambda: servers)  # type: ignore[arg-type]
             d = GraphDispatcher(SERVICE, context)
             assert d.ready()
             await clock.run_for(0.5)  # the backup is placed and holds the state after 0
@@ -224,3 +226,16 @@ def test_a_killed_backup_is_replaced_and_the_primary_never_stops() -> None:
 def test_state_seq_reads_the_header_and_copies_are_dispatcher_owned() -> None:
     assert state_seq(_state_bytes(17, 3.0)) == 17
     assert dispatcher_owned("cam" + STATEFUL_COPY_SUFFIX) and not dispatcher_owned("cam")
+
+
+def test_without_a_backup_the_node_goes_back_to_its_route_and_its_state_is_lost() -> None:
+    # only s1 may hold a copy of the dispatcher's: no backup is ever placed (as with ``none``)
+    reference = _scenario(kill=None, servers=("s1",))
+    run = _scenario(kill="primary", servers=("s1",))
+    report = run["report"]
+    assert run["placed"]["backup"] is None and report["backup"] is None
+    assert report["failovers"] == 1 and report["lost"] == 1
+    assert report["primary"] == "s2"  # the controller's new copy, from its initial state
+    assert sorted(run["answers"]) == list(range(1, 41))  # still no request fails
+    got, want = _outputs(run), _outputs(reference)
+    assert got[:15] == want[:15] and got[20:] != want[20:]  # what it had learned is gone

@@ -455,6 +455,8 @@ class Replication:
                                 node.primary = primary
                                 node.rows[self._computed_seq(name)] = node.rows_now
                 copy = await self._load_backup(node, primary)
+                if copy is not None and node.primary is not None and copy.server == node.primary.server:
+                    continue  # the primary moved onto that server meanwhile (a failover): elsewhere
                 if copy is not None:
                     node.backup = copy
                     log.info("service %s, node %s: backup on %s", self.service, name, copy.server)
