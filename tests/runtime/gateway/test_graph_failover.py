@@ -64,8 +64,14 @@ class StatefulAgent:
         self.server, self.clock, self.apply_s = server, clock, apply_s
         self.models: dict[tuple[str, str], Model] = {}
         self.dead = False
+        self.hung = False  # a stopped process: calls never answer
         self.calls: list[tuple[str, str | None]] = []
         self.applied: list[int] = []
+
+    async def _check_async(self) -> None:
+        self._check()
+        if self.hung:
+            await asyncio.Future()
 
     def _check(self) -> None:
         if self.dead:
@@ -81,10 +87,10 @@ class StatefulAgent:
     async def infer(
         self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
     ) -> np.ndarray:
-        self._check()
+        await self._check_async()
         self.calls.append((app, request_id))
         await self.clock.sleep(0.01)
-        self._check()
+        await self._check_async()
         if not app.startswith("app-c"):
             return np.asarray(batch, dtype=np.float64) + 1.0
         model = self.models.get((app, variant))
@@ -93,7 +99,7 @@ class StatefulAgent:
         return model.compute(batch)
 
     async def state(self, app: str, variant: str) -> bytes:
-        self._check()
+        await self._check_async()
         model = self.models[(app, variant)]
         data = _state_bytes(model.seq, model.acc)  # taken at once, between two requests
         await self.clock.sleep(0.002)
@@ -111,6 +117,10 @@ class StatefulAgent:
         self.applied.append(model.seq)
         return model.seq
 
+    async def unload(self, app: str, variant: str) -> bool:
+        self._check()
+        return self.models.pop((app, variant), None) is not None
+
     def cancel_nowait(self, request_id: str) -> None:
         return None
 
@@ -119,7 +129,8 @@ def _scenario(
     kill: str | None, apply_s: float = 0.005, n: int = 40, servers: tuple[str, ...] = SERVERS
 ) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
-    kill ``kill`` (``"primary"`` or ``"backup"`` of c) after the 15th is sent. Returns the answers
+    kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary) after the 15th
+    is sent. Returns the answers
     by seq, the agents, the dispatcher's replication report, and its route log."""
     out: dict[str, Any] = {}
 
@@ -152,10 +163,13 @@ def _scenario(
                 await clock.run_for(0.02)
                 if i == 15 and kill is not None:
                     report = d.describe()["replication"]["nodes"]["c"]
-                    victim = report["primary"] if kill == "primary" else report["backup"]
+                    victim = report["backup"] if kill == "backup" else report["primary"]
                     out["killed"] = victim
-                    agents[victim].dead = True
-                    if kill == "primary":  # the controller fails the app over to a fresh copy
+                    agents[victim].dead = kill != "hang"
+                    agents[victim].hung = kill == "hang"
+                    if kill == "hang":  # the controller sees the heartbeats stop a little later
+                        await clock.run_for(0.05)
+                    if kill != "backup":  # the controller fails the app over to a fresh copy
                         other = next(s for s in SERVERS if s not in (victim, report["backup"]))
                         agents[other].models[("app-c", "v")] = Model()
                         controller.set_route("app-c", route_entry(other, "v"))
@@ -211,6 +225,16 @@ def test_a_killed_primary_is_replaced_by_its_backup_and_the_answers_equal_a_fail
     # the controller's fresh copy of app-c (its state lost) never served the graph
     other = run["agents"][next(s for s in SERVERS if s not in ("s1", report["primary"]))]
     assert not [rid for app, rid in other.calls if app == "app-c"]
+
+
+def test_a_hung_primary_is_left_when_the_controller_moves_its_app() -> None:
+    reference = _scenario(kill=None, apply_s=0.025)
+    run = _scenario(kill="hang", apply_s=0.025)
+    report = run["report"]
+    assert report["failovers"] == 1 and report["lost"] == 0
+    assert report["primary"] == run["placed"]["backup"] and report["durable"] == 40
+    assert sorted(run["answers"]) == list(range(1, 41))
+    assert _outputs(run) == _outputs(reference)
 
 
 def test_a_killed_backup_is_replaced_and_the_primary_never_stops() -> None:

@@ -426,6 +426,7 @@ class Replication:
                     node.backup = None
                     node.last_failed = copy.server
                     node.applying = None
+                    self._spawn(self._unload(copy))  # if its server lives on, free the memory
                     self._handle(Crashed(c.node, Role.BACKUP))
                 return
             for s in [s for s in node.inputs if s <= c.seq]:  # durable: no replay goes below it
@@ -478,6 +479,10 @@ class Replication:
                 continue
             return Copy(server, key, primary.variant)
         return None
+
+    async def _unload(self, copy: Copy) -> None:
+        with contextlib.suppress(FailsoftError):
+            await self.context.agents(copy.server).unload(copy.app, copy.variant)
 
     async def _read_rows(self, copy: Copy) -> int:
         return state_seq(await self.context.agents(copy.server).state(copy.app, copy.variant))
