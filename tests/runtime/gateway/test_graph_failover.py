@@ -126,7 +126,11 @@ class StatefulAgent:
 
 
 def _scenario(
-    kill: str | None, apply_s: float = 0.005, n: int = 40, servers: tuple[str, ...] = SERVERS
+    kill: str | None,
+    apply_s: float = 0.005,
+    n: int = 40,
+    servers: tuple[str, ...] = SERVERS,
+    detect_s: float = 0.0,
 ) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
     kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary) after the 15th
@@ -155,7 +159,8 @@ def _scenario(
             assert d.ready()
             await clock.run_for(0.5)  # the backup is placed and holds the state after 0
             out["placed"] = d.describe()["replication"]["nodes"]["c"]
-            tasks = []
+            tasks: list[asyncio.Future[Any]] = []
+            moves: list[asyncio.Future[None]] = []
             for i in range(n):
                 batch = np.full((1, 1), float(i % 7), dtype=np.float64)
                 req = Request("dag", batch, clock.now() + 5.0, f"r{i}")
@@ -167,12 +172,10 @@ def _scenario(
                     out["killed"] = victim
                     agents[victim].dead = kill != "hang"
                     agents[victim].hung = kill == "hang"
-                    if kill == "hang":  # the controller sees the heartbeats stop a little later
-                        await clock.run_for(0.05)
                     if kill != "backup":  # the controller fails the app over to a fresh copy
                         other = next(s for s in SERVERS if s not in (victim, report["backup"]))
-                        agents[other].models[("app-c", "v")] = Model()
-                        controller.set_route("app-c", route_entry(other, "v"))
+                        delay = detect_s or (0.05 if kill == "hang" else 0.0)  # heartbeats missed
+                        moves.append(asyncio.ensure_future(_move(clock, controller, agents[other], delay)))
             await clock.run_for(2.0)
             answers = [t.result() for t in tasks]
             out["answers"] = {dict(a.extra)["seq"]: a for a in answers}
@@ -182,6 +185,13 @@ def _scenario(
 
     sync(go)()
     return out
+
+
+async def _move(clock: ManualClock, controller: Any, agent: StatefulAgent, delay: float) -> None:
+    """The controller's failover of app-c: ``delay`` later, a fresh copy on ``agent``'s server."""
+    await clock.sleep(delay)
+    agent.models[("app-c", "v")] = Model()
+    controller.set_route("app-c", route_entry(agent.server, "v"))
 
 
 def _outputs(run: dict[str, Any]) -> list[float]:
@@ -255,10 +265,10 @@ def test_state_seq_reads_the_header_and_copies_are_dispatcher_owned() -> None:
 def test_without_a_backup_the_node_goes_back_to_its_route_and_its_state_is_lost() -> None:
     # only s1 may hold a copy of the dispatcher's: no backup is ever placed (as with ``none``)
     reference = _scenario(kill=None, servers=("s1",))
-    run = _scenario(kill="primary", servers=("s1",))
+    run = _scenario(kill="primary", servers=("s1",), detect_s=0.1)  # the route moves 100 ms later
     report = run["report"]
     assert run["placed"]["backup"] is None and report["backup"] is None
-    assert report["failovers"] == 1 and report["lost"] == 1
+    assert report["failovers"] == 1 and report["lost"] == 1  # it waited for the route to move
     assert report["primary"] == "s2"  # the controller's new copy, from its initial state
     assert sorted(run["answers"]) == list(range(1, 41))  # still no request fails
     got, want = _outputs(run), _outputs(reference)

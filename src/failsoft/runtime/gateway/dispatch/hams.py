@@ -211,6 +211,8 @@ class Replication:
                         "service %s, node %s: primary on %s failed: %s", self.service, name, copy.server, exc
                     )
                     await self._failover(node, seq, copy)
+                    if node.primary is None:  # back to the route: wait until it leaves the dead server
+                        await self._route_leaves(node.app, copy.server, deadline - clock.now())
                     continue
                 except (OverloadedError, InvalidRequestError):
                     node.pending = None  # refused before computing: the count holds
