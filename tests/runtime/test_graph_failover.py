@@ -110,16 +110,18 @@ def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_ex
         client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
         try:
             wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
-            wait_for(lambda: replication(client)["backup_holds"] is not None, 60.0, "p's backup placed", 0.2)
+            wait_for(lambda: replication(client)["backup_holds"] is not None, 120.0, "p's backup placed", 0.2)
             placed = replication(client)
             assert placed["primary"] == "s1" and placed["backup"] in ("s2", "s3")
             for i, x in enumerate(inputs):
                 if i == KILL_AFTER:
                     client.admin("kill", server="s1")
-                raw = client.infer("chain", x)
+                raw = client.infer("chain", x, timeout=20.0)  # a slow machine is no failure here
                 answers[int(raw.raw["parameters"]["seq"])] = np.asarray(raw.outputs)
                 latency_ms.append(raw.latency_ms)
-            wait_for(lambda: replication(client)["durable"] == REQUESTS, 30.0, "p's state durable again", 0.2)
+            wait_for(
+                lambda: replication(client)["durable"] == REQUESTS, 120.0, "p's state durable again", 0.2
+            )
             after = replication(client)
         finally:
             client.close()
@@ -154,7 +156,7 @@ def test_under_concurrent_requests_the_failover_replays_and_answers_stay_exact(g
             for node in ("p", "q"):
                 wait_for(
                     lambda node=node: replication(client, node)["backup_holds"] is not None,
-                    60.0,
+                    120.0,
                     "backups",
                     0.2,
                 )
@@ -164,14 +166,14 @@ def test_under_concurrent_requests_the_failover_replays_and_answers_stay_exact(g
             def send(i: int) -> None:
                 if i == n // 3:
                     client.admin("kill", server="s1")
-                raw = client.infer("chain", inputs[i])
+                raw = client.infer("chain", inputs[i], timeout=20.0)
                 answers[int(raw.raw["parameters"]["seq"])] = (i, np.asarray(raw.outputs))
 
             with ThreadPoolExecutor(4) as pool:
                 list(pool.map(send, range(n)))
             for node in ("p", "q"):
                 wait_for(
-                    lambda node=node: replication(client, node)["durable"] == n, 30.0, f"{node} durable", 0.2
+                    lambda node=node: replication(client, node)["durable"] == n, 120.0, f"{node} durable", 0.2
                 )
             after = {node: replication(client, node) for node in ("p", "q")}
         finally:
