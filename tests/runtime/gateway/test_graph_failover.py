@@ -180,6 +180,7 @@ def _scenario(
             answers = [t.result() for t in tasks]
             out["answers"] = {dict(a.extra)["seq"]: a for a in answers}
             out["report"] = d.describe()["replication"]["nodes"]["c"]
+            out["node"], out["ready"] = d.describe()["nodes"]["c"], d.ready()
             out["agents"] = agents
             await d.replication.close()  # type: ignore[union-attr]
 
@@ -225,6 +226,7 @@ def test_a_killed_primary_is_replaced_by_its_backup_and_the_answers_equal_a_fail
     assert run["killed"] == "s1"
     assert report["failovers"] == 1 and report["lost"] == 0
     assert report["primary"] == run["placed"]["backup"]  # the backup was promoted
+    assert run["node"]["server"] == report["primary"] and run["node"]["state"] == "READY" and run["ready"]
     assert report["replayed"] >= 1 and report["divergent"] == 0
     assert report["backup"] not in (None, "s1", report["primary"])  # a new backup was placed
     assert report["durable"] == 40  # and the state goes on reaching it

@@ -88,7 +88,7 @@ class GraphDispatcher(Dispatcher):
             self.replication.start()
             replication = out["replication"] = self.replication.describe()
             for name, rep in replication["nodes"].items():
-                if rep["primary"] is not None:
+                if self.replication.serving(name):
                     nodes[name] = {**nodes[name], "state": "READY", "server": rep["primary"]}
         return out
 

@@ -159,7 +159,9 @@ class Replication:
             self._handle(Crashed(name, Role.BACKUP))
 
     def serving(self, node: str) -> bool:
-        return self.nodes[node].primary is not None
+        """Whether a promoted copy (the gateway's own, on no route) serves ``node``."""
+        primary = self.nodes[node].primary
+        return primary is not None and primary.app != self.nodes[node].app
 
     def describe(self) -> dict[str, Any]:
         nodes: dict[str, Any] = {}
