@@ -3,7 +3,7 @@ real agents, and a stateless node's killed server fails over as for any app, no 
 
 The graph fans each request out to two entry nodes, ``a`` (app d0 on s1) and ``b`` (app d1 on s2),
 both the tiny zoo's ``digits_mlp/mlp_m``; its answer joins the two sinks' logits side by side.
-(Stateful primary/backup failover is not in the runtime yet: docs/hams.md.)
+(A stateful node's failover, its backup promoted: ``test_graph_failover.py``.)
 """
 
 from __future__ import annotations

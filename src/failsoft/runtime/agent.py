@@ -195,6 +195,9 @@ class Agent:
         service = ServiceModel(profile)
         sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
         service = calibrated(service, warm_up(model.predict, model.input_shape, sizes))
+        reset = getattr(model, "reset", None)  # a stateful model: warm-up inferences are no requests,
+        if reset is not None:  # it serves from its initial state
+            reset()
         return model, service, (time.thread_time() - cpu_started) * 1000.0
 
     def _serving_queue(self, name: str, model: Any, service: ServiceModel) -> ServingQueue:
@@ -334,6 +337,28 @@ class Agent:
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    # stateful models (HAMS) ------------------------------------------------------------------
+    def state(self, app: str, variant: str) -> bytes:
+        """The state of a stateful model held for ``app`` as bytes (:meth:`ModelState.to_bytes`:
+        arrays, model id and ``seq``, the requests it folded in), taken atomically between requests."""
+        return bytes(self._stateful(app, variant).state().to_bytes())
+
+    def apply_state(self, app: str, variant: str, data: bytes) -> int:
+        """Swap ``data`` (another copy's :meth:`state`) in, atomically; returns its ``seq``. A state
+        of another model is refused (:class:`~failsoft.errors.StateMismatchError`)."""
+        model = self._stateful(app, variant)
+        model.apply_state(data)
+        return int(model.seq)
+
+    def _stateful(self, app: str, variant: str) -> Any:
+        with self._lock:
+            held = self._held.get((app, variant))
+        if held is None:
+            raise ModelNotLoadedError(f"server {self.server.name!r} does not hold {variant!r} for {app!r}")
+        if not hasattr(held.model, "apply_state"):
+            raise ServingError(f"server {self.server.name!r}: {variant!r} for {app!r} has no state")
+        return held.model
 
     # reports and chaos -----------------------------------------------------------------------
     def holdings(self) -> dict[str, Any]:

@@ -147,6 +147,14 @@ class AgentRef(_ActorRef):
         args = (app, variant, batch, timeout_s, request_id, time.time())
         return await self._call("infer", *args, timeout_s=timeout_s, group=SERVING_GROUP)
 
+    async def state(self, app: str, variant: str, timeout_s: float = 10.0) -> bytes:
+        """A stateful model's state as bytes (HAMS: what a primary ships to its backup)."""
+        return bytes(await self._call("state", app, variant, timeout_s=timeout_s))
+
+    async def apply_state(self, app: str, variant: str, data: bytes, timeout_s: float = 10.0) -> int:
+        """Swap another copy's state in (HAMS: a backup applying what its primary shipped); its seq."""
+        return int(await self._call("apply_state", app, variant, data, timeout_s=timeout_s))
+
     def cancel_nowait(self, request_id: str) -> None:
         """Withdraw a request from the server's queue (it timed out, moved, or its client left)."""
         self._fire("cancel", request_id)

@@ -108,8 +108,15 @@ class Gateway:
         self.health = RouteHealth(settings.unhealthy_after)
         self._reports: set[asyncio.Task[Any]] = set()
         context = DispatchContext(
-            self.mirror, self._agent, self.clock, self._outcome, apps, dict(families or {}),
-            input_shape=self._input_shape, event=self._publish,
+            self.mirror,
+            self._agent,
+            self.clock,
+            self._outcome,
+            apps,
+            dict(families or {}),
+            input_shape=self._input_shape,
+            event=self._publish,
+            servers=self._servers,
         )
         dispatchers = build_dispatchers(services, context)
         self.served = {s.name: Served(s, dispatchers[s.name], apps[front_app(s)]) for s in services}
@@ -164,6 +171,9 @@ class Gateway:
     def _publish(self, event: dict[str, Any]) -> None:
         """A dispatcher's event (a coded service reconstructing a failed member), stamped and sent."""
         self.hub.publish({"timestamp": time.time(), "source": "gateway", **event})
+
+    def _servers(self) -> tuple[str, ...]:
+        return tuple(sorted(self._agents))
 
     def _agent(self, server: str) -> AgentRef:
         agent = self._agents.get(server)

@@ -17,8 +17,10 @@
   :func:`~failsoft.errors.http_status`), its message naming the service and the node; the requests
   around it are unaffected (they neither wait for it nor share its outputs).
 
-Not here yet (docs/hams.md): the replication protocol's state shipping between a stateful node's
-primary and backup agents, and the replay after a stateful primary's failover.
+* A stateful node runs on a primary and a backup copy (:mod:`.hams`): its state is shipped to the
+  backup without stopping the pipeline (the ``nspb`` protocol), and a failed primary's backup is
+  promoted, the node's logged inputs since its last durable state replayed on it, and the graph
+  goes on. What is not carried out yet is in :mod:`.hams`'s docstring and docs/hams.md.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 
 from failsoft.errors import FailsoftError
 from failsoft.policies.replication.interface import Topology
+from failsoft.runtime.gateway.dispatch.hams import Replication
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.services import GraphParams, Service, ServiceMode
@@ -55,21 +58,43 @@ class GraphDispatcher(Dispatcher):
         self._seq = 0
         # a stateful node's turn: the future the previous request sets once it has left the node
         self._turn: dict[str, asyncio.Future[None] | None] = {n: None for n in self.topology.stateful}
+        self.replication = (
+            Replication(service.name, self.graph, context, self.edge_log, log_limit)
+            if self.topology.stateful
+            else None
+        )
+
+    def _serving(self, node: str) -> bool:
+        rep = self.replication
+        if rep is not None and node in rep.nodes and rep.serving(node):
+            return True  # a promoted copy serves it, whatever the app's route
+        return self._calls[node].ready()
 
     def ready(self) -> bool:
-        return all(call.ready() for call in self._calls.values())
+        if self.replication is not None:
+            self.replication.start()
+        return all(self._serving(node) for node in self._calls)
 
     def describe(self) -> dict[str, Any]:
         nodes = {name: call.describe() for name, call in self._calls.items()}
-        down = sorted(name for name, d in nodes.items() if d["state"] != "READY")
-        return {
+        down = sorted(name for name in nodes if not self._serving(name))
+        out: dict[str, Any] = {
             "state": "UNAVAILABLE" if down else "READY",
             "reason": f"node(s) {down} have no live server" if down else "",
             "nodes": nodes,
             "requests": self._seq,
         }
+        if self.replication is not None:
+            self.replication.start()
+            replication = out["replication"] = self.replication.describe()
+            for name, rep in replication["nodes"].items():
+                if self.replication.serving(name):
+                    nodes[name] = {**nodes[name], "state": "READY", "server": rep["primary"]}
+        return out
 
     async def dispatch(self, request: Request) -> Answer:
+        if self.replication is not None:
+            self.replication.start()
         self._seq += 1
         seq = self._seq
         loop = asyncio.get_running_loop()
@@ -128,7 +153,11 @@ class GraphDispatcher(Dispatcher):
                 await asyncio.shield(turn[0])
             call = Request(self.service.name, batch, request.deadline, f"{request.request_id}/{node}")
             try:
-                answer = await self._calls[node].dispatch(call)
+                if self.replication is not None and node in self.replication.nodes:
+                    rid = call.request_id
+                    answer = await self.replication.call(node, seq, batch, request.deadline, rid)
+                else:
+                    answer = await self._calls[node].dispatch(call)
             except FailsoftError as exc:
                 exc.args = (f"service {self.service.name!r}, node {node!r}: {exc}", *exc.args[1:])
                 raise

@@ -58,6 +58,10 @@ def _no_event(event: dict[str, Any]) -> None:
     return None
 
 
+def _no_servers() -> tuple[str, ...]:
+    return ()
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchContext:
     """What a dispatcher may use. ``agents(server)`` raises ServerUnavailableError when the server
@@ -67,7 +71,8 @@ class DispatchContext:
     queue, bad input and calls that moved to a newer route are not outcomes. ``apps`` and
     ``families`` are the deployment's (a dispatcher that chooses variants reads their profiles);
     ``input_shape(app)`` is the shape of one query to a member app (without the batch dimension; None
-    when unknown), and ``event(dict)`` publishes a gateway event to the event stream (``/v2/events``)."""
+    when unknown), ``event(dict)`` publishes a gateway event to the event stream (``/v2/events``), and
+    ``servers()`` names the servers that have an agent (where a dispatcher may load a model of its own)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
@@ -77,6 +82,7 @@ class DispatchContext:
     families: Mapping[str, Family] = field(default_factory=dict)
     input_shape: Callable[[str], tuple[int, ...] | None] = _no_shape
     event: Callable[[dict[str, Any]], None] = _no_event
+    servers: Callable[[], tuple[str, ...]] = _no_servers
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,519 @@
+"""HAMS's stateful half at run time: each stateful graph node on a primary and a backup copy.
+
+The ``graph`` dispatcher (:mod:`.graph`) calls a stateful node through :class:`Replication`, which
+carries out what the replication protocol (:mod:`failsoft.policies.replication`, ``nspb``) commands,
+the protocol itself staying pure (events in, commands out):
+
+* **The copies.** A stateful node's *primary* is, at first, the controller's copy of its app (the
+  app's route). Its *backup* is a copy the dispatcher loads itself on another server, under the app's
+  name plus :data:`~failsoft.services.STATEFUL_COPY_SUFFIX` (the controller's garbage collection
+  leaves it alone), in the background (``PlaceBackup``, answered by ``BackupPlaced``).
+* **Non-stop shipping.** A node's output is forwarded downstream the moment it is computed
+  (``OutputComputed`` -> ``ReleaseOutput``); the state it left is shipped *meanwhile*
+  (``SendState``: :meth:`AgentRef.state` on the primary, one transfer in flight, the newest state
+  next) and applied on the backup (``ApplyState``: :meth:`AgentRef.apply_state`, then
+  ``StateApplied``: the state is durable). No request waits for a transfer. The bytes pass through
+  the gateway, which holds the states the backup has not applied yet (the protocol's buffer).
+* **Which request a state covers.** The next request may already be computing when a state is
+  taken, so a state is matched to a request by its own ``seq`` (the rows the model folded in): the
+  dispatcher counts the rows it sent the primary after each request, and knows the one call at the
+  node not answered yet. States that match no request (a call whose fate is unknown, e.g. one that
+  timed out) make it read the primary's count again, between two requests.
+* **The input log.** Every input of the node since its last durable state is kept by ``seq``.
+* **A failed primary** (its agent is gone, it does not hold the model any more, or the controller
+  moved the app's route to another server): the request at the node reports ``Crashed``; on
+  ``Promote(node, k)`` the backup, which holds the state after ``k`` (an apply under way is awaited
+  first), becomes the primary; ``Replay(node, k + 1)`` computes the logged inputs after ``k`` on it in
+  ``seq`` order (their outputs were released already and are not sent again: the replay rebuilds the
+  state); then the request that found the failure is computed there, and the graph goes on.
+  ``PlaceBackup`` loads a new backup on another server, which the newest state is shipped to.
+  Without a backup holding a state (both copies gone, or the first one not placed yet) the protocol
+  answers ``Restore(node, 0)``: the node goes back to the app's route, its state lost (``none``).
+
+Not carried out yet (docs/hams.md, "What comes next"): holding a client's answer until every stateful
+model is durable past it (``ReleaseToClient``), and, after a failover, the ``Replay`` of the nodes
+downstream and the ``Rollback`` of the stateful models downstream. Both matter only when a replayed
+output can differ from the one released (a non-deterministic model); each replayed output is
+compared with the logged one and a difference counted (``divergent`` in :meth:`describe`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import (
+    DeadlineExceededError,
+    FailsoftError,
+    InvalidRequestError,
+    ModelNotLoadedError,
+    NoRouteError,
+    OverloadedError,
+    ServerUnavailableError,
+)
+from failsoft.policies import registry
+from failsoft.policies.replication.interface import (
+    ApplyState,
+    BackupPlaced,
+    Command,
+    Crashed,
+    Event,
+    OutputComputed,
+    PlaceBackup,
+    Promote,
+    ReplicationProtocol,
+    Restore,
+    Role,
+    SendState,
+    StateApplied,
+    StateShipped,
+)
+from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext
+from failsoft.services import STATEFUL_COPY_SUFFIX, GraphParams
+
+log = logging.getLogger(__name__)
+POLICY = "nspb"
+RETRY_S = 0.2  # between tries of a state transfer or a backup placement that failed
+SHIP_TRIES = 50
+REPLAY_TIMEOUT_S = 10.0  # per replayed request
+UNCERTAIN = (DeadlineExceededError, asyncio.CancelledError)  # the copy may have computed it, or not
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """A copy of a node's model: the server, the name its agent holds it under, the variant."""
+
+    server: str
+    app: str
+    variant: str
+
+
+@dataclass
+class NodeCopies:
+    """The runtime side of one stateful node (the protocol object keeps the protocol's side)."""
+
+    name: str
+    app: str
+    family: str
+    primary: Copy | None = None
+    backup: Copy | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    rows_now: int | None = None  # the primary's model seq (rows folded in); None: to be read again
+    rows: OrderedDict[int, int] = field(default_factory=OrderedDict)  # request seq -> rows after it
+    pending: tuple[int, int] | None = None  # the call at the primary not answered yet: (seq, rows)
+    inputs: OrderedDict[int, Any] = field(default_factory=OrderedDict)  # since the last durable state
+    buffered: dict[int, bytes] = field(default_factory=dict)  # shipped, not applied
+    applying: asyncio.Task[None] | None = None
+    placing: bool = False
+    last_failed: str | None = None
+    failovers: int = 0
+    replayed: int = 0
+    divergent: int = 0
+    lost: int = 0  # failovers without a backup state: the node started over
+
+
+class Replication:
+    """Primary-backup copies of a graph's stateful nodes, driven by a replication protocol object."""
+
+    def __init__(
+        self,
+        service: str,
+        graph: GraphParams,
+        context: DispatchContext,
+        outputs: dict[str, OrderedDict[int, Any]],
+        log_limit: int,
+        policy: str = POLICY,
+    ) -> None:
+        self.service = service
+        self.context = context
+        self.outputs = outputs  # the graph dispatcher's edge logs: what a replay compares with
+        self.log_limit = log_limit
+        self.protocol: ReplicationProtocol = registry.make("replication", policy, graph)
+        self.nodes: dict[str, NodeCopies] = {}
+        for n in graph.nodes:
+            if n.stateful:
+                app = context.apps.get(n.app)
+                self.nodes[n.name] = NodeCopies(n.name, n.app, app.family if app else "")
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._started = False
+
+    # start-up and reports --------------------------------------------------------------------
+    def start(self) -> None:
+        """Place the backups (once, from the event loop): to the protocol, no backup is there yet."""
+        if self._started:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._started = True
+        for name in self.nodes:
+            self._handle(Crashed(name, Role.BACKUP))
+
+    def serving(self, node: str) -> bool:
+        """Whether a promoted copy (the gateway's own, on no route) serves ``node``."""
+        primary = self.nodes[node].primary
+        return primary is not None and primary.app != self.nodes[node].app
+
+    def describe(self) -> dict[str, Any]:
+        nodes: dict[str, Any] = {}
+        for name, n in self.nodes.items():
+            rep = getattr(self.protocol, "replicas", {}).get(name)
+            nodes[name] = {
+                "primary": n.primary.server if n.primary else None,
+                "backup": n.backup.server if n.backup else None,
+                "durable": rep.durable if rep is not None else None,
+                "backup_holds": rep.held if rep is not None and rep.has_backup else None,
+                "failovers": n.failovers,
+                "replayed": n.replayed,
+                "divergent": n.divergent,
+                "lost": n.lost,
+            }
+        return {"policy": self.protocol.name, "nodes": nodes}
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # the request path ------------------------------------------------------------------------
+    async def call(self, name: str, seq: int, batch: Any, deadline: float, request_id: str) -> Answer:
+        """Compute request ``seq`` at stateful node ``name`` (the caller keeps ``seq`` order), on its
+        primary; a primary found failed is replaced by its backup (promotion and replay) first."""
+        node = self.nodes[name]
+        clock = self.context.clock
+        started, attempts = clock.now(), 0
+        async with node.lock:
+            while True:
+                left = deadline - clock.now()
+                if left <= 0:
+                    waited_ms = (clock.now() - started) * 1000
+                    raise NoRouteError(f"app {node.app!r}: no live copy in time (waited {waited_ms:.0f} ms)")
+                copy = node.primary or self._route_copy(node)
+                if copy is None:
+                    await self.context.routes.wait_route_change(node.app, None, left)
+                    continue
+                node.primary = copy
+                attempts += 1
+                rows = len(batch)
+                node.pending = None if node.rows_now is None else (seq, node.rows_now + rows)
+                try:
+                    outputs = await self._infer(node, copy, batch, left, f"{request_id}#{attempts}")
+                except (ServerUnavailableError, ModelNotLoadedError) as exc:
+                    node.pending = None
+                    log.warning(
+                        "service %s, node %s: primary on %s failed: %s", self.service, name, copy.server, exc
+                    )
+                    await self._failover(node, seq, copy)
+                    if node.primary is None:  # back to the route: wait until it leaves the dead server
+                        await self._route_leaves(node.app, copy.server, deadline - clock.now())
+                    continue
+                except (OverloadedError, InvalidRequestError):
+                    node.pending = None  # refused before computing: the count holds
+                    raise
+                except BaseException as exc:
+                    node.pending, node.rows_now = None, None  # computed or not: read the count again
+                    if isinstance(exc, Exception) and copy.app == node.app:
+                        self.context.outcome(copy.server, False, f"{type(exc).__name__}: {exc}")
+                    raise
+                if copy.app == node.app:
+                    self.context.outcome(copy.server, True, "")
+                self._computed(node, seq, batch, rows)
+                route = self.context.routes.route(node.app)
+                return Answer(
+                    outputs=outputs,
+                    server=copy.server,
+                    variant=copy.variant,
+                    degraded=bool(route and route.degraded and copy.app == node.app),
+                    accuracy=route.accuracy if route else 0.0,
+                    kind="primary" if copy.app == node.app else "promoted",
+                    attempts=attempts,
+                )
+
+    def _route_copy(self, node: NodeCopies) -> Copy | None:
+        route = self.context.routes.route(node.app)
+        return None if route is None else Copy(route.server, node.app, route.variant)
+
+    async def _infer(self, node: NodeCopies, copy: Copy, batch: Any, left: float, call_id: str) -> Any:
+        """The copy's answer; ServerUnavailableError when the controller moved the app's route off
+        the copy's server meanwhile (the controller's copy failed: a hung server, for one)."""
+        agent = self.context.agents(copy.server)
+        call = asyncio.ensure_future(
+            agent.infer(copy.app, copy.variant, batch, timeout_s=left, request_id=call_id)
+        )
+        if copy.app != node.app:  # our own copy: no route to watch
+            try:
+                return await call
+            except BaseException:
+                if not call.done():
+                    call.cancel()
+                    _withdraw(agent, call_id)
+                raise
+        moved = asyncio.ensure_future(self._route_leaves(node.app, copy.server, left))
+        try:
+            await asyncio.wait({call, moved}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            moved.cancel()
+            if not call.done():
+                call.cancel()
+                _withdraw(agent, call_id)
+        if call.done() and not call.cancelled():
+            return call.result()
+        if moved.done() and not moved.cancelled() and moved.result():
+            raise ServerUnavailableError(f"app {node.app!r}: the controller moved it off {copy.server!r}")
+        raise DeadlineExceededError(
+            f"app {node.app!r}: server {copy.server!r} did not answer within the deadline"
+        )
+
+    async def _route_leaves(self, app: str, server: str, timeout_s: float) -> bool:
+        routes, clock = self.context.routes, self.context.clock
+        deadline = clock.now() + timeout_s
+        while True:
+            route = routes.route(app)
+            if route is not None and route.server != server:
+                return True
+            left = deadline - clock.now()
+            if left <= 0:
+                return False
+            await routes.wait_route_change(app, route, left)
+
+    def _computed(self, node: NodeCopies, seq: int, batch: Any, rows: int) -> None:
+        node.pending = None
+        if node.rows_now is not None:
+            node.rows_now += rows
+            node.rows[seq] = node.rows_now
+            _bound(node.rows, self.log_limit)
+        node.inputs[seq] = batch
+        if _bound(node.inputs, self.log_limit):
+            log.warning(
+                "service %s, node %s: input log full; a replay may miss requests", self.service, node.name
+            )
+        self._handle(OutputComputed(node.name, seq))
+
+    # failover ----------------------------------------------------------------------------------
+    async def _failover(self, node: NodeCopies, seq: int, dead: Copy) -> None:
+        """The primary ``dead`` failed while request ``seq`` waited at the node (the lock is held)."""
+        node.failovers += 1
+        node.last_failed = dead.server
+        commands = self.protocol.handle(Crashed(node.name, Role.PRIMARY))
+        if node.applying is not None:  # applies are atomic: promote the state being applied
+            await asyncio.gather(node.applying, return_exceptions=True)
+        promote = next((c for c in commands if isinstance(c, Promote) and c.node == node.name), None)
+        restore = next((c for c in commands if isinstance(c, Restore) and c.node == node.name), None)
+        if promote is not None and node.backup is not None:
+            node.primary, node.backup = node.backup, None
+            node.buffered.clear()
+            log.warning(
+                "service %s, node %s: backup on %s promoted with the state after request %d; replaying %d",
+                self.service, node.name, node.primary.server, promote.seq,
+                sum(1 for s in node.inputs if promote.seq < s < seq),
+            )  # fmt: skip
+            await self._replay(node, promote.seq, seq)
+        elif promote is not None or restore is not None:  # no copy holds a state: start over (none)
+            node.lost += 1
+            node.primary, node.rows_now = None, None  # the app's route, whatever state it has
+            node.inputs.clear()
+            log.warning(
+                "service %s, node %s: no backup state; the node's state is lost", self.service, node.name
+            )
+        self._run([c for c in commands if not isinstance(c, (Promote, Restore))])
+
+    async def _replay(self, node: NodeCopies, k: int, seq: int) -> None:
+        """Compute the logged inputs after ``k`` and before ``seq`` on the new primary, in order."""
+        copy = node.primary
+        assert copy is not None
+        try:
+            node.rows_now = await self._read_rows(copy)
+            for s in [s for s in node.inputs if k < s < seq]:
+                batch = node.inputs[s]
+                agent = self.context.agents(copy.server)
+                out = await agent.infer(
+                    copy.app,
+                    copy.variant,
+                    batch,
+                    timeout_s=REPLAY_TIMEOUT_S,
+                    request_id=f"replay/{node.name}/{s}",
+                )
+                node.replayed += 1
+                logged = self.outputs.get(node.name)
+                released = None if logged is None else logged.get(s)
+                if released is not None and not np.array_equal(np.asarray(released), np.asarray(out)):
+                    node.divergent += 1
+                    log.warning(
+                        "service %s, node %s: replay of request %d differs", self.service, node.name, s
+                    )
+                node.rows_now += len(batch)
+                node.rows[s] = node.rows_now
+                self._handle(OutputComputed(node.name, s))
+        except FailsoftError as exc:  # the new primary failed too: the next call finds it out
+            node.rows_now = None
+            log.warning("service %s, node %s: replay stopped: %s", self.service, node.name, exc)
+
+    # commands ----------------------------------------------------------------------------------
+    def _handle(self, event: Event) -> None:
+        self._run(self.protocol.handle(event))
+
+    def _run(self, commands: list[Command]) -> None:
+        """Carry out what the protocol asked; outputs are already released (the dispatcher forwards
+        every output at once), and a failover handles its own Promote, Replay and Restore."""
+        for c in commands:
+            if isinstance(c, SendState):
+                self._spawn(self._ship(c))
+            elif isinstance(c, ApplyState):
+                task = self._spawn(self._apply(c))
+                self.nodes[c.node].applying = task
+            elif isinstance(c, PlaceBackup):
+                self._spawn(self._place(c.node))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _ship(self, c: SendState) -> None:
+        """Take the primary's newest state (while it computes on) and buffer it for the backup."""
+        node = self.nodes[c.node]
+        for _ in range(SHIP_TRIES):
+            copy = node.primary
+            if copy is None or self._epoch(c.node) != c.epoch:
+                return  # a role change: the protocol asks again
+            try:
+                if node.rows_now is None:
+                    async with node.lock:  # between two requests: read the count again
+                        if node.primary == copy and node.rows_now is None:
+                            node.rows_now = await self._read_rows(copy)
+                            node.rows[self._computed_seq(c.node)] = node.rows_now
+                data = await self.context.agents(copy.server).state(copy.app, copy.variant)
+            except FailsoftError as exc:
+                log.debug("service %s, node %s: state from %s: %s", self.service, c.node, copy.server, exc)
+                await self.context.clock.sleep(RETRY_S)
+                continue
+            covered = self._covers(node, state_seq(data))
+            if covered is None:  # a call's fate is unknown: read the count again, then retry
+                node.rows_now = None
+                continue
+            node.buffered[covered] = data
+            self._handle(StateShipped(c.node, covered, c.epoch))
+            return
+        log.warning("service %s, node %s: no state shipped after %d tries", self.service, c.node, SHIP_TRIES)
+
+    def _covers(self, node: NodeCopies, rows: int) -> int | None:
+        """The request a state of ``rows`` rows is the state after, if the dispatcher knows it."""
+        if node.pending is not None and node.pending[1] == rows:
+            return node.pending[0]
+        return next((s for s, r in reversed(node.rows.items()) if r == rows), None)
+
+    async def _apply(self, c: ApplyState) -> None:
+        node = self.nodes[c.node]
+        data = node.buffered.get(c.seq)
+        node.buffered = {s: b for s, b in node.buffered.items() if s > c.seq}
+        copy = node.backup
+        try:
+            if copy is None or data is None or self._epoch(c.node) != c.epoch:
+                return
+            try:
+                await self.context.agents(copy.server).apply_state(copy.app, copy.variant, data)
+            except FailsoftError as exc:
+                log.warning(
+                    "service %s, node %s: backup on %s failed: %s", self.service, c.node, copy.server, exc
+                )
+                if node.backup == copy:
+                    node.backup = None
+                    node.last_failed = copy.server
+                    node.applying = None
+                    self._spawn(self._unload(copy))  # if its server lives on, free the memory
+                    self._handle(Crashed(c.node, Role.BACKUP))
+                return
+            for s in [s for s in node.inputs if s <= c.seq]:  # durable: no replay goes below it
+                del node.inputs[s]
+        finally:
+            if node.applying is asyncio.current_task():
+                node.applying = None
+        self._handle(StateApplied(c.node, c.seq, c.epoch))
+
+    async def _place(self, name: str) -> None:
+        """Load a backup copy on a server other than the primary's; then ``BackupPlaced``."""
+        node = self.nodes[name]
+        if node.placing:
+            return
+        node.placing = True
+        try:
+            while True:
+                primary = node.primary or self._route_copy(node)
+                if primary is None:
+                    await self.context.routes.wait_route_change(node.app, None, 1.0)
+                    continue
+                if node.rows_now is None and node.primary in (None, primary):
+                    async with node.lock:  # anchor the count before the first state is taken
+                        if node.rows_now is None and node.primary in (None, primary):
+                            with contextlib.suppress(FailsoftError):
+                                node.rows_now = await self._read_rows(primary)
+                                node.primary = primary
+                                node.rows[self._computed_seq(name)] = node.rows_now
+                copy = await self._load_backup(node, primary)
+                if copy is not None and node.primary is not None and copy.server == node.primary.server:
+                    continue  # the primary moved onto that server meanwhile (a failover): elsewhere
+                if copy is not None:
+                    node.backup = copy
+                    log.info("service %s, node %s: backup on %s", self.service, name, copy.server)
+                    self._handle(BackupPlaced(name))
+                    return
+                await self.context.clock.sleep(RETRY_S)
+        finally:
+            node.placing = False
+
+    async def _load_backup(self, node: NodeCopies, primary: Copy) -> Copy | None:
+        others = [s for s in self.context.servers() if s != primary.server]
+        others.sort(key=lambda s: s == node.last_failed)  # the server that just failed comes last
+        key = node.app + STATEFUL_COPY_SUFFIX
+        for server in others:
+            try:
+                await self.context.agents(server).load(key, node.family, primary.variant, background=True)
+            except FailsoftError as exc:
+                log.debug("service %s, node %s: no backup on %s: %s", self.service, node.name, server, exc)
+                continue
+            return Copy(server, key, primary.variant)
+        return None
+
+    async def _unload(self, copy: Copy) -> None:
+        with contextlib.suppress(FailsoftError):
+            await self.context.agents(copy.server).unload(copy.app, copy.variant)
+
+    async def _read_rows(self, copy: Copy) -> int:
+        return state_seq(await self.context.agents(copy.server).state(copy.app, copy.variant))
+
+    def _epoch(self, node: str) -> int:
+        return int(self.protocol.replicas[node].epoch)  # type: ignore[attr-defined]
+
+    def _computed_seq(self, node: str) -> int:
+        return int(self.protocol.computed[node])  # type: ignore[attr-defined]
+
+
+def state_seq(data: bytes) -> int:
+    """A state's ``seq`` (the rows its model folded in), read from its safetensors header alone."""
+    (size,) = struct.unpack("<Q", data[:8])
+    return int(json.loads(data[8 : 8 + size])["__metadata__"]["seq"])
+
+
+def _bound(log_: OrderedDict[int, Any], limit: int) -> bool:
+    dropped = False
+    while len(log_) > limit:
+        log_.popitem(last=False)
+        dropped = True
+    return dropped
+
+
+def _withdraw(agent: Any, call_id: str) -> None:
+    try:
+        agent.cancel_nowait(call_id)
+    except Exception as exc:  # the server is gone: nothing left to withdraw
+        log.debug("cancel %s: %s", call_id, exc)

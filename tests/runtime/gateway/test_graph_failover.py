@@ -1,0 +1,277 @@
+"""A graph's stateful node on a primary and a backup, on a manual clock: state shipped without
+stopping the pipeline, a killed primary's backup promoted, its logged inputs replayed, and every
+answer equal to a failure-free run's.
+
+No Ray: fake agents share one clock, and each holds fake stateful models whose answer depends on
+every request before (``out = acc + x``, then ``acc = 2 acc + x + 1``, per row), with a state in the
+wire form's header (``seq``: rows folded in). Killing a fake server makes every call to it raise
+ServerUnavailableError, as a dead agent's calls do; the live test is ``tests/runtime/
+test_graph_failover.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from typing import Any
+
+import numpy as np
+
+from failsoft.clock import ManualClock
+from failsoft.errors import ModelNotLoadedError, ServerUnavailableError
+from failsoft.runtime.gateway.dispatch import DispatchContext, GraphDispatcher, Request
+from failsoft.runtime.gateway.dispatch.hams import state_seq
+from failsoft.services import (
+    STATEFUL_COPY_SUFFIX,
+    GraphNode,
+    GraphParams,
+    Service,
+    ServiceMode,
+    dispatcher_owned,
+)
+from tests.runtime.gateway.fakes import mirrored, route_entry, sync
+
+# a -> c (stateful) -> d: a stateless entry, the stateful node, a stateless sink
+NODES = (GraphNode("a", "app-a"), GraphNode("c", "app-c", stateful=True), GraphNode("d", "app-d"))
+EDGES = (("a", "c"), ("c", "d"))
+SERVICE = Service("dag", ServiceMode.GRAPH, tuple(n.app for n in NODES), GraphParams(NODES, EDGES))
+SERVERS = ("s1", "s2", "s3")
+
+
+def _state_bytes(seq: int, acc: float) -> bytes:
+    header = json.dumps({"__metadata__": {"seq": str(seq), "acc": repr(float(acc))}}).encode()
+    return struct.pack("<Q", len(header)) + header
+
+
+class Model:
+    def __init__(self) -> None:
+        self.seq, self.acc = 0, 0.0
+
+    def compute(self, batch: Any) -> np.ndarray:
+        out = []
+        for x in np.asarray(batch, dtype=np.float64)[:, 0]:
+            out.append(self.acc + x)
+            self.acc = 2 * self.acc + x + 1
+            self.seq += 1
+        return np.asarray(out, dtype=np.float64)[:, None]
+
+
+class StatefulAgent:
+    """A server: app-c's models are stateful (:class:`Model`), the others add 1."""
+
+    def __init__(self, server: str, clock: ManualClock, apply_s: float) -> None:
+        self.server, self.clock, self.apply_s = server, clock, apply_s
+        self.models: dict[tuple[str, str], Model] = {}
+        self.dead = False
+        self.hung = False  # a stopped process: calls never answer
+        self.calls: list[tuple[str, str | None]] = []
+        self.applied: list[int] = []
+
+    async def _check_async(self) -> None:
+        self._check()
+        if self.hung:
+            await asyncio.Future()
+
+    def _check(self) -> None:
+        if self.dead:
+            raise ServerUnavailableError(f"server {self.server!r}: unavailable (RayActorError)")
+
+    async def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
+        self._check()
+        await self.clock.sleep(0.05)
+        self._check()
+        self.models.setdefault((app, variant), Model())
+        return {}
+
+    async def infer(
+        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
+    ) -> np.ndarray:
+        await self._check_async()
+        self.calls.append((app, request_id))
+        await self.clock.sleep(0.01)
+        await self._check_async()
+        if not app.startswith("app-c"):
+            return np.asarray(batch, dtype=np.float64) + 1.0
+        model = self.models.get((app, variant))
+        if model is None:
+            raise ModelNotLoadedError(f"{self.server} does not hold {app}")
+        return model.compute(batch)
+
+    async def state(self, app: str, variant: str) -> bytes:
+        await self._check_async()
+        model = self.models[(app, variant)]
+        data = _state_bytes(model.seq, model.acc)  # taken at once, between two requests
+        await self.clock.sleep(0.002)
+        self._check()
+        return data
+
+    async def apply_state(self, app: str, variant: str, data: bytes) -> int:
+        self._check()
+        await self.clock.sleep(self.apply_s)
+        self._check()
+        (size,) = struct.unpack("<Q", data[:8])
+        meta = json.loads(data[8 : 8 + size])["__metadata__"]
+        model = self.models[(app, variant)]
+        model.seq, model.acc = int(meta["seq"]), float(meta["acc"])
+        self.applied.append(model.seq)
+        return model.seq
+
+    async def unload(self, app: str, variant: str) -> bool:
+        self._check()
+        return self.models.pop((app, variant), None) is not None
+
+    def cancel_nowait(self, request_id: str) -> None:
+        return None
+
+
+def _scenario(
+    kill: str | None,
+    apply_s: float = 0.005,
+    n: int = 40,
+    servers: tuple[str, ...] = SERVERS,
+    detect_s: float = 0.0,
+) -> dict[str, Any]:
+    """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
+    kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary) after the 15th
+    is sent. Returns the answers
+    by seq, the agents, the dispatcher's replication report, and its route log."""
+    out: dict[str, Any] = {}
+
+    async def go() -> None:
+        clock = ManualClock(1000.0)
+        agents = {s: StatefulAgent(s, clock, apply_s) for s in SERVERS}
+        routes = {
+            "app-a": route_entry("s3", "v"),
+            "app-c": route_entry("s1", "v"),
+            "app-d": route_entry("s3", "v"),
+        }
+        for app in ("app-a", "app-c", "app-d"):
+            server = routes[app]["route"]["server"]
+            agents[server].models[(app, "v")] = Model()
+
+        def agent(server: str) -> StatefulAgent:
+            return agents[server]
+
+        async with mirrored(clock, routes) as (controller, mirror):
+            context = DispatchContext(mirror, agent, clock, servers=lambda: servers)  # type: ignore[arg-type]
+            d = GraphDispatcher(SERVICE, context)
+            assert d.ready()
+            await clock.run_for(0.5)  # the backup is placed and holds the state after 0
+            out["placed"] = d.describe()["replication"]["nodes"]["c"]
+            tasks: list[asyncio.Future[Any]] = []
+            moves: list[asyncio.Future[None]] = []
+            for i in range(n):
+                batch = np.full((1, 1), float(i % 7), dtype=np.float64)
+                req = Request("dag", batch, clock.now() + 5.0, f"r{i}")
+                tasks.append(asyncio.ensure_future(d.dispatch(req)))
+                await clock.run_for(0.02)
+                if i == 15 and kill is not None:
+                    report = d.describe()["replication"]["nodes"]["c"]
+                    victim = report["backup"] if kill == "backup" else report["primary"]
+                    out["killed"] = victim
+                    agents[victim].dead = kill != "hang"
+                    agents[victim].hung = kill == "hang"
+                    if kill != "backup":  # the controller fails the app over to a fresh copy
+                        other = next(s for s in SERVERS if s not in (victim, report["backup"]))
+                        delay = detect_s or (0.05 if kill == "hang" else 0.0)  # heartbeats missed
+                        moves.append(asyncio.ensure_future(_move(clock, controller, agents[other], delay)))
+            await clock.run_for(2.0)
+            answers = [t.result() for t in tasks]
+            out["answers"] = {dict(a.extra)["seq"]: a for a in answers}
+            out["report"] = d.describe()["replication"]["nodes"]["c"]
+            out["node"], out["ready"] = d.describe()["nodes"]["c"], d.ready()
+            out["agents"] = agents
+            await d.replication.close()  # type: ignore[union-attr]
+
+    sync(go)()
+    return out
+
+
+async def _move(clock: ManualClock, controller: Any, agent: StatefulAgent, delay: float) -> None:
+    """The controller's failover of app-c: ``delay`` later, a fresh copy on ``agent``'s server."""
+    await clock.sleep(delay)
+    agent.models[("app-c", "v")] = Model()
+    controller.set_route("app-c", route_entry(agent.server, "v"))
+
+
+def _outputs(run: dict[str, Any]) -> list[float]:
+    return [float(np.asarray(run["answers"][s].outputs)[0, 0]) for s in sorted(run["answers"])]
+
+
+def test_state_is_shipped_to_a_backup_on_another_server_without_holding_outputs() -> None:
+    run = _scenario(kill=None)
+    assert run["placed"]["primary"] == "s1" and run["placed"]["backup"] in ("s2", "s3")
+    assert run["placed"]["backup_holds"] == 0
+    report = run["report"]
+    assert report["durable"] == 40 and report["failovers"] == 0
+    backup = run["agents"][report["backup"]]
+    assert backup.models[("app-c" + STATEFUL_COPY_SUFFIX, "v")].seq == 40  # rows folded in
+    assert backup.applied == sorted(backup.applied) and len(backup.applied) >= 10
+    assert sorted(run["answers"]) == list(range(1, 41))
+    # the reference by hand: a adds 1, c is the recurrence, d adds 1
+    acc, expected = 0.0, []
+    for i in range(40):
+        x = float(i % 7) + 1.0
+        expected.append(acc + x + 1.0)
+        acc = 2 * acc + x + 1
+    assert _outputs(run) == expected
+
+
+def test_a_killed_primary_is_replaced_by_its_backup_and_the_answers_equal_a_failure_free_run() -> None:
+    # the backup applies slowly (25 ms), so its state lags: the failover must replay requests
+    reference = _scenario(kill=None, apply_s=0.025)
+    run = _scenario(kill="primary", apply_s=0.025)
+    report = run["report"]
+    assert run["killed"] == "s1"
+    assert report["failovers"] == 1 and report["lost"] == 0
+    assert report["primary"] == run["placed"]["backup"]  # the backup was promoted
+    assert run["node"]["server"] == report["primary"] and run["node"]["state"] == "READY" and run["ready"]
+    assert report["replayed"] >= 1 and report["divergent"] == 0
+    assert report["backup"] not in (None, "s1", report["primary"])  # a new backup was placed
+    assert report["durable"] == 40  # and the state goes on reaching it
+    assert sorted(run["answers"]) == list(range(1, 41))  # every request answered, none failed
+    assert _outputs(run) == _outputs(reference)
+    late = [a for s, a in run["answers"].items() if s > 20]
+    assert all(dict(a.extra)["servers"]["c"] == report["primary"] for a in late)
+    # the controller's fresh copy of app-c (its state lost) never served the graph
+    other = run["agents"][next(s for s in SERVERS if s not in ("s1", report["primary"]))]
+    assert not [rid for app, rid in other.calls if app == "app-c"]
+
+
+def test_a_hung_primary_is_left_when_the_controller_moves_its_app() -> None:
+    reference = _scenario(kill=None, apply_s=0.025)
+    run = _scenario(kill="hang", apply_s=0.025)
+    report = run["report"]
+    assert report["failovers"] == 1 and report["lost"] == 0
+    assert report["primary"] == run["placed"]["backup"] and report["durable"] == 40
+    assert sorted(run["answers"]) == list(range(1, 41))
+    assert _outputs(run) == _outputs(reference)
+
+
+def test_a_killed_backup_is_replaced_and_the_primary_never_stops() -> None:
+    reference = _scenario(kill=None)
+    run = _scenario(kill="backup")
+    report = run["report"]
+    assert report["failovers"] == 0 and report["primary"] == "s1"
+    assert report["backup"] not in (None, run["killed"], "s1")
+    assert report["durable"] == 40
+    assert _outputs(run) == _outputs(reference)
+
+
+def test_state_seq_reads_the_header_and_copies_are_dispatcher_owned() -> None:
+    assert state_seq(_state_bytes(17, 3.0)) == 17
+    assert dispatcher_owned("cam" + STATEFUL_COPY_SUFFIX) and not dispatcher_owned("cam")
+
+
+def test_without_a_backup_the_node_goes_back_to_its_route_and_its_state_is_lost() -> None:
+    # only s1 may hold a copy of the dispatcher's: no backup is ever placed (as with ``none``)
+    reference = _scenario(kill=None, servers=("s1",))
+    run = _scenario(kill="primary", servers=("s1",), detect_s=0.1)  # the route moves 100 ms later
+    report = run["report"]
+    assert run["placed"]["backup"] is None and report["backup"] is None
+    assert report["failovers"] == 1 and report["lost"] == 1  # it waited for the route to move
+    assert report["primary"] == "s2"  # the controller's new copy, from its initial state
+    assert sorted(run["answers"]) == list(range(1, 41))  # still no request fails
+    got, want = _outputs(run), _outputs(reference)
+    assert got[:15] == want[:15] and got[20:] != want[20:]  # what it had learned is gone

@@ -1,0 +1,190 @@
+"""A stateful graph node's primary killed on a real cluster (HAMS): its backup is promoted, the
+graph goes on, and every answer equals a failure-free run's.
+
+The graph is ``p -> q``, both the SP500 GRU (``sp500_gru/gru_16``: one price in, the next out):
+``p`` is stateful (a primary on s1, a backup the gateway places on another server and ships the
+state to after every request), ``q`` a stateless node on s2 (its GRU's hidden state moves on too,
+which requests sent one at a time keep in ``seq`` order). s1 is killed in the middle of the run.
+The reference is the same two models computed here, in this process, from their initial state:
+the run's answers must be bit-equal to it, before and after the failover (CPU, one torch thread).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from failsoft.client import Client
+from failsoft.runtime.config import config_from_dict
+from failsoft.runtime.session import Session
+from failsoft.zoo import ModelRepository
+from failsoft.zoo.stateful import sp500_series
+from failsoft.zoo.testing import build_tiny_zoo
+from tests.runtime.conftest import wait_for
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+FAMILY, VARIANT = "sp500_gru", "gru_16"
+REQUESTS, KILL_AFTER = 30, 12
+
+
+@pytest.fixture(scope="module")
+def gru_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+    """The SP500 GRU family, built and quickly profiled (~10 s; cached beside FAILSOFT_TEST_ZOO)."""
+    root = os.environ.get("FAILSOFT_TEST_ZOO")
+    out = Path(root + "-stateful") if root else tmp_path_factory.mktemp("gru-zoo")
+    return build_tiny_zoo(out, families=(FAMILY,))
+
+
+def chain_config(repo: ModelRepository, state_dir: str, q_stateful: bool = False) -> Any:
+    family = {f.name: f for f in repo.families()}[FAMILY]
+    memory = round(6 * family.variant(VARIANT).memory_mb, 3)
+    return config_from_dict(
+        {
+            "name": "graph-failover-test",
+            "repository": str(repo.root),
+            "servers": [
+                {"name": n, "site": site, "memory_mb": memory, "compute": 4.0}
+                for n, site in (("s1", "a"), ("s2", "b"), ("s3", "c"))
+            ],
+            "apps": [
+                {
+                    "name": app,
+                    "family": FAMILY,
+                    "rate_rps": 20,
+                    "primary": {"server": home, "variant": VARIANT},
+                }
+                for app, home in (("p", "s1"), ("q", "s2"))
+            ],
+            "services": [
+                {
+                    "name": "chain",
+                    "mode": "graph",
+                    "members": ["p", "q"],
+                    "params": {
+                        "nodes": [
+                            {"name": "p", "app": "p", "stateful": True},
+                            {"name": "q", "app": "q", "stateful": q_stateful},
+                        ],
+                        "edges": [["p", "q"]],
+                    },
+                }
+            ],
+            "failover": {"policy": "faillite", "alpha": 0.1},
+            "gateway": {"port": 0},
+            "agents": {"restart": True, "drain_ms": 100},
+            "state_dir": state_dir,
+        },
+        source="test",
+    )
+
+
+def reference(repo: ModelRepository, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The failure-free run: p then q, each from its initial state, one request at a time."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the agents run (agents.torch_threads)
+    try:
+        p, q = repo.load(FAMILY, VARIANT, "cpu"), repo.load(FAMILY, VARIANT, "cpu")
+        return [q.predict(p.predict(x)) for x in inputs]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def replication(client: Client, node: str = "p") -> dict[str, Any]:
+    (index,) = [e for e in client.repository_index() if e["name"] == "chain"]
+    return dict(index["replication"]["nodes"][node])
+
+
+def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_exact(gru_zoo, tmp_path):
+    config = chain_config(gru_zoo, str(tmp_path / "state"))
+    series = sp500_series()
+    inputs = [np.asarray([[series[i]]], dtype=np.float32) for i in range(REQUESTS)]
+    answers: dict[int, np.ndarray] = {}
+    latency_ms: list[float] = []
+    with Session(config, num_cpus=2) as session:
+        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        try:
+            wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
+            wait_for(lambda: replication(client)["backup_holds"] is not None, 120.0, "p's backup placed", 0.2)
+            placed = replication(client)
+            assert placed["primary"] == "s1" and placed["backup"] in ("s2", "s3")
+            for i, x in enumerate(inputs):
+                if i == KILL_AFTER:
+                    client.admin("kill", server="s1")
+                raw = client.infer("chain", x, timeout=20.0)  # a slow machine is no failure here
+                answers[int(raw.raw["parameters"]["seq"])] = np.asarray(raw.outputs)
+                latency_ms.append(raw.latency_ms)
+            wait_for(
+                lambda: replication(client)["durable"] == REQUESTS, 120.0, "p's state durable again", 0.2
+            )
+            after = replication(client)
+        finally:
+            client.close()
+    before, at = latency_ms[:KILL_AFTER], latency_ms[KILL_AFTER]
+    print(f"\nlatency ms: before the kill median {np.median(before):.1f}, the request at the kill {at:.1f}, "
+          f"after median {np.median(latency_ms[KILL_AFTER + 1 :]):.1f}; p: {after}")  # fmt: skip
+    assert sorted(answers) == list(range(1, REQUESTS + 1))  # every request answered, in order
+    expected = reference(gru_zoo, inputs)
+    for seq, got in answers.items():
+        np.testing.assert_array_equal(got, expected[seq - 1], err_msg=f"request {seq}")
+    assert after["failovers"] == 1 and after["lost"] == 0 and after["divergent"] == 0
+    assert after["primary"] == placed["backup"]  # the backup was promoted
+    assert after["backup"] not in (None, after["primary"])  # and a new one placed
+
+
+def test_under_concurrent_requests_the_failover_replays_and_answers_stay_exact(gru_zoo, tmp_path):
+    """Both nodes stateful (each computes in ``seq`` order, so requests may overlap): 4 clients send
+    at once, s1 (p's primary, and q's first backup: the first server that is not q's primary) is
+    killed mid-run. p's backup lags its primary by the requests in flight, which the failover replays;
+    q keeps its primary and gets a new backup."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = chain_config(gru_zoo, str(tmp_path / "state"), q_stateful=True)
+    series = sp500_series()
+    n = 3 * REQUESTS
+    inputs = [np.asarray([[series[i]]], dtype=np.float32) for i in range(n)]
+    answers: dict[int, tuple[int, np.ndarray]] = {}
+    with Session(config, num_cpus=2) as session:
+        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        try:
+            wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
+            for node in ("p", "q"):
+                wait_for(
+                    lambda node=node: replication(client, node)["backup_holds"] is not None,
+                    120.0,
+                    "backups",
+                    0.2,
+                )
+            placed = {node: replication(client, node) for node in ("p", "q")}
+            assert placed["p"]["primary"] == "s1" and placed["q"]["primary"] == "s2"
+
+            def send(i: int) -> None:
+                if i == n // 3:
+                    client.admin("kill", server="s1")
+                raw = client.infer("chain", inputs[i], timeout=20.0)
+                answers[int(raw.raw["parameters"]["seq"])] = (i, np.asarray(raw.outputs))
+
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(send, range(n)))
+            for node in ("p", "q"):
+                wait_for(
+                    lambda node=node: replication(client, node)["durable"] == n, 120.0, f"{node} durable", 0.2
+                )
+            after = {node: replication(client, node) for node in ("p", "q")}
+        finally:
+            client.close()
+    print(f"\n{after}")
+    assert sorted(answers) == list(range(1, n + 1))  # every request answered
+    by_seq = [answers[s][0] for s in sorted(answers)]  # which input each seq carried
+    expected = reference(gru_zoo, [inputs[i] for i in by_seq])
+    for seq, (_, got) in answers.items():
+        np.testing.assert_array_equal(got, expected[seq - 1], err_msg=f"request {seq}")
+    assert after["p"]["failovers"] == 1 and after["p"]["lost"] == 0 and after["p"]["divergent"] == 0
+    assert after["p"]["primary"] == placed["p"]["backup"]
+    assert after["q"]["failovers"] == 0 and after["q"]["primary"] == "s2"
+    assert after["q"]["backup"] not in (None, "s2")
