@@ -28,7 +28,7 @@ from failsoft.errors import (
 )
 from failsoft.policies.adaptation.network import frame_kbit
 from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SloDispatcher
-from failsoft.runtime.gateway.dispatch.slo import DISPATCH_WINDOW_S, IDLE_S
+from failsoft.runtime.gateway.dispatch.slo import DISPATCH_WINDOW_S, IDLE_S, DispatchTimes
 from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
 
@@ -263,14 +263,15 @@ async def test_one_stalled_call_does_not_inflate_the_overhead_and_old_times_expi
     d = rig.dispatcher
     client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
     start_ms = d.overhead.total_ms
-    for i in range(5):
+    for i in range(30):
         await rig.finish(rig.send(client, f"r{i}"))
     for agent in rig.agents.values():
         agent.latency_s = 0.150  # one stall of the shared machine, far longer than a dispatch
     await rig.finish(rig.send(client, "stalled"))
     for agent in rig.agents.values():
         agent.latency_s = 0.002
-    # the median of the recent dispatch times: a few ms, not the EWMA's ~40 ms that drops every frame
+    # the median of the recent dispatch times and their spread: a few ms, not the EWMA's ~40 ms
+    # that drops every frame
     assert d.overhead.total_ms < start_ms + 5
     for agent in rig.agents.values():
         agent.latency_s = 0.150  # a long stall: every recent call is slow
@@ -294,3 +295,15 @@ async def test_a_client_whose_uplink_cannot_carry_224_px_gets_smaller_frames_at_
     assert not answer.dropped and answer.variant == "v0"
     assert answer.accuracy == pytest.approx(upscaled_accuracy(0.80, reg["frame_px"]))
     assert answer.accuracy < 0.80 and answer.degraded
+
+
+def test_the_overheads_noise_follows_the_spread_of_recent_dispatch_times():
+    times = DispatchTimes(1.0, 2.0, window_s=5.0)
+    assert (times.dispatch_ms(0.0), times.noise_ms(0.0)) == (1.0, 2.0)  # nothing seen: the defaults
+    for i in range(20):
+        times.observe(i * 0.01, 3.0)
+    assert (times.dispatch_ms(0.2), times.noise_ms(0.2)) == (3.0, 2.0)  # steady: the floor
+    for i in range(20):
+        times.observe(0.2 + i * 0.01, 3.0 + 8.0 * (i % 2))  # every other call 8 ms later
+    assert times.dispatch_ms(0.4) == 3.0 and times.noise_ms(0.4) == pytest.approx(16.0)
+    assert times.noise_ms(10.0) == 2.0  # all forgotten

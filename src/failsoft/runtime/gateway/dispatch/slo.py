@@ -127,19 +127,38 @@ class DispatchTimes:
     shared CPU was measured) inflate the overhead, shrink every budget, drop every frame before a
     call is made, and so never be measured again: the service stays dark. So the dispatch time is
     the median of the last ``window_s`` of calls, and back at ``initial_ms`` when none is left.
+
+    Its spread is the overhead's *noise* term (the public server's, 2 ms by default): twice the
+    distance from the median to the 90th percentile, both ways of a call. Without it a ladder whose
+    models compute in microseconds (the digits) leaves a frame ``2 l(b)`` of slack, tens of
+    microseconds, and every scheduling hiccup of the gateway drops it.
     """
 
-    def __init__(self, initial_ms: float, window_s: float = DISPATCH_WINDOW_S) -> None:
-        self.initial_ms, self.window_s = initial_ms, window_s
+    def __init__(
+        self, initial_ms: float, initial_noise_ms: float, window_s: float = DISPATCH_WINDOW_S
+    ) -> None:
+        self.initial_ms, self.initial_noise_ms, self.window_s = initial_ms, initial_noise_ms, window_s
         self._seen: deque[tuple[float, float]] = deque(maxlen=DISPATCH_WINDOW_CALLS)
 
     def observe(self, now_s: float, one_way_ms: float) -> None:
         self._seen.append((now_s, one_way_ms))
 
-    def dispatch_ms(self, now_s: float) -> float:
+    def _recent(self, now_s: float) -> list[float]:
         while self._seen and self._seen[0][0] < now_s - self.window_s:
             self._seen.popleft()
-        return statistics.median(ms for _, ms in self._seen) if self._seen else self.initial_ms
+        return [ms for _, ms in self._seen]
+
+    def dispatch_ms(self, now_s: float) -> float:
+        recent = self._recent(now_s)
+        return statistics.median(recent) if recent else self.initial_ms
+
+    def noise_ms(self, now_s: float) -> float:
+        """At least the initial noise; more when the recent calls spread wider."""
+        recent = self._recent(now_s)
+        if len(recent) < 2:
+            return self.initial_noise_ms
+        spread = float(np.percentile(recent, 90)) - statistics.median(recent)
+        return max(self.initial_noise_ms, 2.0 * spread)
 
 
 @dataclass(slots=True)
@@ -181,7 +200,7 @@ class SloDispatcher(Dispatcher):
         self.ladder = service_ladder(self.family, self.params.max_batch)
         self.policy: AdaptationPolicy = registry.make("adaptation", self.params.policy, SEED)
         self.overhead = OverheadTracker()
-        self.dispatch_times = DispatchTimes(self.overhead.dispatch_ms)
+        self.dispatch_times = DispatchTimes(self.overhead.dispatch_ms, self.overhead.noise_ms)
         self.clients: dict[str, SloClient] = {}
         self.plan: Plan | None = None
         self.workers: dict[str, _Worker] = {}
@@ -469,7 +488,9 @@ class SloDispatcher(Dispatcher):
 
     def _track_overhead(self) -> None:
         """The overhead the budgets charge: the dispatch time as :class:`DispatchTimes` sees it now."""
-        self.overhead.dispatch_ms = self.dispatch_times.dispatch_ms(self.context.clock.now())
+        now = self.context.clock.now()
+        self.overhead.dispatch_ms = self.dispatch_times.dispatch_ms(now)
+        self.overhead.noise_ms = self.dispatch_times.noise_ms(now)
 
     async def _worker_failed(self, w: _Worker) -> None:
         """A request found ``w``'s server gone: leave it out until its route changes, re-map now."""
