@@ -433,8 +433,12 @@ class SloDispatcher(Dispatcher):
             if wp is None or w is None:
                 return self._dropped(client, None, attempts, "unmapped", received)
             bw = client.window.estimate(clock.now())
+            # The frame's own deadline charges only what is still to come after the worker: the
+            # answer's way back (the way there and any pre-processing happen before the worker checks
+            # it). The noise is a margin for *planning* (budgets, frame sizes); charged here too it
+            # dropped frames that would have made their SLO whenever the machine was busy.
             deadline = server_deadline_s(
-                received, client.slo_ms, kbit, bw, client.rtt_ms, self.overhead.total_ms
+                received, client.slo_ms, kbit, bw, client.rtt_ms, self.overhead.dispatch_ms
             )
             left = min(deadline, request.deadline) - clock.now()
             if left <= 0:
