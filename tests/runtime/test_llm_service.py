@@ -18,6 +18,7 @@ import pytest
 
 from failsoft.client import Client
 from failsoft.errors import InvalidRequestError
+from failsoft.llm.corpus import decode, encode
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -187,9 +188,46 @@ def test_worker_killed_mid_stream_every_stream_completes_identically(session: An
     assert sum(o["parameters"]["recoveries"] for o in outs) == stats.recovered
     assert victim in session.dispatcher.dead
     assert all(o["parameters"]["worker"] != victim for o in outs)
-    # stop-and-restart: a fresh process for the victim, routed to again
+    # the restart: the warm standby adopts the victim's name (no process start, no imports),
+    # loads the model and is routed to again; a new standby is started in its place
+    assert session.wait_spares() == 1
+    standby = session.spares[0]
+    standby_pid = standby.info_sync()["pid"]
+    assert standby.info_sync()["standby"] is True
     session.restart_worker(victim)
     assert victim not in session.dispatcher.dead
+    assert session.workers[victim] is standby
+    info = session.workers[victim].info_sync()
+    assert info["pid"] == standby_pid and info["worker"] == victim and info["standby"] is False
+    assert len(session.spares) == 1 and session.spares[0] is not standby
+    assert session.wait_spares() == 1  # the new standby is up too
     assert session.load(victim)["pages_used"] == 0
     with Client(session.url, timeout=120) as client:
         assert client.generate("bytes", PROMPTS[2], **GREEDY)["text_output"] == reference[PROMPTS[2]]
+    # the adopted worker itself gives every prompt's greedy output, token for token
+    survivor = next(w for w in session.workers if w != victim)
+    for prompt in PROMPTS:
+        assert _direct(session, victim, prompt) == _direct(session, survivor, prompt)
+        assert decode(_direct(session, victim, prompt)) == reference[prompt]
+    # a serving worker refuses to adopt another name
+    with pytest.raises(InvalidRequestError, match="already serves"):
+        session.workers[survivor].adopt_sync(session._specs[victim])
+
+
+def _direct(session: Any, worker: str, prompt: str) -> list[int]:
+    """A greedy generation on one named worker, bypassing the gateway's routing."""
+    import asyncio
+
+    ref = session.workers[worker]
+
+    async def run() -> list[int]:
+        rid = f"direct-{worker}-{len(prompt)}-{time.monotonic_ns()}"
+        await ref.submit(rid, encode(prompt), dict(GREEDY))
+        out: list[int] = []
+        while True:
+            got = await ref.poll(rid, len(out), 5.0)
+            out.extend(got["tokens"])
+            if got["finished"]:
+                return out
+
+    return asyncio.run(run())

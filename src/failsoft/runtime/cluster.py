@@ -468,6 +468,13 @@ class LlmWorkerRef(_ActorRef):
     def info_sync(self, timeout_s: float = 120.0) -> dict[str, Any]:
         return dict(self._call_sync("info", timeout_s=timeout_s))
 
+    def adopt_sync(self, spec: Any, timeout_s: float = 120.0) -> dict[str, Any]:
+        """A standby worker takes ``spec.name`` (loads its model, serves); its info. The handle
+        is named after the worker it now is."""
+        info = dict(self._call_sync("adopt", spec, timeout_s=timeout_s))
+        self.worker, self.what = spec.name, f"llm worker {spec.name!r}"
+        return info
+
 
 def spawn_llm_worker(cluster: RayCluster, cls: type, service: str, worker: str, *args: Any) -> LlmWorkerRef:
     """A new LLM worker actor of ``service``, named by service and worker, on any node."""

@@ -16,7 +16,10 @@ and sleeps on a condition otherwise. The gateway drives it through these calls (
   :meth:`LlmWorker.hold` keeps a peer's chunks in host memory, :meth:`LlmWorker.restore` resumes a
   request from the checkpoint it holds, :meth:`LlmWorker.drop_checkpoint` frees one;
 * :meth:`LlmWorker.load` reports the queue and the KV pages (join-shortest-queue routing, tests that
-  count pages).
+  count pages);
+* a worker started without a spec is a *standby*: its process is up and its imports done, no model
+  loaded; :meth:`LlmWorker.adopt` turns it into a named worker (a restart without the process start
+  and the imports, which are most of a small model's restart).
 
 Each finished request's TTFT and time per output token are kept for :meth:`LlmWorker.stats`.
 """
@@ -75,7 +78,36 @@ def sampling_params(sampling: dict[str, Any]) -> Any:
 class LlmWorker:
     """One LLM worker. Thread-safe: Ray runs its methods on a pool of threads."""
 
-    def __init__(self, spec: LlmWorkerSpec) -> None:
+    spec: LlmWorkerSpec  # set once it serves (at once, or when a standby adopts a worker's name)
+
+    def __init__(self, spec: LlmWorkerSpec | None, torch_threads: int = 1) -> None:
+        """Serve ``spec``'s model; with ``spec`` None, a *standby*: the process is up and torch,
+        transformers and the engine are imported (seconds, most of a restart), but no model is
+        loaded until :meth:`adopt` names the worker it replaces."""
+        import torch
+        from transformers import LlamaForCausalLM  # noqa: F401  (the lazy module's real import)
+
+        from failsoft.llm import Engine  # noqa: F401
+        from failsoft.llm.models import load_lm  # noqa: F401
+
+        threads = spec.torch_threads if spec is not None else torch_threads
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self._cond = threading.Condition()
+        self._serving = False
+        if spec is not None:
+            self._serve(spec)
+
+    def adopt(self, spec: LlmWorkerSpec) -> dict[str, Any]:
+        """A standby becomes worker ``spec.name``: loads its model and starts serving; its
+        :meth:`info`. Refused (InvalidRequestError) on a worker that already serves."""
+        with self._cond:
+            if self._serving:
+                raise InvalidRequestError(f"worker {self.spec.name!r} already serves; it cannot adopt")
+            self._serve(spec)
+        return self.info()
+
+    def _serve(self, spec: LlmWorkerSpec) -> None:
         import torch
 
         from failsoft.llm import Engine
@@ -88,7 +120,6 @@ class LlmWorker:
         self.lm = load_lm(spec.root, spec.model, spec.device)
         self.load_ms = (time.perf_counter() - started) * 1000.0
         self.engine = Engine(self.lm, spec.kv_pages, spec.page_size, spec.max_batch)
-        self._cond = threading.Condition()
         self._streams: dict[str, _Stream] = {}
         self._done: list[str] = []
         self._tracked: dict[str, Any] = {}  # request id -> the engine's Request, until it finishes
@@ -98,6 +129,7 @@ class LlmWorker:
         self._stopped = False
         self._slow_s = 0.0
         self._cancelled = 0
+        self._serving = True
         self._thread = threading.Thread(target=self._loop, name=f"llm-{spec.name}", daemon=True)
         self._thread.start()
 
@@ -250,6 +282,8 @@ class LlmWorker:
     def info(self) -> dict[str, Any]:
         import os
 
+        if not self._serving:
+            return {"worker": None, "standby": True, "pid": os.getpid()}
         return {
             "worker": self.spec.name,
             "model": self.spec.model,
@@ -260,6 +294,7 @@ class LlmWorker:
             "device": self.lm.device,
             "load_ms": self.load_ms,
             "pid": os.getpid(),
+            "standby": False,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -271,6 +306,8 @@ class LlmWorker:
         self._slow_s = max(float(ms), 0.0) / 1000.0
 
     def shutdown(self) -> None:
+        if not self._serving:
+            return
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
