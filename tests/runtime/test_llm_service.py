@@ -29,7 +29,8 @@ GREEDY = {"max_tokens": 60, "temperature": 0}
 
 
 def _store_random_lm(root: Path) -> None:
-    """A random wide-init Llama under ``root/llm/tiny-target`` in the layout load_lm reads."""
+    """A random wide-init Llama under ``root/llm/tiny-target`` in the layout load_lm reads, and
+    its draft ``tiny-draft``: the same weights plus noise (some drafts accepted, some not)."""
     from transformers import LlamaForCausalLM
 
     from failsoft.llm.models import FORMAT, LmSpec
@@ -41,17 +42,23 @@ def _store_random_lm(root: Path) -> None:
     config.initializer_range = 0.3
     torch.manual_seed(0)
     module = LlamaForCausalLM(config).eval()
-    where = root / "llm" / "tiny-target"
-    where.mkdir(parents=True)
-    nbytes, sha = save_weights(module, where / "model.safetensors")
-    write_json(
-        where / "config.json",
-        {
-            "format": FORMAT,
-            "architecture": module.config.to_dict(),
-            "weights": {"file": "model.safetensors", "bytes": nbytes, "sha256": sha},
-        },
-    )
+    for name in ("tiny-target", "tiny-draft"):
+        if name == "tiny-draft":
+            gen = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for p in module.parameters():
+                    p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+        where = root / "llm" / name
+        where.mkdir(parents=True)
+        nbytes, sha = save_weights(module, where / "model.safetensors")
+        write_json(
+            where / "config.json",
+            {
+                "format": FORMAT,
+                "architecture": module.config.to_dict(),
+                "weights": {"file": "model.safetensors", "bytes": nbytes, "sha256": sha},
+            },
+        )
 
 
 def _config(root: Path, policy: str) -> Any:
@@ -231,3 +238,92 @@ def _direct(session: Any, worker: str, prompt: str) -> list[int]:
                 return out
 
     return asyncio.run(run())
+
+
+def test_standby_drafts_for_a_survivor_then_serves_in_process(tmp_path: Path) -> None:
+    """Alg. 3 on two workers in this process (no Ray): a standby adopts a name draft-first and
+    drafts for a survivor's request, which verifies; the output is the survivor's own greedy one."""
+    from failsoft.runtime.llm_worker import LlmWorker, LlmWorkerSpec
+
+    _store_random_lm(tmp_path)
+    spec = LlmWorkerSpec("w0", tmp_path, "tiny-target", "cpu", 64, 8, 8, 1)
+    survivor = LlmWorker(spec)
+    tokens = encode(PROMPTS[1])
+    try:
+        survivor.submit("ref", tokens, dict(GREEDY))
+        assert _wait(lambda: survivor.poll("ref", 0, 0)["finished"])
+        reference = survivor.poll("ref", 0, 0)["tokens"]
+        survivor.set_slow(30)  # its own loop is slow: the drafts are what speeds it up
+        standby = LlmWorker(None)
+        assert standby.info()["phase"] == "standby"
+        info = standby.adopt(
+            LlmWorkerSpec("w1", tmp_path, "tiny-target", "cpu", 64, 8, 8, 1), "tiny-draft", 3000
+        )
+        assert info["phase"] == "draft" and info["worker"] == "w1"
+        with pytest.raises(InvalidRequestError, match="does not serve"):
+            standby.verify_drafts([])
+        survivor.submit("r", tokens, dict(GREEDY))
+        now, proposed, accepted = list(tokens), 0, 0
+        while not survivor.poll("r", 0, 0)["finished"]:
+            drafts = standby.draft_for([("r", now, 60 - (len(now) - len(tokens)))], 3)
+            got = survivor.verify_drafts([("r", len(now), drafts["r"])]) if drafts else {}
+            if "r" in got:
+                now = got["r"]["tokens"]
+                proposed += got["r"]["proposed"]
+                accepted += got["r"]["accepted"]
+        assert survivor.poll("r", 0, 0)["tokens"] == reference  # token for token
+        assert proposed > 0 and 0 < accepted <= proposed
+        assert survivor.load()["accepted_drafts"] == accepted
+        assert standby.wait_target(30)["phase"] == "full"  # the target is back: the draft evicted
+        with pytest.raises(InvalidRequestError, match="no draft model"):
+            standby.draft_for([("r", now, 1)], 3)
+        standby.submit("s", tokens, dict(GREEDY))
+        assert _wait(lambda: standby.poll("s", 0, 0)["finished"])
+        assert standby.poll("s", 0, 0)["tokens"] == reference
+        standby.shutdown()
+    finally:
+        survivor.shutdown()
+
+
+def test_progressive_restart_drafts_for_survivors_until_the_target_is_back(session: Any) -> None:
+    """LUMEN's restart on the real cluster: the standby loads the draft, drafts for the most
+    loaded survivor while its target "reloads" (4 s emulated), then serves; every stream equals its
+    no-failure text."""
+    with Client(session.url, timeout=120) as client:
+        reference = {p: client.generate("bytes", p, **GREEDY)["text_output"] for p in PROMPTS}
+    victim = "w1"
+    session.wait_spares()
+    for name, w in session.workers.items():
+        w.set_slow_sync(0 if name == victim else 25)
+    session.kill_worker(victim)
+    session.reload_delay_ms = 4000.0
+    rounds = session.dispatcher.stats.assist_rounds
+    restart = threading.Thread(target=session.restart_worker, args=(victim,), daemon=True)
+    outs: list[dict[str, Any]] = [{"first": threading.Event()} for _ in PROMPTS]
+    clients = [Client(session.url, timeout=120) for _ in PROMPTS]
+    threads = [
+        threading.Thread(target=_stream, args=(c, p, GREEDY, o), daemon=True)
+        for c, p, o in zip(clients, PROMPTS, outs, strict=True)
+    ]
+    try:
+        restart.start()
+        assert _wait(lambda: victim in session.dispatcher.dead)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        restart.join(120)
+    finally:
+        session.reload_delay_ms = 0.0
+        for w in session.workers.values():
+            w.set_slow_sync(0)
+        for c in clients:
+            c.close()
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.get("text") == reference[prompt], prompt
+    stats = session.dispatcher.stats
+    assert stats.assist_rounds > rounds and stats.drafts_accepted > 0
+    last = session.restarts[-1]
+    assert last["worker"] == victim and last["target_ready"] - last["draft_ready"] >= 3.5
+    assert victim not in session.dispatcher.dead
+    assert session.workers[victim].info_sync()["phase"] == "full"

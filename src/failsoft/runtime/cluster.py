@@ -468,10 +468,26 @@ class LlmWorkerRef(_ActorRef):
     def info_sync(self, timeout_s: float = 120.0) -> dict[str, Any]:
         return dict(self._call_sync("info", timeout_s=timeout_s))
 
-    def adopt_sync(self, spec: Any, timeout_s: float = 120.0) -> dict[str, Any]:
-        """A standby worker takes ``spec.name`` (loads its model, serves); its info. The handle
-        is named after the worker it now is."""
-        info = dict(self._call_sync("adopt", spec, timeout_s=timeout_s))
+    def wait_target_sync(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        return dict(self._call_sync("wait_target", timeout_s, timeout_s=timeout_s + 10.0))
+
+    async def draft_for(
+        self, items: list[tuple[str, list[int], int]], k: int, timeout_s: float = 10.0
+    ) -> dict[str, list[int]]:
+        return dict(await self._call("draft_for", items, k, timeout_s=timeout_s))
+
+    async def verify_drafts(
+        self, items: list[tuple[str, int, list[int]]], timeout_s: float = 10.0
+    ) -> dict[str, dict[str, Any]]:
+        return dict(await self._call("verify_drafts", items, timeout_s=timeout_s))
+
+    def adopt_sync(
+        self, spec: Any, draft: str | None = None, target_delay_ms: float = 0.0, timeout_s: float = 120.0
+    ) -> dict[str, Any]:
+        """A standby worker takes ``spec.name`` (loads its model, serves; with ``draft``, loads
+        the draft first and returns, the target loading on); its info. The handle is named after
+        the worker it now is."""
+        info = dict(self._call_sync("adopt", spec, draft, target_delay_ms, timeout_s=timeout_s))
         self.worker, self.what = spec.name, f"llm worker {spec.name!r}"
         return info
 

@@ -125,8 +125,15 @@ def load_llm_config(path: str | Path) -> LlmConfig:
 class LlmSession:
     """Start the workers and the gateway; :meth:`kill_worker` is the failure the tests inject."""
 
-    def __init__(self, config: LlmConfig, num_cpus: int | None = None, build: bool = True) -> None:
+    def __init__(
+        self, config: LlmConfig, num_cpus: int | None = None, build: bool = True, reload_delay_ms: float = 0.0
+    ) -> None:
+        """``reload_delay_ms`` is added to every restarted worker's target load (a standby's
+        adoption): the reload of a model larger than the one served, emulated, the same for every
+        policy."""
         self.config = config
+        self.reload_delay_ms = reload_delay_ms
+        self.restarts: list[dict[str, Any]] = []
         self.num_cpus = num_cpus
         self.build = build
         self.cluster: Any = None
@@ -244,16 +251,29 @@ class LlmSession:
         from failsoft.runtime.llm_worker import LlmWorker
 
         spec = self._specs[name]
+        self.dispatcher.mark_dead(name)
+        started = time.perf_counter()
         while self.spares:
             spare = self.spares.pop(0)
             self._spawn_spare()
             try:
-                info = spare.adopt_sync(spec, timeout_s=timeout_s)
+                if self._progressive():
+                    info = self._adopt_progressive(name, spare, spec, timeout_s)
+                else:
+                    info = spare.adopt_sync(spec, None, self.reload_delay_ms, timeout_s=timeout_s)
             except ServerUnavailableError as exc:  # the standby died too: the next one
                 log.warning("standby for %s unavailable: %s", name, exc)
                 continue
             self.workers[name] = spare
             self.dispatcher.revive(name, spare)
+            self.restarts.append(
+                {
+                    "worker": name,
+                    "started": started,
+                    "draft_ready": info.get("draft_ready"),
+                    "target_ready": time.perf_counter(),
+                }
+            )
             return float(info["load_ms"])
         deadline = time.monotonic() + timeout_s
         while True:
@@ -268,6 +288,37 @@ class LlmSession:
         self.workers[name] = ref
         self.dispatcher.revive(name, ref)
         return float(info["load_ms"])
+
+    def _progressive(self) -> bool:
+        """LUMEN's draft-first restart: the policy has progressive recovery and a draft is built."""
+        size = self.config.spec.model.size
+        has_draft = (self.config.root / "llm" / f"{size}-draft" / "config.json").is_file()
+        return self.dispatcher.policy.progressive is not None and has_draft
+
+    def _adopt_progressive(self, name: str, spare: Any, spec: Any, timeout_s: float) -> dict[str, Any]:
+        """The standby loads the draft first and drafts for the survivor the policy names (the
+        dispatcher's :meth:`assist`, in a thread of its own) until its target is loaded."""
+        import asyncio
+        import threading
+
+        draft = f"{self.config.spec.model.size}-draft"
+        first = spare.adopt_sync(spec, draft, self.reload_delay_ms, timeout_s=timeout_s)
+        draft_ready = time.perf_counter()
+        done = threading.Event()
+        helper = threading.Thread(
+            target=lambda: asyncio.run(
+                self.dispatcher.assist(name, spare, done.is_set, first.get("acceptance"))
+            ),
+            name=f"assist-{name}",
+            daemon=True,
+        )
+        helper.start()
+        try:
+            info = spare.wait_target_sync(timeout_s=timeout_s)
+        finally:
+            done.set()
+            helper.join(timeout=30.0)
+        return {**info, "draft_ready": draft_ready}
 
     def load(self, name: str) -> dict[str, Any]:
         return dict(self.workers[name].load_sync())

@@ -62,6 +62,19 @@ class _Stream:
     tpot_ms: float | None = None
 
 
+def _recorded_acceptance(root: Path, model: str) -> float | None:
+    """The acceptance rate ``failsoft llm build`` recorded for a draft (None when it has none)."""
+    import json
+
+    try:
+        value = json.loads((Path(root) / "llm" / model / "config.json").read_text()).get("acceptance")
+    except (OSError, ValueError):
+        return None
+    if isinstance(value, dict):
+        value = value.get("acceptance")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def sampling_params(sampling: dict[str, Any]) -> Any:
     """:class:`failsoft.llm.SamplingParams` from a request's JSON fields; unknown fields refused."""
     from failsoft.llm import SamplingParams
@@ -95,16 +108,66 @@ class LlmWorker:
             torch.set_num_threads(threads)
         self._cond = threading.Condition()
         self._serving = False
+        self._adopted = False
+        self._target_ready = threading.Event()
+        self._dlock = threading.Lock()  # the draft engine (progressive restart), separate from the loop
+        self.drafter: Any = None
+        self._drafting: set[str] = set()
+        self.draft_ms: float | None = None
+        self.draft_acceptance: float | None = None
+        self._proposed = self._accepted = 0
         if spec is not None:
             self._serve(spec)
+            self._target_ready.set()
 
-    def adopt(self, spec: LlmWorkerSpec) -> dict[str, Any]:
-        """A standby becomes worker ``spec.name``: loads its model and starts serving; its
-        :meth:`info`. Refused (InvalidRequestError) on a worker that already serves."""
+    def adopt(
+        self, spec: LlmWorkerSpec, draft: str | None = None, target_delay_ms: float = 0.0
+    ) -> dict[str, Any]:
+        """A standby becomes worker ``spec.name``; its :meth:`info`. Without ``draft`` it loads the
+        target and serves. With ``draft`` (a draft model's name, LUMEN's progressive restart) it
+        loads the draft, returns at once (phase ``draft``: it drafts for peers, :meth:`draft_for`)
+        and loads the target in the background (:meth:`wait_target`). ``target_delay_ms`` delays
+        the target's load (a larger model's reload, emulated). Refused (InvalidRequestError) on a
+        worker that already serves or adopted."""
         with self._cond:
-            if self._serving:
+            if self._serving or self._adopted:
                 raise InvalidRequestError(f"worker {self.spec.name!r} already serves; it cannot adopt")
+            self._adopted = True
+            self.spec = spec
+        if draft is None:
+            if target_delay_ms > 0:
+                time.sleep(target_delay_ms / 1000.0)
+            with self._cond:
+                self._serve(spec)
+            self._target_ready.set()
+            return self.info()
+        from failsoft.llm import Engine
+        from failsoft.llm.models import load_lm
+
+        started = time.perf_counter()
+        lm = load_lm(spec.root, draft, spec.device)
+        self.draft_ms = (time.perf_counter() - started) * 1000.0
+        self.drafter = Engine(lm, spec.kv_pages, spec.page_size, spec.max_batch)
+        self.draft_acceptance = _recorded_acceptance(spec.root, draft)
+        threading.Thread(
+            target=self._load_target, args=(spec, target_delay_ms), name=f"load-{spec.name}", daemon=True
+        ).start()
+        return self.info()
+
+    def _load_target(self, spec: LlmWorkerSpec, delay_ms: float) -> None:
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1000.0)
+        with self._cond:
             self._serve(spec)
+        with self._dlock:  # plain decoding once the target is back: the draft is evicted
+            self.drafter = None
+            self._drafting.clear()
+        self._target_ready.set()
+
+    def wait_target(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Block until the target model serves; :meth:`info`."""
+        if not self._target_ready.wait(timeout_s):
+            raise InvalidRequestError(f"worker {self.spec.name!r}: target not loaded in {timeout_s} s")
         return self.info()
 
     def _serve(self, spec: LlmWorkerSpec) -> None:
@@ -264,6 +327,77 @@ class LlmWorker:
         with self._cond:
             return self._held.pop(request_id, None) is not None
 
+    # ------------------------------------------------------------------ progressive restart (Alg. 3)
+    def draft_for(self, items: list[tuple[str, list[int], int]], k: int) -> dict[str, list[int]]:
+        """Draft ``k`` greedy tokens for each ``(request_id, tokens, max_new)`` of a peer's requests
+        (``tokens``: its prompt and output as the peer last reported them; ``max_new``: output it
+        may still produce). The draft's copy of each request is kept between calls (only the tokens
+        it has not seen are prefilled) and dropped when a call no longer names it. InvalidRequestError
+        once no draft model is loaded (the target is back)."""
+        from failsoft.llm import SamplingParams
+
+        with self._dlock:
+            drafter = self.drafter
+            if drafter is None:
+                raise InvalidRequestError(f"worker {self.spec.name!r} has no draft model loaded")
+            wanted = {rid for rid, _, _ in items}
+            for rid in [r for r in self._drafting if r not in wanted]:
+                drafter.close(rid)
+                self._drafting.discard(rid)
+            out: dict[str, list[int]] = {}
+            for rid, tokens, max_new in items:
+                tokens = [int(t) for t in tokens]
+                req = drafter.get(rid) if rid in self._drafting else None
+                if req is not None and req.tokens[: req.settled] == tokens[: req.settled]:
+                    drafter.accept(rid, tokens[req.settled :])
+                    left = req.params.max_tokens - len(req.output)
+                else:
+                    if req is not None:
+                        drafter.close(rid)
+                        self._drafting.discard(rid)
+                    if max_new < 1 or len(tokens) + max_new > drafter.context:
+                        continue
+                    drafter.open(tokens, SamplingParams(max_tokens=max_new), request_id=rid)
+                    self._drafting.add(rid)
+                    left = max_new
+                if left >= 1:
+                    out[rid] = drafter.propose(rid, k)
+            return out
+
+    def verify_drafts(self, items: list[tuple[str, int, list[int]]]) -> dict[str, dict[str, Any]]:
+        """Verify a drafting peer's ``(request_id, base, drafts)``: ``drafts`` continue the first
+        ``base`` tokens of the request, which this worker keeps decoding in its own loop meanwhile,
+        so the drafts its loop has already produced are skipped (a mismatch skips the request). One
+        forward pass per request commits the accepted drafts and the target's next token (greedy:
+        the output is the target's own). Returns per request its tokens now, the counts and
+        whether it finished; a request already finished or gone is left out."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._cond:
+            if not self._serving:
+                raise InvalidRequestError(f"worker {self.spec.name!r} does not serve yet")
+            for rid, base, drafts in items:
+                req = self._tracked.get(rid)
+                if req is None or req.finished or req.state != "running" or req.params.temperature != 0:
+                    continue
+                ahead = len(req.tokens) - base
+                proposed = accepted = 0
+                if 0 <= ahead < len(drafts) and req.tokens[base:] == list(drafts[:ahead]):
+                    verdict = self.engine.verify(rid, drafts[ahead:])
+                    proposed, accepted = verdict.proposed, verdict.accepted
+                    self._proposed += proposed
+                    self._accepted += accepted
+                out[rid] = {
+                    "tokens": list(req.tokens),
+                    "proposed": proposed,
+                    "accepted": accepted,
+                    "finished": req.finished,
+                }
+            self._note_finished()
+            self._cond.notify_all()
+            if self._slow_s > 0 and items:  # a verification pass is a step of this worker
+                time.sleep(self._slow_s)
+        return out
+
     # ------------------------------------------------------------------ reports
     def load(self) -> dict[str, Any]:
         with self._cond:
@@ -277,13 +411,24 @@ class LlmWorker:
                 "cancelled": self._cancelled,
                 "checkpoints": len(self._held),
                 "held_kv_mb": sum(b.nbytes for b in self._held.values()) / 2**20,
+                "verified_drafts": self._proposed,
+                "accepted_drafts": self._accepted,
             }
 
     def info(self) -> dict[str, Any]:
         import os
 
         if not self._serving:
-            return {"worker": None, "standby": True, "pid": os.getpid()}
+            if self._adopted:
+                return {
+                    "worker": self.spec.name,
+                    "standby": False,
+                    "phase": "draft",
+                    "draft_ms": self.draft_ms,
+                    "acceptance": self.draft_acceptance,
+                    "pid": os.getpid(),
+                }
+            return {"worker": None, "standby": True, "phase": "standby", "pid": os.getpid()}
         return {
             "worker": self.spec.name,
             "model": self.spec.model,
@@ -295,6 +440,8 @@ class LlmWorker:
             "load_ms": self.load_ms,
             "pid": os.getpid(),
             "standby": False,
+            "phase": "full",
+            "draft_ms": self.draft_ms,
         }
 
     def stats(self) -> dict[str, Any]:

@@ -58,6 +58,9 @@ class LlmStats:
     failed: int = 0
     restore_refused: int = 0
     shipped_bytes: int = 0
+    assist_rounds: int = 0  # progressive restart: draft-and-verify rounds for a survivor
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
 
 
 class LlmDispatcher:
@@ -89,6 +92,9 @@ class LlmDispatcher:
         self._ids = 0
         self._cleanups: set[asyncio.Task[None]] = set()
         self._shipping: dict[str, asyncio.Task[None]] = {}
+        # request id -> (worker, prompt tokens, tokens received so far, max_tokens, greedy):
+        # what a drafting peer needs to draft for the requests of a survivor
+        self._live: dict[str, tuple[str, list[int], list[int], int, bool]] = {}
         self.stats = LlmStats()
 
     # ------------------------------------------------------------------ routing
@@ -172,6 +178,9 @@ class LlmDispatcher:
             except ServerUnavailableError:
                 self.mark_dead(worker)
         self._outstanding[worker] += 1
+        max_tokens = int(fields.get("max_tokens", 16))
+        greedy = float(fields.get("temperature", 0.0) or 0.0) == 0.0
+        self._live[rid] = (worker, tokens, received, max_tokens, greedy)
         try:
             while True:
                 try:
@@ -184,6 +193,7 @@ class LlmDispatcher:
                     old, worker = worker, await self._recover(rid, worker, tokens, received, fields)
                     self._outstanding[old] -= 1
                     self._outstanding[worker] += 1
+                    self._live[rid] = (worker, tokens, received, max_tokens, greedy)
                     continue
                 new = [int(t) for t in got["tokens"]]
                 if new:
@@ -217,6 +227,7 @@ class LlmDispatcher:
                     )
         finally:
             self._outstanding[worker] -= 1
+            self._live.pop(rid, None)
             # in a task of its own: a client that left cancels this coroutine, and the web
             # framework's cancel scope would cancel every await of the clean-up here too
             cleanup = asyncio.get_running_loop().create_task(self._cleanup(rid, worker, finished))
@@ -333,6 +344,57 @@ class LlmDispatcher:
         self.stats.recomputed_tokens += context
         log.info("%s: %s failed; recomputed on %s (%s)", rid, failed, target, route.reason)
         return target
+
+    # ------------------------------------------------------------------ progressive restart
+    async def assist(self, name: str, drafter: Any, stop: Any, acceptance: float | None = None) -> None:
+        """LUMEN's Alg. 3 while ``name`` (``drafter``: its worker, draft loaded, target loading)
+        recovers: as long as the policy's ``progressive`` decides ``peer-verify``, draft
+        ``draft_tokens`` tokens for the greedy requests of the survivor it names and have that
+        survivor verify them (its output stays its own greedy output, a few tokens per pass
+        sooner); until ``stop()`` is true or the drafter has no draft any more."""
+        from failsoft.policies.llm_recovery import Recovering, SpeculationCost
+
+        progressive = self.policy.progressive
+        if progressive is None:
+            return
+        cost = SpeculationCost() if acceptance is None else SpeculationCost(acceptance=acceptance)
+        k = self.params.draft_tokens
+        known: dict[str, list[int]] = {}  # request id -> its tokens as its worker last reported
+        while not stop():
+            try:
+                view = self.view()
+            except RuntimeError:  # the gateway's loop changed a dict meanwhile: read again
+                continue
+            (decision,) = progressive.decide((Recovering(name, draft_ready=True),), view, self.params, cost)
+            survivor = decision.assist
+            live = list(self._live.items())
+            mine = [(r, v) for r, v in live if v[0] == survivor and v[4]] if survivor is not None else []
+            if decision.mode != "peer-verify" or survivor is None or not mine:
+                await asyncio.sleep(0.02)
+                continue
+            items = []
+            for rid, (_, prompt, received, max_tokens, _) in mine:
+                now = known.get(rid) or prompt + list(received)
+                items.append((rid, now, max_tokens - (len(now) - len(prompt))))
+            try:
+                drafts = await drafter.draft_for(items, k)
+            except (InvalidRequestError, ServerUnavailableError):
+                return  # the target is back (the draft evicted) or the drafter died
+            if not drafts:
+                await asyncio.sleep(0.02)
+                continue
+            base = {rid: len(now) for rid, now, _ in items}
+            try:
+                verdicts = await self.workers[survivor].verify_drafts(
+                    [(rid, base[rid], d) for rid, d in drafts.items()]
+                )
+            except (InvalidRequestError, ServerUnavailableError):
+                await asyncio.sleep(0.02)
+                continue
+            known = {rid: list(v["tokens"]) for rid, v in verdicts.items() if not v["finished"]}
+            self.stats.assist_rounds += 1
+            self.stats.drafts_proposed += sum(int(v["proposed"]) for v in verdicts.values())
+            self.stats.drafts_accepted += sum(int(v["accepted"]) for v in verdicts.values())
 
     def describe(self) -> dict[str, Any]:
         live = [w for w in self.workers if w not in self.dead]
