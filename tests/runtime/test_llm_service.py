@@ -294,7 +294,7 @@ def test_progressive_restart_drafts_for_survivors_until_the_target_is_back(sessi
     victim = "w1"
     session.wait_spares()
     for name, w in session.workers.items():
-        w.set_slow_sync(0 if name == victim else 25)
+        w.set_slow_sync(0 if name == victim else 100)  # slow enough that drafting pays
     session.kill_worker(victim)
     session.reload_delay_ms = 4000.0
     rounds = session.dispatcher.stats.assist_rounds

@@ -116,6 +116,7 @@ class LlmWorker:
         self.draft_ms: float | None = None
         self.draft_acceptance: float | None = None
         self._proposed = self._accepted = 0
+        self._step_ms: float | None = None  # a busy step, moving average (a drafting peer's gain)
         if spec is not None:
             self._serve(spec)
             self._target_ready.set()
@@ -204,11 +205,14 @@ class LlmWorker:
                     self._cond.wait(0.5)
                 if self._stopped:
                     return
+                started = time.perf_counter()
                 self.engine.step()
                 self._note_finished()
                 self._cond.notify_all()
             if self._slow_s > 0:  # injected (chaos slow): every step takes this much longer
                 time.sleep(self._slow_s)
+            ms = (time.perf_counter() - started) * 1000.0
+            self._step_ms = ms if self._step_ms is None else 0.8 * self._step_ms + 0.2 * ms
 
     def _on_token(self, req: Any, token: int) -> None:
         stream = self._streams.get(req.id)
@@ -411,6 +415,7 @@ class LlmWorker:
                 "cancelled": self._cancelled,
                 "checkpoints": len(self._held),
                 "held_kv_mb": sum(b.nbytes for b in self._held.values()) / 2**20,
+                "step_ms": self._step_ms,
                 "verified_drafts": self._proposed,
                 "accepted_drafts": self._accepted,
             }
