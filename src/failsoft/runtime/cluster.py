@@ -330,7 +330,9 @@ class RayCluster:
             )
         try:
             with _loopback_bootstrap(self.address):
-                ray.init(address=self.address, **kwargs)
+                # embedded: "local" always starts our own instance; with None, Ray would join a
+                # cluster another process on this machine started with `ray start`
+                ray.init(address=self.address or "local", **kwargs)
         except Exception as exc:
             where = f"Ray cluster at {self.address!r}" if self.address else "an embedded Ray instance"
             raise ServingError(f"cannot start {where}: {exc}") from exc
