@@ -272,6 +272,18 @@ def test_standby_drafts_for_a_survivor_then_serves_in_process(tmp_path: Path) ->
                 proposed += got["r"]["proposed"]
                 accepted += got["r"]["accepted"]
         assert survivor.poll("r", 0, 0)["tokens"] == reference  # token for token
+        # while verified for a peer, a request is not decoded by the survivor's own loop (its
+        # drafts would be stale); after a lease without verification it is again
+        survivor.submit("q", tokens, dict(GREEDY))
+        drafts = standby.draft_for([("q", list(tokens), 60)], 3)
+        survivor.verify_drafts([("q", len(tokens), drafts["q"])])
+        with survivor._cond:
+            assert survivor._tracked["q"].scheduled is False
+            survivor._assisted["q"] = 0.0  # the lease ran out
+            survivor._expire_assisted()
+            assert survivor._tracked["q"].scheduled is True
+        assert _wait(lambda: survivor.poll("q", 0, 0)["finished"])
+        assert survivor.poll("q", 0, 0)["tokens"] == reference
         assert proposed > 0 and 0 < accepted <= proposed
         assert survivor.load()["accepted_drafts"] == accepted
         assert standby.wait_target(30)["phase"] == "full"  # the target is back: the draft evicted

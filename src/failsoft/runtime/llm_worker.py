@@ -37,6 +37,7 @@ from failsoft.errors import InvalidRequestError
 POLL_MAX_S = 30.0
 KEEP_FINISHED = 1024  # finished streams kept for late polls
 KEEP_METRICS = 4096
+ASSIST_LEASE_S = 0.3  # a request verified for a drafting peer is decoded here again after this
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,7 @@ class LlmWorker:
         self.draft_acceptance: float | None = None
         self._proposed = self._accepted = 0
         self._step_ms: float | None = None  # a busy step, moving average (a drafting peer's gain)
+        self._assisted: dict[str, float] = {}  # request id -> last verification of a peer's drafts
         if spec is not None:
             self._serve(spec)
             self._target_ready.set()
@@ -201,8 +203,10 @@ class LlmWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
+                self._expire_assisted()
                 while not self._stopped and self.engine.idle():
-                    self._cond.wait(0.5)
+                    self._cond.wait(ASSIST_LEASE_S if self._assisted else 0.5)
+                    self._expire_assisted()
                 if self._stopped:
                     return
                 started = time.perf_counter()
@@ -213,6 +217,16 @@ class LlmWorker:
                 time.sleep(self._slow_s)
             ms = (time.perf_counter() - started) * 1000.0
             self._step_ms = ms if self._step_ms is None else 0.8 * self._step_ms + 0.2 * ms
+
+    def _expire_assisted(self) -> None:
+        """Decode again, in this loop, the requests no drafting peer has verified for a lease."""
+        now = time.monotonic()
+        for rid, last in list(self._assisted.items()):
+            if now - last > ASSIST_LEASE_S:
+                del self._assisted[rid]
+                req = self._tracked.get(rid)
+                if req is not None:
+                    req.scheduled = True
 
     def _on_token(self, req: Any, token: int) -> None:
         stream = self._streams.get(req.id)
@@ -390,6 +404,11 @@ class LlmWorker:
                     proposed, accepted = verdict.proposed, verdict.accepted
                     self._proposed += proposed
                     self._accepted += accepted
+                if not req.finished:
+                    # verified only, as in Alg. 3: this loop stops decoding it (its drafts would
+                    # be stale by the next round) until the peer stops verifying for a lease
+                    req.scheduled = False
+                    self._assisted[rid] = time.monotonic()
                 out[rid] = {
                     "tokens": list(req.tokens),
                     "proposed": proposed,
