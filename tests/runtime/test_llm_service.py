@@ -18,6 +18,7 @@ import pytest
 
 from failsoft.client import Client
 from failsoft.errors import InvalidRequestError
+from failsoft.llm.corpus import decode, encode
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -28,7 +29,8 @@ GREEDY = {"max_tokens": 60, "temperature": 0}
 
 
 def _store_random_lm(root: Path) -> None:
-    """A random wide-init Llama under ``root/llm/tiny-target`` in the layout load_lm reads."""
+    """A random wide-init Llama under ``root/llm/tiny-target`` in the layout load_lm reads, and
+    its draft ``tiny-draft``: the same weights plus noise (some drafts accepted, some not)."""
     from transformers import LlamaForCausalLM
 
     from failsoft.llm.models import FORMAT, LmSpec
@@ -40,17 +42,23 @@ def _store_random_lm(root: Path) -> None:
     config.initializer_range = 0.3
     torch.manual_seed(0)
     module = LlamaForCausalLM(config).eval()
-    where = root / "llm" / "tiny-target"
-    where.mkdir(parents=True)
-    nbytes, sha = save_weights(module, where / "model.safetensors")
-    write_json(
-        where / "config.json",
-        {
-            "format": FORMAT,
-            "architecture": module.config.to_dict(),
-            "weights": {"file": "model.safetensors", "bytes": nbytes, "sha256": sha},
-        },
-    )
+    for name in ("tiny-target", "tiny-draft"):
+        if name == "tiny-draft":
+            gen = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for p in module.parameters():
+                    p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+        where = root / "llm" / name
+        where.mkdir(parents=True)
+        nbytes, sha = save_weights(module, where / "model.safetensors")
+        write_json(
+            where / "config.json",
+            {
+                "format": FORMAT,
+                "architecture": module.config.to_dict(),
+                "weights": {"file": "model.safetensors", "bytes": nbytes, "sha256": sha},
+            },
+        )
 
 
 def _config(root: Path, policy: str) -> Any:
@@ -187,9 +195,147 @@ def test_worker_killed_mid_stream_every_stream_completes_identically(session: An
     assert sum(o["parameters"]["recoveries"] for o in outs) == stats.recovered
     assert victim in session.dispatcher.dead
     assert all(o["parameters"]["worker"] != victim for o in outs)
-    # stop-and-restart: a fresh process for the victim, routed to again
+    # the restart: the warm standby adopts the victim's name (no process start, no imports),
+    # loads the model and is routed to again; a new standby is started in its place
+    assert session.wait_spares() == 1
+    standby = session.spares[0]
+    standby_pid = standby.info_sync()["pid"]
+    assert standby.info_sync()["standby"] is True
     session.restart_worker(victim)
     assert victim not in session.dispatcher.dead
+    assert session.workers[victim] is standby
+    info = session.workers[victim].info_sync()
+    assert info["pid"] == standby_pid and info["worker"] == victim and info["standby"] is False
+    assert len(session.spares) == 1 and session.spares[0] is not standby
+    assert session.wait_spares() == 1  # the new standby is up too
     assert session.load(victim)["pages_used"] == 0
     with Client(session.url, timeout=120) as client:
         assert client.generate("bytes", PROMPTS[2], **GREEDY)["text_output"] == reference[PROMPTS[2]]
+    # the adopted worker itself gives every prompt's greedy output, token for token
+    survivor = next(w for w in session.workers if w != victim)
+    for prompt in PROMPTS:
+        assert _direct(session, victim, prompt) == _direct(session, survivor, prompt)
+        assert decode(_direct(session, victim, prompt)) == reference[prompt]
+    # a serving worker refuses to adopt another name
+    with pytest.raises(InvalidRequestError, match="already serves"):
+        session.workers[survivor].adopt_sync(session._specs[victim])
+
+
+def _direct(session: Any, worker: str, prompt: str) -> list[int]:
+    """A greedy generation on one named worker, bypassing the gateway's routing."""
+    import asyncio
+
+    ref = session.workers[worker]
+
+    async def run() -> list[int]:
+        rid = f"direct-{worker}-{len(prompt)}-{time.monotonic_ns()}"
+        await ref.submit(rid, encode(prompt), dict(GREEDY))
+        out: list[int] = []
+        while True:
+            got = await ref.poll(rid, len(out), 5.0)
+            out.extend(got["tokens"])
+            if got["finished"]:
+                return out
+
+    return asyncio.run(run())
+
+
+def test_standby_drafts_for_a_survivor_then_serves_in_process(tmp_path: Path) -> None:
+    """Alg. 3 on two workers in this process (no Ray): a standby adopts a name draft-first and
+    drafts for a survivor's request, which verifies; the output is the survivor's own greedy one."""
+    from failsoft.runtime.llm_worker import LlmWorker, LlmWorkerSpec
+
+    _store_random_lm(tmp_path)
+    spec = LlmWorkerSpec("w0", tmp_path, "tiny-target", "cpu", 64, 8, 8, 1)
+    survivor = LlmWorker(spec)
+    tokens = encode(PROMPTS[1])
+    try:
+        survivor.submit("ref", tokens, dict(GREEDY))
+        assert _wait(lambda: survivor.poll("ref", 0, 0)["finished"])
+        reference = survivor.poll("ref", 0, 0)["tokens"]
+        survivor.set_slow(30)  # its own loop is slow: the drafts are what speeds it up
+        standby = LlmWorker(None)
+        assert standby.info()["phase"] == "standby"
+        info = standby.adopt(
+            LlmWorkerSpec("w1", tmp_path, "tiny-target", "cpu", 64, 8, 8, 1), "tiny-draft", 3000
+        )
+        assert info["phase"] == "draft" and info["worker"] == "w1"
+        with pytest.raises(InvalidRequestError, match="does not serve"):
+            standby.verify_drafts([])
+        survivor.submit("r", tokens, dict(GREEDY))
+        now, proposed, accepted = list(tokens), 0, 0
+        while not survivor.poll("r", 0, 0)["finished"]:
+            drafts = standby.draft_for([("r", now, 60 - (len(now) - len(tokens)))], 3)
+            got = survivor.verify_drafts([("r", len(now), drafts["r"])]) if drafts else {}
+            if "r" in got:
+                now = got["r"]["tokens"]
+                proposed += got["r"]["proposed"]
+                accepted += got["r"]["accepted"]
+        assert survivor.poll("r", 0, 0)["tokens"] == reference  # token for token
+        # while verified for a peer, a request is not decoded by the survivor's own loop (its
+        # drafts would be stale); after a lease without verification it is again
+        survivor.submit("q", tokens, dict(GREEDY))
+        drafts = standby.draft_for([("q", list(tokens), 60)], 3)
+        survivor.verify_drafts([("q", len(tokens), drafts["q"])])
+        with survivor._cond:
+            assert survivor._tracked["q"].scheduled is False
+            survivor._assisted["q"] = 0.0  # the lease ran out
+            survivor._expire_assisted()
+            assert survivor._tracked["q"].scheduled is True
+        assert _wait(lambda: survivor.poll("q", 0, 0)["finished"])
+        assert survivor.poll("q", 0, 0)["tokens"] == reference
+        assert proposed > 0 and 0 < accepted <= proposed
+        assert survivor.load()["accepted_drafts"] == accepted
+        assert standby.wait_target(30)["phase"] == "full"  # the target is back: the draft evicted
+        with pytest.raises(InvalidRequestError, match="no draft model"):
+            standby.draft_for([("r", now, 1)], 3)
+        standby.submit("s", tokens, dict(GREEDY))
+        assert _wait(lambda: standby.poll("s", 0, 0)["finished"])
+        assert standby.poll("s", 0, 0)["tokens"] == reference
+        standby.shutdown()
+    finally:
+        survivor.shutdown()
+
+
+def test_progressive_restart_drafts_for_survivors_until_the_target_is_back(session: Any) -> None:
+    """LUMEN's restart on the real cluster: the standby loads the draft, drafts for the most
+    loaded survivor while its target "reloads" (4 s emulated), then serves; every stream equals its
+    no-failure text."""
+    with Client(session.url, timeout=120) as client:
+        reference = {p: client.generate("bytes", p, **GREEDY)["text_output"] for p in PROMPTS}
+    victim = "w1"
+    session.wait_spares()
+    for name, w in session.workers.items():
+        w.set_slow_sync(0 if name == victim else 100)  # slow enough that drafting pays
+    session.kill_worker(victim)
+    session.reload_delay_ms = 4000.0
+    rounds = session.dispatcher.stats.assist_rounds
+    restart = threading.Thread(target=session.restart_worker, args=(victim,), daemon=True)
+    outs: list[dict[str, Any]] = [{"first": threading.Event()} for _ in PROMPTS]
+    clients = [Client(session.url, timeout=120) for _ in PROMPTS]
+    threads = [
+        threading.Thread(target=_stream, args=(c, p, GREEDY, o), daemon=True)
+        for c, p, o in zip(clients, PROMPTS, outs, strict=True)
+    ]
+    try:
+        restart.start()
+        assert _wait(lambda: victim in session.dispatcher.dead)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        restart.join(120)
+    finally:
+        session.reload_delay_ms = 0.0
+        for w in session.workers.values():
+            w.set_slow_sync(0)
+        for c in clients:
+            c.close()
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.get("text") == reference[prompt], prompt
+    stats = session.dispatcher.stats
+    assert stats.assist_rounds > rounds and stats.drafts_accepted > 0
+    last = session.restarts[-1]
+    assert last["worker"] == victim and last["target_ready"] - last["draft_ready"] >= 3.5
+    assert victim not in session.dispatcher.dead
+    assert session.workers[victim].info_sync()["phase"] == "full"

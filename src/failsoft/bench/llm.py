@@ -8,8 +8,12 @@ Every request streams through the gateway (``generate_stream``) with greedy deco
 ``kill_at_s`` seconds the busiest worker's process is killed (Ray kills the actor: its engine and
 every KV page are gone). A first run without a failure gives the reference texts.
 
-The killed worker is then restarted at once (a fresh process loading the model: Stop-and-Restart's
-restart; every policy pays it).
+The killed worker is then restarted at once: a warm standby worker (imports done, the same for
+every policy) adopts it and loads the model, ``reload_ms`` later for a larger model emulated. Under
+a policy with progressive recovery (``lumen``) the standby loads the draft first and drafts for
+the most loaded survivor until its target is back (``draft_ready_ms``, ``assist_rounds``,
+``drafts_proposed`` / ``drafts_accepted``); ``reload_window`` is the TTFT of the requests sent
+between the kill and the target's return.
 
 Per policy: ``ttft_ms`` and ``tpot_ms`` (mean, p99, client side), ``recovery_ms`` (the kill to the
 later of the restarted worker serving and the last interrupted stream's next token; ``restart_ms``
@@ -42,6 +46,7 @@ class LlmBenchSettings:
     kill_at_s: float = 2.0
     slow_ms: float = 10.0
     seed: int = 0
+    reload_ms: float = 0.0
 
 
 @dataclass(slots=True)
@@ -52,6 +57,7 @@ class _Outcome:
     recoveries: int = 0
     error: str | None = None
     times: list[float] = field(default_factory=list)
+    sent: float = 0.0
 
 
 def trace(n: int, rate_rps: float, context: int, seed: int) -> list[tuple[float, str, int]]:
@@ -82,7 +88,7 @@ async def _one(url: str, model: str, arrival: float, t0: float, prompt: str, max
     import httpx
 
     await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
-    o = _Outcome()
+    o = _Outcome(sent=time.perf_counter())
     body = {"text_input": prompt, "parameters": {"max_tokens": max_tokens, "temperature": 0}}
     chunks: list[str] = []
     try:
@@ -127,7 +133,7 @@ def _run_one(
     svc = spec.service.model_copy(update={"policy": policy or spec.service.policy})
     gw = spec.gateway.model_copy(update={"port": 0})
     cfg = type(config)(spec.model_copy(update={"service": svc, "gateway": gw}), config.params, config.root)
-    with LlmSession(cfg).start() as session:
+    with LlmSession(cfg, reload_delay_ms=settings.reload_ms).start() as session:
         for w in session.workers.values():
             w.set_slow_sync(settings.slow_ms)
 
@@ -148,13 +154,22 @@ def _run_one(
         restarted: list[float] = []
         outcomes, killed_at = asyncio.run(drive())
         stats = session.dispatcher.stats
+        last = session.restarts[-1] if session.restarts else {}
+        draft_ready = last.get("draft_ready")
         extra = {
+            "draft_ready_ms": round((draft_ready - killed_at) * 1000, 1)
+            if draft_ready and killed_at
+            else None,
+            "assist_rounds": stats.assist_rounds,
+            "drafts_proposed": stats.drafts_proposed,
+            "drafts_accepted": stats.drafts_accepted,
             "recomputed_tokens": stats.recomputed_tokens,
             "restored_requests": stats.restored,
             "recovered_requests": stats.recovered,
             "checkpoint_bytes_shipped": stats.shipped_bytes,
             "killed_at": killed_at,
             "restart_ms": round((restarted[0] - killed_at) * 1000, 1) if restarted and killed_at else None,
+            "restarted_at": restarted[0] if restarted else None,
         }
     return outcomes, extra
 
@@ -182,6 +197,7 @@ def run(
             "kill_at_s": settings.kill_at_s,
             "slow_ms": settings.slow_ms,
             "seed": settings.seed,
+            "reload_ms": settings.reload_ms,
         },
         "no-failure": {
             "ttft_ms": _stat([o.ttft_ms for o in reference if o.ttft_ms is not None]),
@@ -194,6 +210,15 @@ def run(
         progress(f"policy {policy}: kill the busiest worker at {settings.kill_at_s} s")
         outcomes, extra = _run_one(config, policy, settings, reqs)
         killed_at = extra.pop("killed_at")
+        restarted_at = extra.pop("restarted_at")
+        during = [
+            o.ttft_ms
+            for o in outcomes
+            if o.ttft_ms is not None
+            and killed_at is not None
+            and restarted_at is not None
+            and killed_at <= o.sent <= restarted_at
+        ]
         recovered = [o for o in outcomes if o.recoveries > 0 and o.error is None]
         recovery_ms = float(extra["restart_ms"] or 0.0)  # the worker back, and every stream going
         for o in recovered:
@@ -204,6 +229,7 @@ def run(
             "ttft_ms": _stat([o.ttft_ms for o in outcomes if o.ttft_ms is not None]),
             "tpot_ms": _stat([o.tpot_ms for o in outcomes if o.tpot_ms is not None]),
             "recovery_ms": round(recovery_ms, 1),
+            "reload_window": {"requests": len(during), "ttft_ms": _stat(during)},
             "identical_outputs": sum(
                 o.error is None and o.text == r.text for o, r in zip(outcomes, reference, strict=True)
             ),

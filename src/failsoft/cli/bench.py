@@ -172,12 +172,18 @@ def llm(
     kill_at_s: Annotated[float, typer.Option(min=0, max=600, help="When the busiest worker is killed")] = 2.0,
     slow_ms: Annotated[float, typer.Option(min=0, max=10_000, help="Added ms per engine step")] = 10.0,
     seed: Annotated[int, typer.Option(help="Trace window and prompt seed")] = 0,
+    reload_ms: Annotated[
+        float,
+        typer.Option(min=0, max=600_000, help="Added to the restarted worker's target load (a larger model)"),
+    ] = 0.0,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
     """LUMEN vs Fixed-Checkpointing vs Stop-and-Restart on a real llm service, one worker killed."""
     from failsoft.bench.llm import POLICIES, LlmBenchSettings, run
 
-    settings = LlmBenchSettings(tuple(policy or POLICIES), requests, rate_rps, kill_at_s, slow_ms, seed)
+    settings = LlmBenchSettings(
+        tuple(policy or POLICIES), requests, rate_rps, kill_at_s, slow_ms, seed, reload_ms
+    )
     result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

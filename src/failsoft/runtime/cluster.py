@@ -338,7 +338,9 @@ class RayCluster:
             )
         try:
             with _loopback_bootstrap(self.address):
-                ray.init(address=self.address, **kwargs)
+                # embedded: "local" always starts our own instance; with None, Ray would join a
+                # cluster another process on this machine started with `ray start`
+                ray.init(address=self.address or "local", **kwargs)
         except Exception as exc:
             where = f"Ray cluster at {self.address!r}" if self.address else "an embedded Ray instance"
             raise ServingError(f"cannot start {where}: {exc}") from exc
@@ -475,6 +477,29 @@ class LlmWorkerRef(_ActorRef):
 
     def info_sync(self, timeout_s: float = 120.0) -> dict[str, Any]:
         return dict(self._call_sync("info", timeout_s=timeout_s))
+
+    def wait_target_sync(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        return dict(self._call_sync("wait_target", timeout_s, timeout_s=timeout_s + 10.0))
+
+    async def draft_for(
+        self, items: list[tuple[str, list[int], int]], k: int, timeout_s: float = 10.0
+    ) -> dict[str, list[int]]:
+        return dict(await self._call("draft_for", items, k, timeout_s=timeout_s))
+
+    async def verify_drafts(
+        self, items: list[tuple[str, int, list[int]]], timeout_s: float = 10.0
+    ) -> dict[str, dict[str, Any]]:
+        return dict(await self._call("verify_drafts", items, timeout_s=timeout_s))
+
+    def adopt_sync(
+        self, spec: Any, draft: str | None = None, target_delay_ms: float = 0.0, timeout_s: float = 120.0
+    ) -> dict[str, Any]:
+        """A standby worker takes ``spec.name`` (loads its model, serves; with ``draft``, loads
+        the draft first and returns, the target loading on); its info. The handle is named after
+        the worker it now is."""
+        info = dict(self._call_sync("adopt", spec, draft, target_delay_ms, timeout_s=timeout_s))
+        self.worker, self.what = spec.name, f"llm worker {spec.name!r}"
+        return info
 
 
 def spawn_llm_worker(cluster: RayCluster, cls: type, service: str, worker: str, *args: Any) -> LlmWorkerRef:

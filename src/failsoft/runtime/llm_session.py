@@ -4,13 +4,19 @@ The config (``examples/llm.yaml``)::
 
     name: llm
     model: {size: tiny, root: null, device: auto}   # built on request when not built yet
-    service: {name: bytes, workers: 3, policy: lumen, params: {checkpoint_budget_mb: 64}}
+    service: {name: bytes, workers: 3, policy: lumen, params: {checkpoint_budget_mb: 64}, spares: 1}
     engine: {kv_pages: 128, page_size: 16, max_batch: 8, torch_threads: 1}
     gateway: {host: 127.0.0.1, port: 8010}
 
 ``failsoft llm serve CONFIG`` builds the model pair if it is not built yet (``failsoft llm build``),
 starts an embedded Ray, one worker actor per worker (each loads the target and runs its engine in
-its own loop) and the gateway (:mod:`failsoft.runtime.gateway.llm_app`).
+its own loop), ``spares`` standby worker actors (process started, torch and transformers imported,
+no model) and the gateway (:mod:`failsoft.runtime.gateway.llm_app`).
+
+A killed worker is restarted by :meth:`LlmSession.restart_worker`: a standby adopts its name and
+loads its model (a fresh process would first spend seconds starting and importing), and a new
+standby starts in the background. Standbys are infrastructure, the same under every recovery
+policy, so that the policies are compared on what they decide, not on how a process starts.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class ServiceSpec(_Strict):
     workers: int = Field(default=3, ge=1, le=64)
     policy: str = "lumen"
     params: dict[str, Any] = Field(default_factory=dict)
+    spares: int = Field(default=1, ge=0, le=8)
 
 
 class EngineSpec(_Strict):
@@ -118,13 +125,22 @@ def load_llm_config(path: str | Path) -> LlmConfig:
 class LlmSession:
     """Start the workers and the gateway; :meth:`kill_worker` is the failure the tests inject."""
 
-    def __init__(self, config: LlmConfig, num_cpus: int | None = None, build: bool = True) -> None:
+    def __init__(
+        self, config: LlmConfig, num_cpus: int | None = None, build: bool = True, reload_delay_ms: float = 0.0
+    ) -> None:
+        """``reload_delay_ms`` is added to every restarted worker's target load (a standby's
+        adoption): the reload of a model larger than the one served, emulated, the same for every
+        policy."""
         self.config = config
+        self.reload_delay_ms = reload_delay_ms
+        self.restarts: list[dict[str, Any]] = []
         self.num_cpus = num_cpus
         self.build = build
         self.cluster: Any = None
         self.workers: dict[str, Any] = {}
         self._specs: dict[str, Any] = {}
+        self.spares: list[Any] = []
+        self._spare_ids = 0
         self.dispatcher: Any = None
         self._server: Any = None
         self.port: int | None = None
@@ -164,6 +180,8 @@ class LlmSession:
                 )
                 self._specs[name] = wspec
                 self.workers[name] = spawn_llm_worker(self.cluster, LlmWorker, spec.service.name, name, wspec)
+            for _ in range(spec.service.spares):
+                self._spawn_spare()
             infos = {name: w.info_sync(timeout_s=300.0) for name, w in self.workers.items()}
             first = next(iter(infos.values()))
             self.dispatcher = LlmDispatcher(
@@ -205,18 +223,62 @@ class LlmSession:
         """Kill a worker's process for good (a failure: its engine and KV are gone)."""
         self.workers[name].kill()
 
-    def restart_worker(self, name: str, timeout_s: float = 120.0) -> float:
-        """Start a fresh process for a killed worker (stop-and-restart: the model is loaded again)
-        and let the gateway route to it once it has loaded; returns the model's load time in ms."""
+    def _spawn_spare(self) -> None:
+        """Start a standby worker (returns at once: its process starts and imports meanwhile)."""
         from failsoft.runtime.cluster import spawn_llm_worker
         from failsoft.runtime.llm_worker import LlmWorker
 
+        self._spare_ids += 1
+        threads = self.config.spec.engine.torch_threads
+        spare = spawn_llm_worker(
+            self.cluster, LlmWorker, self.config.spec.service.name, f"spare{self._spare_ids}", None, threads
+        )
+        self.spares.append(spare)
+
+    def wait_spares(self, timeout_s: float = 120.0) -> int:
+        """Block until every standby has started and imported; how many there are."""
+        for spare in self.spares:
+            spare.info_sync(timeout_s=timeout_s)
+        return len(self.spares)
+
+    def restart_worker(self, name: str, timeout_s: float = 120.0) -> float:
+        """Restart a killed worker and let the gateway route to it once it has loaded its model;
+        returns the model's load time in ms. A standby adopts the worker (its process and imports
+        are ready) and a new standby starts in the background; with none, a fresh process starts
+        (stop-and-restart's restart: process, imports, model)."""
+        from failsoft.errors import ServerUnavailableError
+        from failsoft.runtime.cluster import spawn_llm_worker
+        from failsoft.runtime.llm_worker import LlmWorker
+
+        spec = self._specs[name]
+        self.dispatcher.mark_dead(name)
+        started = time.perf_counter()
+        while self.spares:
+            spare = self.spares.pop(0)
+            self._spawn_spare()
+            try:
+                if self._progressive():
+                    info = self._adopt_progressive(name, spare, spec, timeout_s)
+                else:
+                    info = spare.adopt_sync(spec, None, self.reload_delay_ms, timeout_s=timeout_s)
+            except ServerUnavailableError as exc:  # the standby died too: the next one
+                log.warning("standby for %s unavailable: %s", name, exc)
+                continue
+            self.workers[name] = spare
+            self.dispatcher.revive(name, spare)
+            self.restarts.append(
+                {
+                    "worker": name,
+                    "started": started,
+                    "draft_ready": info.get("draft_ready"),
+                    "target_ready": time.perf_counter(),
+                }
+            )
+            return float(info["load_ms"])
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                ref = spawn_llm_worker(
-                    self.cluster, LlmWorker, self.config.spec.service.name, name, self._specs[name]
-                )
+                ref = spawn_llm_worker(self.cluster, LlmWorker, self.config.spec.service.name, name, spec)
                 break
             except ValueError:  # the dead actor still holds its name for a moment
                 if time.monotonic() > deadline:
@@ -226,6 +288,37 @@ class LlmSession:
         self.workers[name] = ref
         self.dispatcher.revive(name, ref)
         return float(info["load_ms"])
+
+    def _progressive(self) -> bool:
+        """LUMEN's draft-first restart: the policy has progressive recovery and a draft is built."""
+        size = self.config.spec.model.size
+        has_draft = (self.config.root / "llm" / f"{size}-draft" / "config.json").is_file()
+        return self.dispatcher.policy.progressive is not None and has_draft
+
+    def _adopt_progressive(self, name: str, spare: Any, spec: Any, timeout_s: float) -> dict[str, Any]:
+        """The standby loads the draft first and drafts for the survivor the policy names (the
+        dispatcher's :meth:`assist`, in a thread of its own) until its target is loaded."""
+        import asyncio
+        import threading
+
+        draft = f"{self.config.spec.model.size}-draft"
+        first = spare.adopt_sync(spec, draft, self.reload_delay_ms, timeout_s=timeout_s)
+        draft_ready = time.perf_counter()
+        done = threading.Event()
+        helper = threading.Thread(
+            target=lambda: asyncio.run(
+                self.dispatcher.assist(name, spare, done.is_set, first.get("acceptance"))
+            ),
+            name=f"assist-{name}",
+            daemon=True,
+        )
+        helper.start()
+        try:
+            info = spare.wait_target_sync(timeout_s=timeout_s)
+        finally:
+            done.set()
+            helper.join(timeout=30.0)
+        return {**info, "draft_ready": draft_ready}
 
     def load(self, name: str) -> dict[str, Any]:
         return dict(self.workers[name].load_sync())

@@ -16,7 +16,10 @@ and sleeps on a condition otherwise. The gateway drives it through these calls (
   :meth:`LlmWorker.hold` keeps a peer's chunks in host memory, :meth:`LlmWorker.restore` resumes a
   request from the checkpoint it holds, :meth:`LlmWorker.drop_checkpoint` frees one;
 * :meth:`LlmWorker.load` reports the queue and the KV pages (join-shortest-queue routing, tests that
-  count pages).
+  count pages);
+* a worker started without a spec is a *standby*: its process is up and its imports done, no model
+  loaded; :meth:`LlmWorker.adopt` turns it into a named worker (a restart without the process start
+  and the imports, which are most of a small model's restart).
 
 Each finished request's TTFT and time per output token are kept for :meth:`LlmWorker.stats`.
 """
@@ -34,6 +37,7 @@ from failsoft.errors import InvalidRequestError
 POLL_MAX_S = 30.0
 KEEP_FINISHED = 1024  # finished streams kept for late polls
 KEEP_METRICS = 4096
+ASSIST_LEASE_S = 0.3  # a request verified for a drafting peer is decoded here again after this
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +63,19 @@ class _Stream:
     tpot_ms: float | None = None
 
 
+def _recorded_acceptance(root: Path, model: str) -> float | None:
+    """The acceptance rate ``failsoft llm build`` recorded for a draft (None when it has none)."""
+    import json
+
+    try:
+        value = json.loads((Path(root) / "llm" / model / "config.json").read_text()).get("acceptance")
+    except (OSError, ValueError):
+        return None
+    if isinstance(value, dict):
+        value = value.get("acceptance")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def sampling_params(sampling: dict[str, Any]) -> Any:
     """:class:`failsoft.llm.SamplingParams` from a request's JSON fields; unknown fields refused."""
     from failsoft.llm import SamplingParams
@@ -75,7 +92,88 @@ def sampling_params(sampling: dict[str, Any]) -> Any:
 class LlmWorker:
     """One LLM worker. Thread-safe: Ray runs its methods on a pool of threads."""
 
-    def __init__(self, spec: LlmWorkerSpec) -> None:
+    spec: LlmWorkerSpec  # set once it serves (at once, or when a standby adopts a worker's name)
+
+    def __init__(self, spec: LlmWorkerSpec | None, torch_threads: int = 1) -> None:
+        """Serve ``spec``'s model; with ``spec`` None, a *standby*: the process is up and torch,
+        transformers and the engine are imported (seconds, most of a restart), but no model is
+        loaded until :meth:`adopt` names the worker it replaces."""
+        import torch
+        from transformers import LlamaForCausalLM  # noqa: F401  (the lazy module's real import)
+
+        from failsoft.llm import Engine  # noqa: F401
+        from failsoft.llm.models import load_lm  # noqa: F401
+
+        threads = spec.torch_threads if spec is not None else torch_threads
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self._cond = threading.Condition()
+        self._serving = False
+        self._adopted = False
+        self._target_ready = threading.Event()
+        self._dlock = threading.Lock()  # the draft engine (progressive restart), separate from the loop
+        self.drafter: Any = None
+        self._drafting: set[str] = set()
+        self.draft_ms: float | None = None
+        self.draft_acceptance: float | None = None
+        self._proposed = self._accepted = 0
+        self._step_ms: float | None = None  # a busy step, moving average (a drafting peer's gain)
+        self._assisted: dict[str, float] = {}  # request id -> last verification of a peer's drafts
+        if spec is not None:
+            self._serve(spec)
+            self._target_ready.set()
+
+    def adopt(
+        self, spec: LlmWorkerSpec, draft: str | None = None, target_delay_ms: float = 0.0
+    ) -> dict[str, Any]:
+        """A standby becomes worker ``spec.name``; its :meth:`info`. Without ``draft`` it loads the
+        target and serves. With ``draft`` (a draft model's name, LUMEN's progressive restart) it
+        loads the draft, returns at once (phase ``draft``: it drafts for peers, :meth:`draft_for`)
+        and loads the target in the background (:meth:`wait_target`). ``target_delay_ms`` delays
+        the target's load (a larger model's reload, emulated). Refused (InvalidRequestError) on a
+        worker that already serves or adopted."""
+        with self._cond:
+            if self._serving or self._adopted:
+                raise InvalidRequestError(f"worker {self.spec.name!r} already serves; it cannot adopt")
+            self._adopted = True
+            self.spec = spec
+        if draft is None:
+            if target_delay_ms > 0:
+                time.sleep(target_delay_ms / 1000.0)
+            with self._cond:
+                self._serve(spec)
+            self._target_ready.set()
+            return self.info()
+        from failsoft.llm import Engine
+        from failsoft.llm.models import load_lm
+
+        started = time.perf_counter()
+        lm = load_lm(spec.root, draft, spec.device)
+        self.draft_ms = (time.perf_counter() - started) * 1000.0
+        self.drafter = Engine(lm, spec.kv_pages, spec.page_size, spec.max_batch)
+        self.draft_acceptance = _recorded_acceptance(spec.root, draft)
+        threading.Thread(
+            target=self._load_target, args=(spec, target_delay_ms), name=f"load-{spec.name}", daemon=True
+        ).start()
+        return self.info()
+
+    def _load_target(self, spec: LlmWorkerSpec, delay_ms: float) -> None:
+        if delay_ms > 0:
+            time.sleep(delay_ms / 1000.0)
+        with self._cond:
+            self._serve(spec)
+        with self._dlock:  # plain decoding once the target is back: the draft is evicted
+            self.drafter = None
+            self._drafting.clear()
+        self._target_ready.set()
+
+    def wait_target(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Block until the target model serves; :meth:`info`."""
+        if not self._target_ready.wait(timeout_s):
+            raise InvalidRequestError(f"worker {self.spec.name!r}: target not loaded in {timeout_s} s")
+        return self.info()
+
+    def _serve(self, spec: LlmWorkerSpec) -> None:
         import torch
 
         from failsoft.llm import Engine
@@ -88,7 +186,6 @@ class LlmWorker:
         self.lm = load_lm(spec.root, spec.model, spec.device)
         self.load_ms = (time.perf_counter() - started) * 1000.0
         self.engine = Engine(self.lm, spec.kv_pages, spec.page_size, spec.max_batch)
-        self._cond = threading.Condition()
         self._streams: dict[str, _Stream] = {}
         self._done: list[str] = []
         self._tracked: dict[str, Any] = {}  # request id -> the engine's Request, until it finishes
@@ -98,6 +195,7 @@ class LlmWorker:
         self._stopped = False
         self._slow_s = 0.0
         self._cancelled = 0
+        self._serving = True
         self._thread = threading.Thread(target=self._loop, name=f"llm-{spec.name}", daemon=True)
         self._thread.start()
 
@@ -105,15 +203,30 @@ class LlmWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
+                self._expire_assisted()
                 while not self._stopped and self.engine.idle():
-                    self._cond.wait(0.5)
+                    self._cond.wait(ASSIST_LEASE_S if self._assisted else 0.5)
+                    self._expire_assisted()
                 if self._stopped:
                     return
+                started = time.perf_counter()
                 self.engine.step()
                 self._note_finished()
                 self._cond.notify_all()
             if self._slow_s > 0:  # injected (chaos slow): every step takes this much longer
                 time.sleep(self._slow_s)
+            ms = (time.perf_counter() - started) * 1000.0
+            self._step_ms = ms if self._step_ms is None else 0.8 * self._step_ms + 0.2 * ms
+
+    def _expire_assisted(self) -> None:
+        """Decode again, in this loop, the requests no drafting peer has verified for a lease."""
+        now = time.monotonic()
+        for rid, last in list(self._assisted.items()):
+            if now - last > ASSIST_LEASE_S:
+                del self._assisted[rid]
+                req = self._tracked.get(rid)
+                if req is not None:
+                    req.scheduled = True
 
     def _on_token(self, req: Any, token: int) -> None:
         stream = self._streams.get(req.id)
@@ -232,6 +345,82 @@ class LlmWorker:
         with self._cond:
             return self._held.pop(request_id, None) is not None
 
+    # ------------------------------------------------------------------ progressive restart (Alg. 3)
+    def draft_for(self, items: list[tuple[str, list[int], int]], k: int) -> dict[str, list[int]]:
+        """Draft ``k`` greedy tokens for each ``(request_id, tokens, max_new)`` of a peer's requests
+        (``tokens``: its prompt and output as the peer last reported them; ``max_new``: output it
+        may still produce). The draft's copy of each request is kept between calls (only the tokens
+        it has not seen are prefilled) and dropped when a call no longer names it. InvalidRequestError
+        once no draft model is loaded (the target is back)."""
+        from failsoft.llm import SamplingParams
+
+        with self._dlock:
+            drafter = self.drafter
+            if drafter is None:
+                raise InvalidRequestError(f"worker {self.spec.name!r} has no draft model loaded")
+            wanted = {rid for rid, _, _ in items}
+            for rid in [r for r in self._drafting if r not in wanted]:
+                drafter.close(rid)
+                self._drafting.discard(rid)
+            out: dict[str, list[int]] = {}
+            for rid, tokens, max_new in items:
+                tokens = [int(t) for t in tokens]
+                req = drafter.get(rid) if rid in self._drafting else None
+                if req is not None and req.tokens[: req.settled] == tokens[: req.settled]:
+                    drafter.accept(rid, tokens[req.settled :])
+                    left = req.params.max_tokens - len(req.output)
+                else:
+                    if req is not None:
+                        drafter.close(rid)
+                        self._drafting.discard(rid)
+                    if max_new < 1 or len(tokens) + max_new > drafter.context:
+                        continue
+                    drafter.open(tokens, SamplingParams(max_tokens=max_new), request_id=rid)
+                    self._drafting.add(rid)
+                    left = max_new
+                if left >= 1:
+                    out[rid] = drafter.propose(rid, k)
+            return out
+
+    def verify_drafts(self, items: list[tuple[str, int, list[int]]]) -> dict[str, dict[str, Any]]:
+        """Verify a drafting peer's ``(request_id, base, drafts)``: ``drafts`` continue the first
+        ``base`` tokens of the request, which this worker keeps decoding in its own loop meanwhile,
+        so the drafts its loop has already produced are skipped (a mismatch skips the request). One
+        forward pass per request commits the accepted drafts and the target's next token (greedy:
+        the output is the target's own). Returns per request its tokens now, the counts and
+        whether it finished; a request already finished or gone is left out."""
+        out: dict[str, dict[str, Any]] = {}
+        with self._cond:
+            if not self._serving:
+                raise InvalidRequestError(f"worker {self.spec.name!r} does not serve yet")
+            for rid, base, drafts in items:
+                req = self._tracked.get(rid)
+                if req is None or req.finished or req.state != "running" or req.params.temperature != 0:
+                    continue
+                ahead = len(req.tokens) - base
+                proposed = accepted = 0
+                if 0 <= ahead < len(drafts) and req.tokens[base:] == list(drafts[:ahead]):
+                    verdict = self.engine.verify(rid, drafts[ahead:])
+                    proposed, accepted = verdict.proposed, verdict.accepted
+                    self._proposed += proposed
+                    self._accepted += accepted
+                if not req.finished:
+                    # verified only, as in Alg. 3: this loop stops decoding it (its drafts would
+                    # be stale by the next round) until the peer stops verifying for a lease
+                    req.scheduled = False
+                    self._assisted[rid] = time.monotonic()
+                out[rid] = {
+                    "tokens": list(req.tokens),
+                    "proposed": proposed,
+                    "accepted": accepted,
+                    "finished": req.finished,
+                }
+            self._note_finished()
+            self._cond.notify_all()
+            if self._slow_s > 0 and items:  # a verification pass is a step of this worker
+                time.sleep(self._slow_s)
+        return out
+
     # ------------------------------------------------------------------ reports
     def load(self) -> dict[str, Any]:
         with self._cond:
@@ -245,11 +434,25 @@ class LlmWorker:
                 "cancelled": self._cancelled,
                 "checkpoints": len(self._held),
                 "held_kv_mb": sum(b.nbytes for b in self._held.values()) / 2**20,
+                "step_ms": self._step_ms,
+                "verified_drafts": self._proposed,
+                "accepted_drafts": self._accepted,
             }
 
     def info(self) -> dict[str, Any]:
         import os
 
+        if not self._serving:
+            if self._adopted:
+                return {
+                    "worker": self.spec.name,
+                    "standby": False,
+                    "phase": "draft",
+                    "draft_ms": self.draft_ms,
+                    "acceptance": self.draft_acceptance,
+                    "pid": os.getpid(),
+                }
+            return {"worker": None, "standby": True, "phase": "standby", "pid": os.getpid()}
         return {
             "worker": self.spec.name,
             "model": self.spec.model,
@@ -260,6 +463,9 @@ class LlmWorker:
             "device": self.lm.device,
             "load_ms": self.load_ms,
             "pid": os.getpid(),
+            "standby": False,
+            "phase": "full",
+            "draft_ms": self.draft_ms,
         }
 
     def stats(self) -> dict[str, Any]:
@@ -271,6 +477,8 @@ class LlmWorker:
         self._slow_s = max(float(ms), 0.0) / 1000.0
 
     def shutdown(self) -> None:
+        if not self._serving:
+            return
         with self._cond:
             self._stopped = True
             self._cond.notify_all()

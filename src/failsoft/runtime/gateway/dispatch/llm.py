@@ -58,6 +58,9 @@ class LlmStats:
     failed: int = 0
     restore_refused: int = 0
     shipped_bytes: int = 0
+    assist_rounds: int = 0  # progressive restart: draft-and-verify rounds for a survivor
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
 
 
 class LlmDispatcher:
@@ -89,6 +92,9 @@ class LlmDispatcher:
         self._ids = 0
         self._cleanups: set[asyncio.Task[None]] = set()
         self._shipping: dict[str, asyncio.Task[None]] = {}
+        # request id -> (worker, prompt tokens, tokens received so far, max_tokens, greedy):
+        # what a drafting peer needs to draft for the requests of a survivor
+        self._live: dict[str, tuple[str, list[int], list[int], int, bool]] = {}
         self.stats = LlmStats()
 
     # ------------------------------------------------------------------ routing
@@ -172,6 +178,9 @@ class LlmDispatcher:
             except ServerUnavailableError:
                 self.mark_dead(worker)
         self._outstanding[worker] += 1
+        max_tokens = int(fields.get("max_tokens", 16))
+        greedy = float(fields.get("temperature", 0.0) or 0.0) == 0.0
+        self._live[rid] = (worker, tokens, received, max_tokens, greedy)
         try:
             while True:
                 try:
@@ -184,6 +193,7 @@ class LlmDispatcher:
                     old, worker = worker, await self._recover(rid, worker, tokens, received, fields)
                     self._outstanding[old] -= 1
                     self._outstanding[worker] += 1
+                    self._live[rid] = (worker, tokens, received, max_tokens, greedy)
                     continue
                 new = [int(t) for t in got["tokens"]]
                 if new:
@@ -217,6 +227,7 @@ class LlmDispatcher:
                     )
         finally:
             self._outstanding[worker] -= 1
+            self._live.pop(rid, None)
             # in a task of its own: a client that left cancels this coroutine, and the web
             # framework's cancel scope would cancel every await of the clean-up here too
             cleanup = asyncio.get_running_loop().create_task(self._cleanup(rid, worker, finished))
@@ -334,6 +345,80 @@ class LlmDispatcher:
         log.info("%s: %s failed; recomputed on %s (%s)", rid, failed, target, route.reason)
         return target
 
+    # ------------------------------------------------------------------ progressive restart
+    async def assist(self, name: str, drafter: Any, stop: Any, acceptance: float | None = None) -> None:
+        """LUMEN's Alg. 3 while ``name`` (``drafter``: its worker, draft loaded, target loading)
+        recovers: as long as the policy's ``progressive`` decides ``peer-verify``, draft
+        ``draft_tokens`` tokens for the greedy requests of the survivor it names and have that
+        survivor verify them (its output stays its own greedy output, a few tokens per pass
+        sooner); until ``stop()`` is true or the drafter has no draft any more."""
+        from failsoft.policies.llm_recovery import Recovering, SpeculationCost
+
+        progressive = self.policy.progressive
+        if progressive is None:
+            return
+        recorded = 0.6 if acceptance is None else acceptance
+        k = self.params.draft_tokens
+        known: dict[str, list[int]] = {}  # request id -> its tokens as its worker last reported
+        round_ms: float | None = None  # a draft-and-verify round, moving average
+        step_ms: dict[str, float] = {}  # survivor -> its own decode step
+        idle_since: float | None = None
+        while not stop():
+            try:
+                view = self.view()
+            except RuntimeError:  # the gateway's loop changed a dict meanwhile: read again
+                continue
+            proposed, accepted = self.stats.drafts_proposed, self.stats.drafts_accepted
+            a = accepted / proposed if proposed >= 8 else recorded
+            survivor_step = step_ms.get(str(progressive_target(progressive, name, view, self.params)), 0.0)
+            if round_ms is not None and survivor_step > 0:
+                # measured: a round (draft, then verification, one after the other, over the
+                # network) costs round_ms / survivor_step of the survivor's decode steps
+                cost = SpeculationCost(a, draft_step=0.0, verify_step=max(1.0, round_ms / survivor_step))
+            else:
+                cost = SpeculationCost(acceptance=a)  # the policy's model, until measured
+            (decision,) = progressive.decide((Recovering(name, draft_ready=True),), view, self.params, cost)
+            survivor = decision.assist
+            live = list(self._live.items())
+            mine = [(r, v) for r, v in live if v[0] == survivor and v[4]] if survivor is not None else []
+            if decision.mode != "peer-verify" or survivor is None or not mine:
+                now = time.monotonic()
+                idle_since = idle_since or now
+                if decision.mode == "idle" and now - idle_since > 2.0:
+                    round_ms, idle_since = None, None  # measure again: the load may have changed
+                await asyncio.sleep(0.05)
+                continue
+            idle_since = None
+            items = []
+            for rid, (_, prompt, received, max_tokens, _) in mine:
+                now_tokens = known.get(rid) or prompt + list(received)
+                items.append((rid, now_tokens, max_tokens - (len(now_tokens) - len(prompt))))
+            started = time.perf_counter()
+            try:
+                drafts = await drafter.draft_for(items, k)
+            except (InvalidRequestError, ServerUnavailableError):
+                return  # the target is back (the draft evicted) or the drafter died
+            if not drafts:
+                await asyncio.sleep(0.02)
+                continue
+            base = {rid: len(now_tokens) for rid, now_tokens, _ in items}
+            try:
+                verdicts = await self.workers[survivor].verify_drafts(
+                    [(rid, base[rid], d) for rid, d in drafts.items()]
+                )
+                load = await self.workers[survivor].load()
+            except (InvalidRequestError, ServerUnavailableError):
+                await asyncio.sleep(0.02)
+                continue
+            ms = (time.perf_counter() - started) * 1000.0
+            round_ms = ms if round_ms is None else 0.7 * round_ms + 0.3 * ms
+            if load.get("step_ms"):
+                step_ms[survivor] = float(load["step_ms"])
+            known = {rid: list(v["tokens"]) for rid, v in verdicts.items() if not v["finished"]}
+            self.stats.assist_rounds += 1
+            self.stats.drafts_proposed += sum(int(v["proposed"]) for v in verdicts.values())
+            self.stats.drafts_accepted += sum(int(v["accepted"]) for v in verdicts.values())
+
     def describe(self) -> dict[str, Any]:
         live = [w for w in self.workers if w not in self.dead]
         return {
@@ -357,6 +442,15 @@ async def collect(events: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
         if event.get("finished"):
             last = event
     return {"tokens": tokens, **last}
+
+
+def progressive_target(progressive: Any, name: str, view: ClusterView, params: LlmParams) -> str | None:
+    """The survivor ``progressive`` would have ``name`` assist (at any gain), for its step time."""
+    from failsoft.policies.llm_recovery import Recovering, SpeculationCost
+
+    free = SpeculationCost(acceptance=1.0, draft_step=0.0, verify_step=1.0)
+    (decision,) = progressive.decide((Recovering(name, draft_ready=True),), view, params, free)
+    return decision.assist
 
 
 __all__ = ["LlmDispatcher", "LlmStats", "collect"]

@@ -1,0 +1,70 @@
+"""The dispatcher's progressive-restart loop (Alg. 3) with fake workers: it drafts for the most
+loaded survivor while drafting pays, and stops when the measured round costs more than it gains
+(no cluster: the calls are the workers' async API, answered in this process)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from failsoft.runtime.gateway.dispatch.llm import LlmDispatcher
+from failsoft.services import LlmParams
+
+
+class _Survivor:
+    def __init__(self, step_ms: float, verify_ms: float) -> None:
+        self.step_ms, self.verify_ms = step_ms, verify_ms
+        self.verified: list[tuple[str, int, list[int]]] = []
+
+    async def verify_drafts(self, items: list[tuple[str, int, list[int]]]) -> dict[str, dict[str, Any]]:
+        await asyncio.sleep(self.verify_ms / 1000)
+        self.verified.extend(items)
+        return {
+            rid: {"tokens": [0] * base + list(d), "proposed": len(d), "accepted": len(d), "finished": False}
+            for rid, base, d in items
+        }
+
+    async def load(self) -> dict[str, Any]:
+        return {"step_ms": self.step_ms}
+
+
+class _Drafter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def draft_for(self, items: list[tuple[str, list[int], int]], k: int) -> dict[str, list[int]]:
+        self.calls += 1
+        return {rid: [7] * k for rid, _, left in items if left > 0}
+
+
+def _run(step_ms: float, verify_ms: float, seconds: float = 0.6) -> tuple[LlmDispatcher, dict[str, Any]]:
+    survivors = {"w0": _Survivor(step_ms, verify_ms), "w1": _Survivor(step_ms, verify_ms)}
+    drafter = _Drafter()
+    d = LlmDispatcher("bytes", {**survivors, "w2": drafter}, LlmParams(), "lumen", 256, 0.01)
+    d.mark_dead("w2")
+    d._outstanding.update(w0=1, w1=3)  # w1 is the most loaded survivor
+    d._live["a"] = ("w0", [1, 2, 3], [], 60, True)
+    d._live["b"] = ("w1", [4, 5], [], 60, True)
+    d._live["c"] = ("w1", [6], [], 60, False)  # sampled: never assisted
+    deadline = time.monotonic() + seconds
+    asyncio.run(d.assist("w2", drafter, lambda: time.monotonic() > deadline, acceptance=0.9))
+    return d, {"survivors": survivors, "drafter": drafter}
+
+
+def test_assist_drafts_for_the_most_loaded_survivors_greedy_requests_while_it_pays() -> None:
+    d, fakes = _run(step_ms=50.0, verify_ms=1.0)
+    w0, w1 = fakes["survivors"]["w0"], fakes["survivors"]["w1"]
+    assert d.stats.assist_rounds >= 5  # it kept going: a round costs far less than a step
+    assert not w0.verified and {rid for rid, _, _ in w1.verified} == {"b"}
+    assert d.stats.drafts_proposed == d.stats.drafts_accepted == 3 * d.stats.assist_rounds
+    # each round drafts from the tokens the survivor reported after the previous one
+    bases = [base for _, base, _ in w1.verified]
+    assert bases[:3] == [2, 5, 8]
+
+
+def test_assist_stops_when_a_round_costs_more_than_it_gains() -> None:
+    d, fakes = _run(step_ms=1.0, verify_ms=30.0)
+    # one measured round (30 ms against 1 ms steps: 30 steps for at most 4 tokens), then idle
+    assert d.stats.assist_rounds == 1
+    assert fakes["drafter"].calls == 1
