@@ -154,13 +154,17 @@ class GraphParams:
     """HAMS (sections III-IV): a DAG of models; stateful nodes get a primary-backup pair.
 
     ``edges`` are ``(upstream, downstream)`` node names; the graph must be acyclic, every edge must
-    name known nodes, and every member app computes exactly one node.
+    name known nodes, and every member app computes exactly one node. ``replication`` is how the
+    stateful nodes survive a failed primary: ``nspb`` (a backup copy, the state shipped without
+    stopping the pipeline, HAMS) or ``none`` (no backup: a failed stateful node starts over from its
+    initial state on the controller's fresh copy; the baseline ``failsoft bench replication`` runs).
     """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
 
     nodes: tuple[GraphNode, ...] = ()
     edges: tuple[tuple[str, str], ...] = ()
+    replication: Literal["nspb", "none"] = "nspb"
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]

@@ -59,7 +59,7 @@ class GraphDispatcher(Dispatcher):
         # a stateful node's turn: the future the previous request sets once it has left the node
         self._turn: dict[str, asyncio.Future[None] | None] = {n: None for n in self.topology.stateful}
         self.replication = (
-            Replication(service.name, self.graph, context, self.edge_log, log_limit)
+            Replication(service.name, self.graph, context, self.edge_log, log_limit, self.graph.replication)
             if self.topology.stateful
             else None
         )

@@ -20,6 +20,8 @@ the protocol itself staying pure (events in, commands out):
   node not answered yet. States that match no request (a call whose fate is unknown, e.g. one that
   timed out) make it read the primary's count again, between two requests.
 * **The input log.** Every input of the node since its last durable state is kept by ``seq``.
+* **The policy** is the service's ``replication`` param: ``nspb`` (all of the above) or ``none`` (no
+  backup is placed; a failed primary is a ``Restore``: the node starts over on its app's route).
 * **A failed primary** (its agent is gone, it does not hold the model any more, or the controller
   moved the app's route to another server): the request at the node reports ``Crashed``; on
   ``Promote(node, k)`` the backup, which holds the state after ``k`` (an apply under way is awaited
@@ -291,6 +293,9 @@ class Replication:
             node.rows_now += rows
             node.rows[seq] = node.rows_now
             _bound(node.rows, self.log_limit)
+        if self.protocol.name == "none":  # no backup: nothing is ever replayed
+            self._handle(OutputComputed(node.name, seq))
+            return
         node.inputs[seq] = batch
         if _bound(node.inputs, self.log_limit):
             log.warning(
