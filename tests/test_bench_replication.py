@@ -13,6 +13,7 @@ import yaml
 
 from failsoft.bench.replication import (
     ReplicationBenchSettings,
+    Run,
     Shot,
     bench_config,
     plans_of,
@@ -37,6 +38,8 @@ def test_bad_settings_are_refused_naming_the_value():
         ReplicationBenchSettings(requests=1)
     with pytest.raises(ConfigError, match="after_kill >= 1"):
         ReplicationBenchSettings(after_kill=0)
+    with pytest.raises(ConfigError, match="rounds must be >= 1"):
+        ReplicationBenchSettings(rounds=0)
     with pytest.raises(ConfigError, match="timeout_s must be positive"):
         ReplicationBenchSettings(timeout_s=0)
 
@@ -98,17 +101,31 @@ def test_summary_measures_latency_after_warmup_recovery_from_the_kill_and_compar
     shots += [_shot(5, 1.0, None, None, at=10.0)]  # failed after the kill
     shots += [_shot(6, 90.0, 7, 7.0, at=10.01), _shot(7, 5.0, 8, 99.0, at=10.2)]
     expected = [np.asarray([[float(i + 1)]]) for i in range(8)]
-    got = summary(shots, warmup=1, n_before=5, killed_at=killed, expected=expected)
+    got = summary([Run(shots, killed, expected)], warmup=1, n_before=5)
     assert got["latency_ms"] == {"p50": 12.5, "p99": 13.97}
     assert got["recovery_ms"] == pytest.approx(100.0)  # the first answer after the kill, from the kill
     assert got["failed_requests"] == 1 and got["errors"] == ["NoRouteError: x"]
-    assert got["mismatched"] == 1 and got["first_mismatch_seq"] == 8 and got["mismatched_before_kill"] == 0
+    assert got["mismatched"] == 1 and got["first_mismatch_seq"] == [8] and got["mismatched_before_kill"] == 0
     assert got["consistent"] is False
-    shots[-1] = _shot(7, 5.0, 8, 8.0, at=10.2)
-    shots[5] = _shot(5, 1.0, 6, 6.0, at=10.0)
-    assert summary(shots, 1, 5, killed, expected)["consistent"] is True
-    shots[5] = _shot(5, 1.0, None, None, at=10.0)  # equal answers, but one lost: not consistent
-    assert summary(shots, 1, 5, killed, expected)["consistent"] is False
+    fixed = [*shots[:5], _shot(5, 1.0, 6, 6.0, at=10.0), shots[6], _shot(7, 5.0, 8, 8.0, at=10.2)]
+    assert summary([Run(fixed, killed, expected)], 1, 5)["consistent"] is True
+    lost = [*fixed[:5], _shot(5, 1.0, None, None, at=10.0), *fixed[6:]]  # equal answers, one lost
+    assert summary([Run(lost, killed, expected)], 1, 5)["consistent"] is False
+
+
+def test_runs_are_pooled_and_one_inconsistent_run_makes_the_policy_inconsistent():
+    expected = [np.asarray([[float(i + 1)]]) for i in range(4)]
+    good = [_shot(i, 10.0, i + 1, float(i + 1), at=float(i)) for i in range(4)]
+    slow = [_shot(i, 30.0, i + 1, float(i + 1), at=float(i)) for i in range(4)]
+    bad = [*slow[:3], _shot(3, 30.0, 4, 0.5, at=3.0)]
+    runs = [Run(good, 1.99, expected), Run(bad, 1.95, expected)]  # the kill before shot 2
+    got = summary(runs, warmup=0, n_before=2)
+    assert got["runs"] == 2 and got["requests"] == 8
+    assert got["latency_ms"]["p50"] == 20.0  # 10, 10, 30, 30 pooled
+    assert got["recovery_ms_each"] == [pytest.approx(20.0), pytest.approx(80.0)]
+    assert got["recovery_ms"] == pytest.approx(50.0)  # the median of the runs'
+    assert got["consistent"] is False and got["first_mismatch_seq"] == [4]
+    assert summary(runs[:1], 0, 2)["consistent"] is True
 
 
 def test_overhead_is_against_none_and_the_targets_name_what_is_met():

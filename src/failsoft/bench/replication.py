@@ -14,10 +14,14 @@ graph's answers depend on their order), each the next value of the entry model's
    ``after_kill`` more requests are sent: ``recovery_ms`` is the time from the kill to the first
    answer (the first request after the kill finds the dead primary), ``failed_requests`` the
    requests that got an error, before or after;
-3. ``consistent``: every answer (before and after the kill) equals, bit for bit, the failure-free
+3. the policies take turns, ``rounds`` clusters each (nspb, none, then none, nspb, ...: the drift
+   of a shared machine spread evenly), and each policy's requests are pooled;
+4. ``consistent``: every answer (before and after the kill) equals, bit for bit, the failure-free
    run computed in this process: the same models from their initial states, walked through the
    graph in ``seq`` order, one torch thread as the agents run (the models are deterministic on
-   CPU). ``mismatched`` counts the answers that differ, ``first_mismatch_seq`` the first.
+   CPU). ``mismatched`` counts the answers that differ, ``first_mismatch_seq`` the first of each
+   run; with nspb, ``durable_again_ms`` is the time from the kill until every stateful node's
+   backup holds its state after the last request (a killed backup replaced).
 
 The targets: nspb's overhead <= 4 %, its recovery <= 250 ms, nspb consistent, none not (it loses
 the killed node's state). ``stop-and-copy`` (Remus) is not run: the runtime does not hold a node's
@@ -52,6 +56,7 @@ class ReplicationBenchSettings:
     warmup: int = 20
     after_kill: int = 30
     kill_node: str | None = None  # default: each graph's first stateful node
+    rounds: int = 2  # clusters per policy, the policies alternating (drift on a shared machine)
     timeout_s: float = 20.0  # per request: a slow shared machine is no failure
     root: str | None = None  # model repository (default: the config's)
 
@@ -66,6 +71,8 @@ class ReplicationBenchSettings:
                 f"requests must be >= 2, after_kill >= 1 and warmup >= 0; "
                 f"got {self.requests}, {self.after_kill}, {self.warmup}"
             )
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be positive, got {self.timeout_s!r}")
 
@@ -84,6 +91,17 @@ class Shot:
     @property
     def latency_ms(self) -> float:
         return (self.done - self.sent) * 1000.0
+
+
+@dataclass(frozen=True)
+class Run:
+    """One cluster's run of one policy: its shots, when the kill was, the failure-free answers."""
+
+    shots: Sequence[Shot]
+    killed_at: float
+    expected: Sequence[np.ndarray]
+    replication: Any = None  # the service's replication entry at the end
+    durable_again_ms: float | None = None  # from the kill until every backup holds the last state
 
 
 @dataclass(frozen=True)
@@ -107,10 +125,14 @@ def run(
     data, plans = bench_config(path, settings)
     graphs: dict[str, Any] = {}
     for plan in plans:
-        policies: dict[str, Any] = {}
-        for policy in settings.policies:
-            say(f"graph {plan.service}, policy {policy}: starting the cluster")
-            policies[policy] = _run_policy(path, data, plan, policy, settings, say)
+        runs: dict[str, list[Run]] = {p: [] for p in settings.policies}
+        for r in range(settings.rounds):
+            order = settings.policies if r % 2 == 0 else tuple(reversed(settings.policies))
+            for policy in order:
+                say(f"graph {plan.service}, round {r + 1}/{settings.rounds}, policy {policy}: starting")
+                runs[policy].append(_run_policy(path, data, plan, policy, settings, say))
+        n_before = settings.warmup + settings.requests
+        policies = {p: summary(runs[p], settings.warmup, n_before) for p in settings.policies}
         graphs[plan.service] = {
             "kill": {"node": plan.kill_node, "server": plan.kill_server},
             "nodes_on_killed_server": list(plan.on_killed_server),
@@ -121,7 +143,8 @@ def run(
         "settings": asdict(settings),
         "load": (
             "one client, requests one at a time; each the next value of the entry model's example "
-            "stream (the SP500 series for the GRUs)"
+            f"stream (the SP500 series for the GRUs); {settings.rounds} cluster(s) per policy, the "
+            "policies alternating, their requests pooled"
         ),
         "graphs": graphs,
         "targets": targets_met(graphs),
@@ -195,7 +218,7 @@ def _run_policy(
     policy: str,
     settings: ReplicationBenchSettings,
     say: Progress,
-) -> dict[str, Any]:
+) -> Run:
     from failsoft.bench.coding import wait_home
     from failsoft.client import Client
     from failsoft.runtime.config import config_from_dict
@@ -224,24 +247,42 @@ def _run_policy(
                     _send(client, plan.service, i, inputs[i], settings)
                     for i in range(n_before, n_before + settings.after_kill)
                 ]
+                last = max((s.seq for s in shots if s.seq is not None), default=0)
+                durable_ms = _wait_durable(client, plan, last, killed_at) if policy == "nspb" else None
                 entry = next(e for e in client.repository_index() if e["name"] == plan.service)
             finally:
                 client.close()
     expected = graph_reference(repo_root, graph_service.params, plan, [inputs[s.index] for s in shots])
-    result = summary(shots, settings.warmup, n_before, killed_at, expected)
-    result["replication_at_end"] = entry.get("replication")
-    return result
+    return Run(shots, killed_at, expected, entry.get("replication"), durable_ms)
+
+
+def _replication_nodes(client: Any, plan: GraphPlan) -> dict[str, Any]:
+    entry = next(e for e in client.repository_index() if e["name"] == plan.service)
+    return dict((entry.get("replication") or {}).get("nodes") or {})
 
 
 def _wait_backups(client: Any, plan: GraphPlan, timeout_s: float = 120.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        entry = next(e for e in client.repository_index() if e["name"] == plan.service)
-        nodes = (entry.get("replication") or {}).get("nodes") or {}
+        nodes = _replication_nodes(client, plan)
         if all((nodes.get(n) or {}).get("backup_holds") is not None for n in plan.stateful):
             return
         time.sleep(0.2)
     raise FailsoftError(f"service {plan.service!r}: the backups were not placed within {timeout_s:.0f} s")
+
+
+def _wait_durable(
+    client: Any, plan: GraphPlan, last: int, killed_at: float, timeout_s: float = 30.0
+) -> float | None:
+    """Ms from the kill until every stateful node's backup holds its state after request ``last``
+    (a killed backup replaced, the newest state applied); None if not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        nodes = _replication_nodes(client, plan)
+        if all((nodes.get(n) or {}).get("backup_holds") == last for n in plan.stateful):
+            return round((time.perf_counter() - killed_at) * 1000.0, 1)
+        time.sleep(0.05)
+    return None
 
 
 def _send(client: Any, service: str, index: int, x: np.ndarray, settings: ReplicationBenchSettings) -> Shot:
@@ -304,31 +345,46 @@ def walk_graph(
 
 
 # summaries -----------------------------------------------------------------------------------------
-def summary(
-    shots: Sequence[Shot], warmup: int, n_before: int, killed_at: float, expected: Sequence[np.ndarray]
-) -> dict[str, Any]:
-    """One policy's figures from its shots (``expected[i]``: the failure-free answer to shot i's
-    request, shots in ``seq`` order since they were sent one at a time)."""
-    measured = [s.latency_ms for s in shots[warmup:n_before] if s.seq is not None]
-    after = shots[n_before:]
-    first = next((s for s in after if s.seq is not None), None)
-    mismatched = [
-        i + 1
-        for i, s in enumerate(shots)
-        if s.outputs is not None and not np.array_equal(s.outputs, np.asarray(expected[i]))
-    ]
-    answered_after = [s for s in after if s.seq is not None]
+def summary(runs: Sequence[Run], warmup: int, n_before: int) -> dict[str, Any]:
+    """One policy's figures from its runs, pooled: the failure-free latencies of every run,
+    ``recovery_ms`` the median over the runs (each run's in ``recovery_ms_each``), ``consistent``
+    only if every run's answers (shots in ``seq`` order: sent one at a time) equal ``expected`` and
+    none was lost after the kill."""
+    measured = [s.latency_ms for r in runs for s in r.shots[warmup:n_before] if s.seq is not None]
+    after_kill: list[float] = []
+    recoveries: list[float | None] = []
+    mismatched: list[int] = []
+    first_mismatch: list[int] = []
+    consistent = bool(runs)
+    for run in runs:
+        after = [s for s in run.shots[n_before:] if s.seq is not None]
+        after_kill += [s.latency_ms for s in after[1:]]
+        recoveries.append(round((after[0].done - run.killed_at) * 1000.0, 2) if after else None)
+        bad = [
+            i + 1
+            for i, s in enumerate(run.shots)
+            if s.outputs is not None and not np.array_equal(s.outputs, np.asarray(run.expected[i]))
+        ]
+        mismatched += bad
+        first_mismatch += bad[:1]
+        consistent = consistent and not bad and len(after) == len(run.shots[n_before:])
+    known = [r for r in recoveries if r is not None]
+    shots = [s for r in runs for s in r.shots]
     return {
         "requests": len(shots),
+        "runs": len(runs),
         "latency_ms": _percentiles(measured),
-        "latency_after_kill_ms": _percentiles([s.latency_ms for s in answered_after[1:]]),
-        "recovery_ms": round((first.done - killed_at) * 1000.0, 2) if first is not None else None,
+        "latency_after_kill_ms": _percentiles(after_kill),
+        "recovery_ms": round(float(np.median(known)), 2) if known else None,
+        "recovery_ms_each": recoveries,
         "failed_requests": sum(s.seq is None for s in shots),
         "errors": sorted({s.error for s in shots if s.error})[:3],
-        "consistent": not mismatched and all(s.seq is not None for s in after),
+        "consistent": consistent,
         "mismatched": len(mismatched),
         "mismatched_before_kill": sum(i <= n_before for i in mismatched),
-        "first_mismatch_seq": mismatched[0] if mismatched else None,
+        "first_mismatch_seq": first_mismatch,
+        "durable_again_ms": [r.durable_again_ms for r in runs],
+        "replication_at_end": [r.replication for r in runs],
     }
 
 

@@ -202,6 +202,9 @@ def replication(
     kill_node: Annotated[
         str | None, typer.Option(help="Stateful node whose primary's server is killed (default: the first)")
     ] = None,
+    rounds: Annotated[
+        int, typer.Option(min=1, max=20, help="Clusters per policy, the policies alternating")
+    ] = 2,
     root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
@@ -210,7 +213,7 @@ def replication(
 
     settings = ReplicationBenchSettings(
         policies=tuple(policy or POLICIES), requests=requests, warmup=warmup, after_kill=after_kill,
-        kill_node=kill_node, root=root,
+        kill_node=kill_node, rounds=rounds, root=root,
     )  # fmt: skip
     result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
     if out is not None:
