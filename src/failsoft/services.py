@@ -158,6 +158,9 @@ class GraphParams:
     stateful nodes survive a failed primary: ``nspb`` (a backup copy, the state shipped without
     stopping the pipeline, HAMS) or ``none`` (no backup: a failed stateful node starts over from its
     initial state on the controller's fresh copy; the baseline ``failsoft bench replication`` runs).
+    ``ship_interval_ms`` spaces a stateful node's state transfers (0: after every request, as HAMS
+    does; more: the newest state at most that often, fewer calls on a busy machine for a backup
+    that lags by the requests of one interval, which a failover replays).
     """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
@@ -165,6 +168,7 @@ class GraphParams:
     nodes: tuple[GraphNode, ...] = ()
     edges: tuple[tuple[str, str], ...] = ()
     replication: Literal["nspb", "none"] = "nspb"
+    ship_interval_ms: Annotated[float, Ge(0), Le(60_000)] = 0.0
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
@@ -180,6 +184,7 @@ class GraphParams:
         if cycle:
             raise ValueError(f"GraphParams: the graph has a cycle through node {cycle!r}")
         _check_fan_in(self.nodes, self.edges)
+        check_bounds(self)
 
     def check_members(self, service: str, members: tuple[str, ...]) -> None:
         _count(service, "graph", members, 1, 256)

@@ -56,6 +56,7 @@ class ReplicationBenchSettings:
     warmup: int = 20
     after_kill: int = 30
     kill_node: str | None = None  # default: each graph's first stateful node
+    ship_interval_ms: float | None = None  # the graphs' state transfer spacing (default: the config's)
     rounds: int = 2  # clusters per policy, the policies alternating (drift on a shared machine)
     timeout_s: float = 20.0  # per request: a slow shared machine is no failure
     root: str | None = None  # model repository (default: the config's)
@@ -71,6 +72,8 @@ class ReplicationBenchSettings:
                 f"requests must be >= 2, after_kill >= 1 and warmup >= 0; "
                 f"got {self.requests}, {self.after_kill}, {self.warmup}"
             )
+        if self.ship_interval_ms is not None and not 0 <= self.ship_interval_ms <= 60_000:
+            raise ConfigError(f"ship_interval_ms must be in [0, 60000], got {self.ship_interval_ms!r}")
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if self.timeout_s <= 0:
@@ -133,7 +136,10 @@ def run(
                 runs[policy].append(_run_policy(path, data, plan, policy, settings, say))
         n_before = settings.warmup + settings.requests
         policies = {p: summary(runs[p], settings.warmup, n_before) for p in settings.policies}
+        params = next(s for s in data["services"] if s.get("name") == plan.service).get("params") or {}
+        interval = settings.ship_interval_ms
         graphs[plan.service] = {
+            "ship_interval_ms": float(params.get("ship_interval_ms", 0.0) if interval is None else interval),
             "kill": {"node": plan.kill_node, "server": plan.kill_server},
             "nodes_on_killed_server": list(plan.on_killed_server),
             "policies": with_overhead(policies),
@@ -202,11 +208,15 @@ def plans_of(data: Mapping[str, Any], kill_node: str | None, source: str) -> lis
     return plans
 
 
-def policy_config(data: Mapping[str, Any], service: str, policy: str) -> dict[str, Any]:
+def policy_config(
+    data: Mapping[str, Any], service: str, policy: str, ship_interval_ms: float | None = None
+) -> dict[str, Any]:
     out = copy.deepcopy(dict(data))
     for s in out["services"]:
         if s.get("name") == service:
             s["params"] = {**(s.get("params") or {}), "replication": policy}
+            if ship_interval_ms is not None:
+                s["params"]["ship_interval_ms"] = ship_interval_ms
     return out
 
 
@@ -225,7 +235,7 @@ def _run_policy(
     from failsoft.runtime.session import Session
 
     with tempfile.TemporaryDirectory(prefix="failsoft-bench-replication-") as state:
-        cfg = policy_config(data, plan.service, policy)
+        cfg = policy_config(data, plan.service, policy, settings.ship_interval_ms)
         cfg["state_dir"] = state
         config = config_from_dict(cfg, source=str(path), base_dir=path.parent)
         repo_root = str(config.repository)

@@ -205,6 +205,10 @@ def replication(
     rounds: Annotated[
         int, typer.Option(min=1, max=20, help="Clusters per policy, the policies alternating")
     ] = 2,
+    ship_interval_ms: Annotated[
+        float | None,
+        typer.Option(min=0, max=60_000, help="Space each node's state transfers (default: the config's)"),
+    ] = None,
     root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
@@ -213,7 +217,7 @@ def replication(
 
     settings = ReplicationBenchSettings(
         policies=tuple(policy or POLICIES), requests=requests, warmup=warmup, after_kill=after_kill,
-        kill_node=kill_node, rounds=rounds, root=root,
+        kill_node=kill_node, rounds=rounds, ship_interval_ms=ship_interval_ms, root=root,
     )  # fmt: skip
     result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
     if out is not None:

@@ -131,6 +131,7 @@ def _scenario(
     n: int = 40,
     servers: tuple[str, ...] = SERVERS,
     detect_s: float = 0.0,
+    service: Service = SERVICE,
 ) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
     kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary) after the 15th
@@ -155,7 +156,7 @@ def _scenario(
 
         async with mirrored(clock, routes) as (controller, mirror):
             context = DispatchContext(mirror, agent, clock, servers=lambda: servers)  # type: ignore[arg-type]
-            d = GraphDispatcher(SERVICE, context)
+            d = GraphDispatcher(service, context)
             assert d.ready()
             await clock.run_for(0.5)  # the backup is placed and holds the state after 0
             out["placed"] = d.describe()["replication"]["nodes"]["c"]
@@ -275,3 +276,31 @@ def test_without_a_backup_the_node_goes_back_to_its_route_and_its_state_is_lost(
     assert sorted(run["answers"]) == list(range(1, 41))  # still no request fails
     got, want = _outputs(run), _outputs(reference)
     assert got[:15] == want[:15] and got[20:] != want[20:]  # what it had learned is gone
+
+
+def test_replication_none_places_no_backup_ships_no_state_and_loses_it_at_a_failover() -> None:
+    params = GraphParams(NODES, EDGES, replication="none")
+    none = Service("dag", ServiceMode.GRAPH, SERVICE.members, params)
+    reference = _scenario(kill=None, service=none)
+    assert _outputs(reference) == _outputs(_scenario(kill=None))  # no failure: the same answers
+    run = _scenario(kill="primary", detect_s=0.1, service=none)
+    report = run["report"]
+    assert run["placed"]["backup"] is None and report["backup"] is None and report["durable"] == 0
+    assert not any(a.applied for a in run["agents"].values())  # no state was ever applied
+    assert report["failovers"] == 1 and report["lost"] == 1 and report["primary"] == "s2"
+    assert sorted(run["answers"]) == list(range(1, 41))
+    got, want = _outputs(run), _outputs(reference)
+    assert got[:15] == want[:15] and got[20:] != want[20:]
+
+
+def test_a_ship_interval_spaces_the_transfers_and_a_failover_replays_the_lag() -> None:
+    params = GraphParams(NODES, EDGES, ship_interval_ms=100.0)
+    spaced = Service("dag", ServiceMode.GRAPH, SERVICE.members, params)
+    every = _scenario(kill=None)
+    run = _scenario(kill=None, service=spaced)
+    assert _outputs(run) == _outputs(every) and run["report"]["durable"] == 40
+    applied = [len(a.applied) for r in (every, run) for a in r["agents"].values()]
+    assert sum(applied[3:]) <= 12 < sum(applied[:3])  # 0.8 s of requests: at most ~10 transfers
+    failed = _scenario(kill="primary", service=spaced)
+    assert failed["report"]["replayed"] >= 1 and failed["report"]["lost"] == 0
+    assert _outputs(failed) == _outputs(every)  # the lag was replayed

@@ -12,7 +12,8 @@ the protocol itself staying pure (events in, commands out):
   (``OutputComputed`` -> ``ReleaseOutput``); the state it left is shipped *meanwhile*
   (``SendState``: :meth:`AgentRef.state` on the primary, one transfer in flight, the newest state
   next) and applied on the backup (``ApplyState``: :meth:`AgentRef.apply_state`, then
-  ``StateApplied``: the state is durable). No request waits for a transfer. The bytes pass through
+  ``StateApplied``: the state is durable). No request waits for a transfer. The graph's
+  ``ship_interval_ms`` spaces the transfers (0, the default: one after every request). The bytes pass through
   the gateway, which holds the states the backup has not applied yet (the protocol's buffer).
 * **Which request a state covers.** The next request may already be computing when a state is
   taken, so a state is matched to a request by its own ``seq`` (the rows the model folded in): the
@@ -114,6 +115,7 @@ class NodeCopies:
     inputs: OrderedDict[int, Any] = field(default_factory=OrderedDict)  # since the last durable state
     buffered: dict[int, bytes] = field(default_factory=dict)  # shipped, not applied
     applying: asyncio.Task[None] | None = None
+    shipped_at: float | None = None  # when the last transfer took its state (ship_interval_ms)
     placing: bool = False
     last_failed: str | None = None
     failovers: int = 0
@@ -138,6 +140,7 @@ class Replication:
         self.context = context
         self.outputs = outputs  # the graph dispatcher's edge logs: what a replay compares with
         self.log_limit = log_limit
+        self.ship_interval_s = graph.ship_interval_ms / 1000.0
         self.protocol: ReplicationProtocol = registry.make("replication", policy, graph)
         self.nodes: dict[str, NodeCopies] = {}
         for n in graph.nodes:
@@ -387,6 +390,10 @@ class Replication:
     async def _ship(self, c: SendState) -> None:
         """Take the primary's newest state (while it computes on) and buffer it for the backup."""
         node = self.nodes[c.node]
+        clock = self.context.clock
+        if self.ship_interval_s > 0 and node.shipped_at is not None:  # the newest state, not sooner
+            await clock.sleep(max(0.0, node.shipped_at + self.ship_interval_s - clock.now()))
+        node.shipped_at = clock.now()
         for _ in range(SHIP_TRIES):
             copy = node.primary
             if copy is None or self._epoch(c.node) != c.epoch:
