@@ -23,6 +23,9 @@ graph's answers depend on their order), each the next value of the entry model's
    run; with nspb, ``durable_again_ms`` is the time from the kill until every stateful node's
    backup holds its state after the last request (a killed backup replaced).
 
+``ship_interval_ms`` (default: the config's) sets the graphs' spacing of state transfers (0: one
+after every request, as HAMS ships).
+
 The targets: nspb's overhead <= 4 %, its recovery <= 250 ms, nspb consistent, none not (it loses
 the killed node's state). ``stop-and-copy`` (Remus) is not run: the runtime does not hold a node's
 outputs until its state is applied yet (docs/hams.md, "What comes next").
