@@ -52,7 +52,7 @@ def test_the_auto_pilot_example_is_planned_with_c2s_primary_server_killed_and_ru
     assert (plan.service, plan.kill_node, plan.kill_server) == ("autopilot", "c2", "s1")
     assert plan.stateful == ("c2", "c3") and plan.on_killed_server == ("c2",)  # no other model loses state
     assert plan.entry == "c0" and plan.models["c6"] == ("sp500_gru2", "gru_16_x2")
-    for policy in ("nspb", "none"):
+    for policy in ("nspb", "stop-and-copy", "none"):
         (service,) = config_from_dict(policy_config(data, "autopilot", policy), source="t").services
         assert service.params.replication == policy and service.params.ship_interval_ms == 100.0
     every = policy_config(data, "autopilot", "nspb", ship_interval_ms=0.0)  # --ship-interval-ms 0
@@ -151,3 +151,5 @@ def test_overhead_is_against_none_and_the_targets_name_what_is_met():
     met = targets_met({"g": {"policies": policies}})["g"]
     assert met["nspb_overhead"] is False and met["nspb_recovery"] is False
     assert with_overhead({"nspb": {"latency_ms": {"p50": 10.0}}})["nspb"]["overhead_pct"] is None
+    policies["stop-and-copy"] = {"latency_ms": {"p50": 14.0}, "consistent": True}
+    assert targets_met({"g": {"policies": policies}})["g"]["nspb_p50_below_stop_and_copy"] is True

@@ -156,8 +156,10 @@ class GraphParams:
     ``edges`` are ``(upstream, downstream)`` node names; the graph must be acyclic, every edge must
     name known nodes, and every member app computes exactly one node. ``replication`` is how the
     stateful nodes survive a failed primary: ``nspb`` (a backup copy, the state shipped without
-    stopping the pipeline, HAMS) or ``none`` (no backup: a failed stateful node starts over from its
-    initial state on the controller's fresh copy; the baseline ``failsoft bench replication`` runs).
+    stopping the pipeline, HAMS), ``stop-and-copy`` (Remus: a node's output is held until the state
+    after it is at the backup, the primary computing on meanwhile) or ``none`` (no backup: a failed
+    stateful node starts over from its initial state on the controller's fresh copy); the baselines
+    ``failsoft bench replication`` runs.
     ``ship_interval_ms`` spaces a stateful node's state transfers (0: after every request, as HAMS
     does; more: the newest state at most that often, fewer calls on a busy machine for a backup
     that lags by the requests of one interval, which a failover replays).
@@ -167,7 +169,7 @@ class GraphParams:
 
     nodes: tuple[GraphNode, ...] = ()
     edges: tuple[tuple[str, str], ...] = ()
-    replication: Literal["nspb", "none"] = "nspb"
+    replication: Literal["nspb", "stop-and-copy", "none"] = "nspb"
     ship_interval_ms: Annotated[float, Ge(0), Le(60_000)] = 0.0
 
     def __post_init__(self) -> None:

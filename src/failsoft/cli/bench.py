@@ -194,7 +194,8 @@ def replication(
         ),
     ],
     policy: Annotated[
-        list[str] | None, typer.Option("--policy", "-p", help="nspb, none (repeatable; default: both)")
+        list[str] | None,
+        typer.Option("--policy", "-p", help="nspb, stop-and-copy, none (repeatable; default: all three)"),
     ] = None,
     requests: Annotated[int, typer.Option(min=2, max=100_000, help="Failure-free requests measured")] = 150,
     warmup: Annotated[int, typer.Option(min=0, max=10_000, help="Requests sent first, not measured")] = 20,
@@ -212,7 +213,7 @@ def replication(
     root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
-    """HAMS's nspb vs no replication per graph: overhead, latency, recovery, consistency after a kill."""
+    """HAMS's nspb vs stop-and-copy vs none per graph: overhead, latency, recovery, consistency."""
     from failsoft.bench.replication import POLICIES, ReplicationBenchSettings, run
 
     settings = ReplicationBenchSettings(

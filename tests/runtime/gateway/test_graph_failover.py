@@ -67,6 +67,7 @@ class StatefulAgent:
         self.hung = False  # a stopped process: calls never answer
         self.calls: list[tuple[str, str | None]] = []
         self.applied: list[int] = []
+        self.applied_at: list[tuple[float, int]] = []  # (when, seq)
 
     async def _check_async(self) -> None:
         self._check()
@@ -115,6 +116,7 @@ class StatefulAgent:
         model = self.models[(app, variant)]
         model.seq, model.acc = int(meta["seq"]), float(meta["acc"])
         self.applied.append(model.seq)
+        self.applied_at.append((self.clock.now(), model.seq))
         return model.seq
 
     async def unload(self, app: str, variant: str) -> bool:
@@ -161,11 +163,14 @@ def _scenario(
             await clock.run_for(0.5)  # the backup is placed and holds the state after 0
             out["placed"] = d.describe()["replication"]["nodes"]["c"]
             tasks: list[asyncio.Future[Any]] = []
+            done_at: dict[int, float] = {}
             moves: list[asyncio.Future[None]] = []
             for i in range(n):
                 batch = np.full((1, 1), float(i % 7), dtype=np.float64)
                 req = Request("dag", batch, clock.now() + 5.0, f"r{i}")
-                tasks.append(asyncio.ensure_future(d.dispatch(req)))
+                task = asyncio.ensure_future(d.dispatch(req))
+                task.add_done_callback(lambda t, i=i: done_at.__setitem__(i, clock.now()))
+                tasks.append(task)
                 await clock.run_for(0.02)
                 if i == 15 and kill is not None:
                     report = d.describe()["replication"]["nodes"]["c"]
@@ -180,6 +185,7 @@ def _scenario(
             await clock.run_for(2.0)
             answers = [t.result() for t in tasks]
             out["answers"] = {dict(a.extra)["seq"]: a for a in answers}
+            out["done_at"] = {dict(a.extra)["seq"]: done_at[i] for i, a in enumerate(answers)}
             out["report"] = d.describe()["replication"]["nodes"]["c"]
             out["node"], out["ready"] = d.describe()["nodes"]["c"], d.ready()
             out["agents"] = agents
@@ -304,3 +310,29 @@ def test_a_ship_interval_spaces_the_transfers_and_a_failover_replays_the_lag() -
     failed = _scenario(kill="primary", service=spaced)
     assert failed["report"]["replayed"] >= 1 and failed["report"]["lost"] == 0
     assert _outputs(failed) == _outputs(every)  # the lag was replayed
+
+
+def _policy(policy: str) -> Service:
+    return Service("dag", ServiceMode.GRAPH, SERVICE.members, GraphParams(NODES, EDGES, replication=policy))
+
+
+def test_stop_and_copy_holds_each_output_until_its_state_is_applied_and_fails_over_exactly() -> None:
+    # applies take 25 ms: every answer waits for one; the primary computes on meanwhile
+    every = _scenario(kill=None, apply_s=0.025)
+    held = _scenario(kill=None, apply_s=0.025, service=_policy("stop-and-copy"))
+    assert _outputs(held) == _outputs(every) and held["report"]["durable"] == 40
+    backup = held["agents"][held["report"]["backup"]]
+    assert backup.applied[-1] == 40
+
+    def applied_by(run: dict[str, Any], seq: int) -> float:  # when a backup first held seq's state
+        times = [t for a in run["agents"].values() for t, s in a.applied_at if s >= seq]
+        return min(times, default=float("inf"))
+
+    # every answer came after the state it left was at the backup; with nspb, most came before
+    assert all(held["done_at"][s] >= applied_by(held, s) for s in held["answers"])
+    assert sum(every["done_at"][s] < applied_by(every, s) for s in every["answers"]) > 20
+    failed = _scenario(kill="primary", apply_s=0.025, service=_policy("stop-and-copy"))
+    report = failed["report"]
+    assert report["failovers"] == 1 and report["lost"] == 0 and report["divergent"] == 0
+    assert sorted(failed["answers"]) == list(range(1, 41))
+    assert _outputs(failed) == _outputs(every)

@@ -72,6 +72,7 @@ from failsoft.policies.replication.interface import (
     OutputComputed,
     PlaceBackup,
     Promote,
+    ReleaseOutput,
     ReplicationProtocol,
     Restore,
     Role,
@@ -116,6 +117,8 @@ class NodeCopies:
     buffered: dict[int, bytes] = field(default_factory=dict)  # shipped, not applied
     applying: asyncio.Task[None] | None = None
     shipped_at: float | None = None  # when the last transfer took its state (ship_interval_ms)
+    held: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # stop-and-copy: until released
+    latest: dict[int, Any] = field(default_factory=dict)  # held outputs, the newest computation of each
     placing: bool = False
     last_failed: str | None = None
     failovers: int = 0
@@ -141,6 +144,7 @@ class Replication:
         self.outputs = outputs  # the graph dispatcher's edge logs: what a replay compares with
         self.log_limit = log_limit
         self.ship_interval_s = graph.ship_interval_ms / 1000.0
+        self.holds = policy == "stop-and-copy"  # outputs wait until their state is durable (Remus)
         self.protocol: ReplicationProtocol = registry.make("replication", policy, graph)
         self.nodes: dict[str, NodeCopies] = {}
         for n in graph.nodes:
@@ -299,6 +303,8 @@ class Replication:
         if self.protocol.name == "none":  # no backup: nothing is ever replayed
             self._handle(OutputComputed(node.name, seq))
             return
+        if self.holds:
+            node.held.setdefault(seq, asyncio.get_running_loop().create_future())
         node.inputs[seq] = batch
         if _bound(node.inputs, self.log_limit):
             log.warning(
@@ -360,6 +366,8 @@ class Replication:
                     )
                 node.rows_now += len(batch)
                 node.rows[s] = node.rows_now
+                if self.holds and s in node.held:
+                    node.latest[s] = out
                 self._handle(OutputComputed(node.name, s))
         except FailsoftError as exc:  # the new primary failed too: the next call finds it out
             node.rows_now = None
@@ -380,6 +388,32 @@ class Replication:
                 self.nodes[c.node].applying = task
             elif isinstance(c, PlaceBackup):
                 self._spawn(self._place(c.node))
+            elif isinstance(c, ReleaseOutput) and c.node in self.nodes:
+                held = self.nodes[c.node].held.pop(c.seq, None)
+                if held is not None and not held.done():
+                    held.set_result(None)
+
+    async def released(self, name: str, seq: int, outputs: Any, deadline: float) -> Any:
+        """``stop-and-copy``: the node's output for ``seq`` once the state after it is durable (the
+        newest computation of it: a failover's replay replaces the dead primary's); at once otherwise."""
+        node = self.nodes[name]
+        held = node.held.get(seq)
+        if not self.holds or held is None:
+            return outputs
+        node.latest[seq] = node.latest.get(seq, outputs)
+        clock = self.context.clock
+        timer = asyncio.ensure_future(clock.sleep(max(deadline - clock.now(), 0.0)))
+        try:
+            await asyncio.wait({held, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if not held.done():
+            node.latest.pop(seq, None)
+            raise DeadlineExceededError(
+                f"app {node.app!r}: the state after request {seq} was not at the backup in time"
+            )
+        node.held.pop(seq, None)
+        return node.latest.pop(seq, outputs)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
