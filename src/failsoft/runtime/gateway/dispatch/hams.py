@@ -21,8 +21,12 @@ the protocol itself staying pure (events in, commands out):
   node not answered yet. States that match no request (a call whose fate is unknown, e.g. one that
   timed out) make it read the primary's count again, between two requests.
 * **The input log.** Every input of the node since its last durable state is kept by ``seq``.
-* **The policy** is the service's ``replication`` param: ``nspb`` (all of the above) or ``none`` (no
-  backup is placed; a failed primary is a ``Restore``: the node starts over on its app's route).
+* **The policy** is the service's ``replication`` param: ``nspb`` (all of the above),
+  ``stop-and-copy`` (Remus: the same copies, but a node's output is held until ``ReleaseOutput``,
+  i.e. until the state after it is applied at the backup; the primary computes on meanwhile, and a
+  failover's replayed outputs replace the dead primary's held ones: :meth:`Replication.released`),
+  or ``none`` (no backup is placed; a failed primary is a ``Restore``: the node starts over on its
+  app's route).
 * **A failed primary** (its agent is gone, it does not hold the model any more, or the controller
   moved the app's route to another server): the request at the node reports ``Crashed``; on
   ``Promote(node, k)`` the backup, which holds the state after ``k`` (an apply under way is awaited
