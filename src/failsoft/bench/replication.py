@@ -28,7 +28,8 @@ after every request, as HAMS ships).
 
 ``stop-and-copy`` is Remus's primary-backup: a stateful node's output is held until the state after
 it is applied at the backup (the primary computing on meanwhile), so every stateful hop of a request
-waits for one transfer.
+waits for one transfer; it always ships after every request (``ship_interval_ms`` 0: a spaced
+transfer would hold every output for up to an interval).
 
 The targets: nspb's overhead <= 4 %, its recovery <= 250 ms, nspb consistent, none not (it loses
 the killed node's state).
@@ -223,6 +224,8 @@ def policy_config(
             s["params"] = {**(s.get("params") or {}), "replication": policy}
             if ship_interval_ms is not None:
                 s["params"]["ship_interval_ms"] = ship_interval_ms
+            if policy == "stop-and-copy":  # Remus ships the state of every output it holds
+                s["params"]["ship_interval_ms"] = 0.0
     return out
 
 
