@@ -154,13 +154,23 @@ class GraphParams:
     """HAMS (sections III-IV): a DAG of models; stateful nodes get a primary-backup pair.
 
     ``edges`` are ``(upstream, downstream)`` node names; the graph must be acyclic, every edge must
-    name known nodes, and every member app computes exactly one node.
+    name known nodes, and every member app computes exactly one node. ``replication`` is how the
+    stateful nodes survive a failed primary: ``nspb`` (a backup copy, the state shipped without
+    stopping the pipeline, HAMS), ``stop-and-copy`` (Remus: a node's output is held until the state
+    after it is at the backup, the primary computing on meanwhile) or ``none`` (no backup: a failed
+    stateful node starts over from its initial state on the controller's fresh copy); the baselines
+    ``failsoft bench replication`` runs.
+    ``ship_interval_ms`` spaces a stateful node's state transfers (0: after every request, as HAMS
+    does; more: the newest state at most that often, fewer calls on a busy machine for a backup
+    that lags by the requests of one interval, which a failover replays).
     """
 
     __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
 
     nodes: tuple[GraphNode, ...] = ()
     edges: tuple[tuple[str, str], ...] = ()
+    replication: Literal["nspb", "stop-and-copy", "none"] = "nspb"
+    ship_interval_ms: Annotated[float, Ge(0), Le(60_000)] = 0.0
 
     def __post_init__(self) -> None:
         names = [n.name for n in self.nodes]
@@ -176,6 +186,7 @@ class GraphParams:
         if cycle:
             raise ValueError(f"GraphParams: the graph has a cycle through node {cycle!r}")
         _check_fan_in(self.nodes, self.edges)
+        check_bounds(self)
 
     def check_members(self, service: str, members: tuple[str, ...]) -> None:
         _count(service, "graph", members, 1, 256)

@@ -21,9 +21,17 @@ from failsoft.zoo.build import install_variant, store_variant
 from failsoft.zoo.catalog import family_spec
 from failsoft.zoo.digits import load_digits_split
 from failsoft.zoo.layout import Accuracy
-from failsoft.zoo.stateful import ModelState, StatefulModel, exposes_state, sp500_series
+from failsoft.zoo.stateful import (
+    ModelState,
+    StatefulModel,
+    exposes_state,
+    sp500_architecture,
+    sp500_lags,
+    sp500_series,
+    stateful_io,
+)
 
-MODELS = [("sp500_gru", "gru_16"), ("digits_online", "logreg")]
+MODELS = [("sp500_gru", "gru_16"), ("sp500_gru2", "gru_16_x2"), ("digits_online", "logreg")]
 
 
 def _store(repo: ModelRepository, family: str, variant: str, seed: int) -> None:
@@ -60,6 +68,11 @@ def _requests(family: str, start: int, n: int) -> np.ndarray:
     """``n`` requests of the family's real data from position ``start`` (digits: labelled)."""
     if family == "sp500_gru":
         return np.array(sp500_series()[start : start + n, None])
+    if family == "sp500_gru2":  # the value and the one before it
+        import torch
+
+        lags = sp500_lags(torch.from_numpy(sp500_series().copy()), 2).numpy()
+        return np.array(lags[start : start + n])
     split = load_digits_split()
     labels = split.y_train[start : start + n, None].astype(np.float32)
     return np.concatenate([split.x_train[start : start + n], labels], axis=1)
@@ -204,3 +217,14 @@ def test_the_profiler_example_batch_is_a_batch_the_model_accepts(
     model = _load(repo, family, variant)
     assert model.compute(model.example_batch(4)).shape == (4, model.num_classes)
     assert model.seq == 4
+
+
+def test_the_two_input_gru_reads_the_value_and_the_one_before_and_the_one_input_config_is_unchanged():
+    import torch
+
+    z = torch.arange(5, dtype=torch.float32)
+    np.testing.assert_array_equal(sp500_lags(z, 2).numpy(), [[0, 0], [1, 0], [2, 1], [3, 2], [4, 3]])
+    assert "inputs" not in sp500_architecture(16)  # gru_16's config (and weights' hash) as before
+    assert sp500_architecture(16, 2)["inputs"] == 2
+    assert stateful_io("sp500_gru", sp500_architecture(16, 2)) == ((2,), 1)
+    assert stateful_io("sp500_gru") == ((1,), 1)

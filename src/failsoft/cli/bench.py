@@ -189,3 +189,45 @@ def llm(
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(result + "\n")
     typer.echo(result)
+
+
+@app.command("replication")
+def replication(
+    config: Annotated[
+        Path,
+        typer.Argument(
+            help="Serving config (YAML) with a stateful graph service, e.g. examples/graph-auto-pilot.yaml"
+        ),
+    ],
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", "-p", help="nspb, stop-and-copy, none (repeatable; default: all three)"),
+    ] = None,
+    requests: Annotated[int, typer.Option(min=2, max=100_000, help="Failure-free requests measured")] = 150,
+    warmup: Annotated[int, typer.Option(min=0, max=10_000, help="Requests sent first, not measured")] = 20,
+    after_kill: Annotated[int, typer.Option(min=1, max=10_000, help="Requests sent after the kill")] = 30,
+    kill_node: Annotated[
+        str | None, typer.Option(help="Stateful node whose primary's server is killed (default: the first)")
+    ] = None,
+    rounds: Annotated[
+        int, typer.Option(min=1, max=20, help="Clusters per policy, the policies alternating")
+    ] = 2,
+    ship_interval_ms: Annotated[
+        float | None,
+        typer.Option(min=0, max=60_000, help="Space each node's state transfers (default: the config's)"),
+    ] = None,
+    root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """HAMS's nspb vs stop-and-copy vs none per graph: overhead, latency, recovery, consistency."""
+    from failsoft.bench.replication import POLICIES, ReplicationBenchSettings, run
+
+    settings = ReplicationBenchSettings(
+        policies=tuple(policy or POLICIES), requests=requests, warmup=warmup, after_kill=after_kill,
+        kill_node=kill_node, rounds=rounds, ship_interval_ms=ship_interval_ms, root=root,
+    )  # fmt: skip
+    result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(result + "\n")
+    typer.echo(result)

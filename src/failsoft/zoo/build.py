@@ -220,7 +220,7 @@ def store_variant(
 
 def _input_shape(arch: str, architecture: dict) -> tuple[int, ...]:
     if is_stateful_arch(arch):
-        return stateful_io(arch)[0]
+        return stateful_io(arch, architecture)[0]
     if arch == "transformers":
         from failsoft.zoo.hf import input_side
 
@@ -233,7 +233,7 @@ def _input_shape(arch: str, architecture: dict) -> tuple[int, ...]:
 
 def _num_classes(arch: str, architecture: dict) -> int:
     if is_stateful_arch(arch):
-        return stateful_io(arch)[1]
+        return stateful_io(arch, architecture)[1]
     if arch == "transformers":
         return int(architecture["num_labels"])
     from failsoft.zoo.digits import DIGITS_CLASSES

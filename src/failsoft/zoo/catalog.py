@@ -91,10 +91,11 @@ def _cnn(name: str, channels: list[int], fc: int, epochs: int) -> VariantSpec:
     return VariantSpec(name, "digits_cnn", _const({"channels": channels, "fc": fc}), Training(epochs=epochs))
 
 
-def _gru(name: str, hidden: int) -> VariantSpec:
+def _gru(name: str, hidden: int, inputs: int = 1) -> VariantSpec:
     from failsoft.zoo.stateful import sp500_architecture
 
-    return VariantSpec(name, "sp500_gru", partial(sp500_architecture, hidden), Training(epochs=20, lr=1e-2))
+    make = partial(sp500_architecture, hidden, inputs)
+    return VariantSpec(name, "sp500_gru", make, Training(epochs=20, lr=1e-2))
 
 
 def _online(name: str, hidden: list[int]) -> VariantSpec:
@@ -135,6 +136,14 @@ FAMILIES: tuple[FamilySpec, ...] = (
         "stateful: a GRU predicting the next value of HAMS's SP500 series; its hidden state is carried "
         "across requests",
         (_gru("gru_16", 16), _gru("gru_64", 64)),
+    ),
+    FamilySpec(
+        "sp500_gru2",
+        "stateful",
+        "stateful: the SP500 GRU reading two values per request (the current value and the one before "
+        "it): a fan-in of two one-value nodes (HAMS's reduce) feeds it; its own family, since its input "
+        "differs from sp500_gru's",
+        (_gru("gru_16_x2", 16, inputs=2),),
     ),
     FamilySpec(
         "digits_online",

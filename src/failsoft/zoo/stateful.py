@@ -222,7 +222,8 @@ class StatefulModel(LoadedModel):
 
 
 class GruForecaster(StatefulModel):
-    """``sp500_gru``: a request is one series value, the answer the predicted next one.
+    """``sp500_gru``: a request is one series value, the answer the predicted next one (a variant
+    with ``inputs: k`` reads k values a request: the current one and the k - 1 before it).
 
     The state is the GRU's hidden vector, ``hidden`` float32 values, zero at the start.
     """
@@ -234,8 +235,11 @@ class GruForecaster(StatefulModel):
         super().__init__(config, device, module)
 
     def example_batch(self, batch_size: int) -> np.ndarray:
-        """The first values of the SP500 series."""
-        return np.array(sp500_series()[:batch_size, None])
+        """The first values of the SP500 series (with their lags for a GRU reading several)."""
+        import torch
+
+        k = self.input_shape[0]
+        return sp500_lags(torch.from_numpy(sp500_series().copy()), k)[:batch_size].numpy()
 
     def _step(self, row: torch.Tensor) -> torch.Tensor:
         m = self._module
@@ -331,17 +335,25 @@ def build_stateful_module(arch: str, architecture: Mapping[str, Any]) -> torch.n
 
     if arch == "sp500_gru":
         hidden = int(architecture["hidden"])
-        return nn.ModuleDict({"cell": nn.GRUCell(1, hidden), "head": nn.Linear(hidden, 1)})
+        return nn.ModuleDict(
+            {"cell": nn.GRUCell(gru_inputs(architecture), hidden), "head": nn.Linear(hidden, 1)}
+        )
     if arch == "digits_online":
         return build_digits_module("digits_mlp", {"hidden": list(architecture["hidden"])})
     raise KeyError(f"unknown stateful architecture {arch!r}")
 
 
-def stateful_io(arch: str) -> tuple[tuple[int, ...], int]:
+def stateful_io(arch: str, architecture: Mapping[str, Any] | None = None) -> tuple[tuple[int, ...], int]:
     """(input shape of one request, outputs per request) of a stateful architecture."""
     if arch == "sp500_gru":
-        return (1,), 1
+        return (gru_inputs(architecture or {}),), 1
     return (DIGITS_INPUT_SHAPE[0] + 1,), DIGITS_CLASSES
+
+
+def gru_inputs(architecture: Mapping[str, Any]) -> int:
+    """Values per request of an ``sp500_gru`` variant: 1 (the current value), or ``inputs`` (the
+    current value and the ``inputs - 1`` before it; what a fan-in of that many GRUs feeds it)."""
+    return int(architecture.get("inputs", 1))
 
 
 def is_stateful_arch(arch: str) -> bool:
@@ -359,11 +371,23 @@ def sp500_series() -> np.ndarray:
     return out
 
 
-def sp500_architecture(hidden: int) -> dict[str, Any]:
-    """The GRU's config: its width and the log1p normalisation of the training part of the series."""
+def sp500_architecture(hidden: int, inputs: int = 1) -> dict[str, Any]:
+    """The GRU's config: its width, the values it reads per request (``inputs``, left out when 1)
+    and the log1p normalisation of the training part of the series."""
     series = np.log1p(sp500_series().astype(np.float64))
     train = series[: int(len(series) * SP500_TRAIN_FRACTION)]
-    return {"hidden": hidden, "mean": round(float(train.mean()), 6), "std": round(float(train.std()), 6)}
+    out: dict[str, Any] = {"hidden": hidden}
+    if inputs != 1:
+        out["inputs"] = inputs
+    return out | {"mean": round(float(train.mean()), 6), "std": round(float(train.std()), 6)}
+
+
+def sp500_lags(z: torch.Tensor, inputs: int) -> torch.Tensor:
+    """Row ``t`` holds ``z[t], z[t-1], ..., z[t-inputs+1]`` (the first value repeated before the
+    start): what a GRU reading ``inputs`` values per request is trained and measured on."""
+    import torch
+
+    return torch.stack([torch.cat([z[:1].expand(j), z[: len(z) - j]]) for j in range(inputs)], dim=1)
 
 
 def train_stateful(
@@ -392,12 +416,13 @@ def _train_gru(
     series = torch.from_numpy(sp500_series().copy()).log1p()
     z = (series - architecture["mean"]) / architecture["std"]
     n_train = int(len(z) * SP500_TRAIN_FRACTION)
-    hidden = int(architecture["hidden"])
-    rnn = nn.GRU(1, hidden, batch_first=True)
+    hidden, k = int(architecture["hidden"]), gru_inputs(architecture)
+    lags = sp500_lags(z, k)
+    rnn = nn.GRU(k, hidden, batch_first=True)
     head = module["head"]
     opt = torch.optim.Adam([*rnn.parameters(), *head.parameters()], lr=training.lr)
     windows = (n_train - 1) // SP500_WINDOW  # truncated BPTT: windows of the training part, as one batch
-    x = z[: windows * SP500_WINDOW].view(windows, SP500_WINDOW, 1)
+    x = lags[: windows * SP500_WINDOW].reshape(windows, SP500_WINDOW, k)
     y = z[1 : windows * SP500_WINDOW + 1].view(windows, SP500_WINDOW, 1)
     for _ in range(training.epochs):
         opt.zero_grad(set_to_none=True)
@@ -411,7 +436,7 @@ def _train_gru(
         h = torch.zeros(1, hidden)
         preds = []
         for t in range(len(z) - 1):
-            h = cell(z[t].view(1, 1), h)
+            h = cell(lags[t].view(1, k), h)
             preds.append(float(head(h)[0, 0]))
     pred = np.asarray(preds[n_train - 1 :])
     now, nxt = z[n_train - 1 : -1].numpy(), z[n_train:].numpy()

@@ -67,6 +67,7 @@ class StatefulAgent:
         self.hung = False  # a stopped process: calls never answer
         self.calls: list[tuple[str, str | None]] = []
         self.applied: list[int] = []
+        self.applied_at: list[tuple[float, int]] = []  # (when, seq)
 
     async def _check_async(self) -> None:
         self._check()
@@ -115,6 +116,7 @@ class StatefulAgent:
         model = self.models[(app, variant)]
         model.seq, model.acc = int(meta["seq"]), float(meta["acc"])
         self.applied.append(model.seq)
+        self.applied_at.append((self.clock.now(), model.seq))
         return model.seq
 
     async def unload(self, app: str, variant: str) -> bool:
@@ -131,6 +133,7 @@ def _scenario(
     n: int = 40,
     servers: tuple[str, ...] = SERVERS,
     detect_s: float = 0.0,
+    service: Service = SERVICE,
 ) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
     kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary) after the 15th
@@ -155,16 +158,19 @@ def _scenario(
 
         async with mirrored(clock, routes) as (controller, mirror):
             context = DispatchContext(mirror, agent, clock, servers=lambda: servers)  # type: ignore[arg-type]
-            d = GraphDispatcher(SERVICE, context)
+            d = GraphDispatcher(service, context)
             assert d.ready()
             await clock.run_for(0.5)  # the backup is placed and holds the state after 0
             out["placed"] = d.describe()["replication"]["nodes"]["c"]
             tasks: list[asyncio.Future[Any]] = []
+            done_at: dict[int, float] = {}
             moves: list[asyncio.Future[None]] = []
             for i in range(n):
                 batch = np.full((1, 1), float(i % 7), dtype=np.float64)
                 req = Request("dag", batch, clock.now() + 5.0, f"r{i}")
-                tasks.append(asyncio.ensure_future(d.dispatch(req)))
+                task = asyncio.ensure_future(d.dispatch(req))
+                task.add_done_callback(lambda t, i=i: done_at.__setitem__(i, clock.now()))
+                tasks.append(task)
                 await clock.run_for(0.02)
                 if i == 15 and kill is not None:
                     report = d.describe()["replication"]["nodes"]["c"]
@@ -179,6 +185,7 @@ def _scenario(
             await clock.run_for(2.0)
             answers = [t.result() for t in tasks]
             out["answers"] = {dict(a.extra)["seq"]: a for a in answers}
+            out["done_at"] = {dict(a.extra)["seq"]: done_at[i] for i, a in enumerate(answers)}
             out["report"] = d.describe()["replication"]["nodes"]["c"]
             out["node"], out["ready"] = d.describe()["nodes"]["c"], d.ready()
             out["agents"] = agents
@@ -275,3 +282,57 @@ def test_without_a_backup_the_node_goes_back_to_its_route_and_its_state_is_lost(
     assert sorted(run["answers"]) == list(range(1, 41))  # still no request fails
     got, want = _outputs(run), _outputs(reference)
     assert got[:15] == want[:15] and got[20:] != want[20:]  # what it had learned is gone
+
+
+def test_replication_none_places_no_backup_ships_no_state_and_loses_it_at_a_failover() -> None:
+    params = GraphParams(NODES, EDGES, replication="none")
+    none = Service("dag", ServiceMode.GRAPH, SERVICE.members, params)
+    reference = _scenario(kill=None, service=none)
+    assert _outputs(reference) == _outputs(_scenario(kill=None))  # no failure: the same answers
+    run = _scenario(kill="primary", detect_s=0.1, service=none)
+    report = run["report"]
+    assert run["placed"]["backup"] is None and report["backup"] is None and report["durable"] == 0
+    assert not any(a.applied for a in run["agents"].values())  # no state was ever applied
+    assert report["failovers"] == 1 and report["lost"] == 1 and report["primary"] == "s2"
+    assert sorted(run["answers"]) == list(range(1, 41))
+    got, want = _outputs(run), _outputs(reference)
+    assert got[:15] == want[:15] and got[20:] != want[20:]
+
+
+def test_a_ship_interval_spaces_the_transfers_and_a_failover_replays_the_lag() -> None:
+    params = GraphParams(NODES, EDGES, ship_interval_ms=100.0)
+    spaced = Service("dag", ServiceMode.GRAPH, SERVICE.members, params)
+    every = _scenario(kill=None)
+    run = _scenario(kill=None, service=spaced)
+    assert _outputs(run) == _outputs(every) and run["report"]["durable"] == 40
+    applied = [len(a.applied) for r in (every, run) for a in r["agents"].values()]
+    assert sum(applied[3:]) <= 12 < sum(applied[:3])  # 0.8 s of requests: at most ~10 transfers
+    failed = _scenario(kill="primary", service=spaced)
+    assert failed["report"]["replayed"] >= 1 and failed["report"]["lost"] == 0
+    assert _outputs(failed) == _outputs(every)  # the lag was replayed
+
+
+def _policy(policy: str) -> Service:
+    return Service("dag", ServiceMode.GRAPH, SERVICE.members, GraphParams(NODES, EDGES, replication=policy))
+
+
+def test_stop_and_copy_holds_each_output_until_its_state_is_applied_and_fails_over_exactly() -> None:
+    # applies take 25 ms: every answer waits for one; the primary computes on meanwhile
+    every = _scenario(kill=None, apply_s=0.025)
+    held = _scenario(kill=None, apply_s=0.025, service=_policy("stop-and-copy"))
+    assert _outputs(held) == _outputs(every) and held["report"]["durable"] == 40
+    backup = held["agents"][held["report"]["backup"]]
+    assert backup.applied[-1] == 40
+
+    def applied_by(run: dict[str, Any], seq: int) -> float:  # when a backup first held seq's state
+        times = [t for a in run["agents"].values() for t, s in a.applied_at if s >= seq]
+        return min(times, default=float("inf"))
+
+    # every answer came after the state it left was at the backup; with nspb, most came before
+    assert all(held["done_at"][s] >= applied_by(held, s) for s in held["answers"])
+    assert sum(every["done_at"][s] < applied_by(every, s) for s in every["answers"]) > 20
+    failed = _scenario(kill="primary", apply_s=0.025, service=_policy("stop-and-copy"))
+    report = failed["report"]
+    assert report["failovers"] == 1 and report["lost"] == 0 and report["divergent"] == 0
+    assert sorted(failed["answers"]) == list(range(1, 41))
+    assert _outputs(failed) == _outputs(every)

@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import OrderedDict
 from typing import Any
 
@@ -59,7 +60,7 @@ class GraphDispatcher(Dispatcher):
         # a stateful node's turn: the future the previous request sets once it has left the node
         self._turn: dict[str, asyncio.Future[None] | None] = {n: None for n in self.topology.stateful}
         self.replication = (
-            Replication(service.name, self.graph, context, self.edge_log, log_limit)
+            Replication(service.name, self.graph, context, self.edge_log, log_limit, self.graph.replication)
             if self.topology.stateful
             else None
         )
@@ -164,6 +165,14 @@ class GraphDispatcher(Dispatcher):
         finally:
             if turn is not None and not turn[1].done():
                 turn[1].set_result(None)
+        rep = self.replication
+        if rep is not None and rep.holds and node in rep.nodes:  # stop-and-copy: the next computes on
+            try:
+                outputs = await rep.released(node, seq, answer.outputs, request.deadline)
+            except FailsoftError as exc:
+                exc.args = (f"service {self.service.name!r}, node {node!r}: {exc}", *exc.args[1:])
+                raise
+            answer = dataclasses.replace(answer, outputs=outputs)
         log = self.edge_log[node]
         log[seq] = answer.outputs
         while len(log) > self.log_limit:

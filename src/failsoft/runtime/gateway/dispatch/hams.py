@@ -12,7 +12,8 @@ the protocol itself staying pure (events in, commands out):
   (``OutputComputed`` -> ``ReleaseOutput``); the state it left is shipped *meanwhile*
   (``SendState``: :meth:`AgentRef.state` on the primary, one transfer in flight, the newest state
   next) and applied on the backup (``ApplyState``: :meth:`AgentRef.apply_state`, then
-  ``StateApplied``: the state is durable). No request waits for a transfer. The bytes pass through
+  ``StateApplied``: the state is durable). No request waits for a transfer. The graph's
+  ``ship_interval_ms`` spaces the transfers (0, the default: one after every request). The bytes pass through
   the gateway, which holds the states the backup has not applied yet (the protocol's buffer).
 * **Which request a state covers.** The next request may already be computing when a state is
   taken, so a state is matched to a request by its own ``seq`` (the rows the model folded in): the
@@ -20,6 +21,12 @@ the protocol itself staying pure (events in, commands out):
   node not answered yet. States that match no request (a call whose fate is unknown, e.g. one that
   timed out) make it read the primary's count again, between two requests.
 * **The input log.** Every input of the node since its last durable state is kept by ``seq``.
+* **The policy** is the service's ``replication`` param: ``nspb`` (all of the above),
+  ``stop-and-copy`` (Remus: the same copies, but a node's output is held until ``ReleaseOutput``,
+  i.e. until the state after it is applied at the backup; the primary computes on meanwhile, and a
+  failover's replayed outputs replace the dead primary's held ones: :meth:`Replication.released`),
+  or ``none`` (no backup is placed; a failed primary is a ``Restore``: the node starts over on its
+  app's route).
 * **A failed primary** (its agent is gone, it does not hold the model any more, or the controller
   moved the app's route to another server): the request at the node reports ``Crashed``; on
   ``Promote(node, k)`` the backup, which holds the state after ``k`` (an apply under way is awaited
@@ -69,6 +76,7 @@ from failsoft.policies.replication.interface import (
     OutputComputed,
     PlaceBackup,
     Promote,
+    ReleaseOutput,
     ReplicationProtocol,
     Restore,
     Role,
@@ -112,6 +120,9 @@ class NodeCopies:
     inputs: OrderedDict[int, Any] = field(default_factory=OrderedDict)  # since the last durable state
     buffered: dict[int, bytes] = field(default_factory=dict)  # shipped, not applied
     applying: asyncio.Task[None] | None = None
+    shipped_at: float | None = None  # when the last transfer took its state (ship_interval_ms)
+    held: dict[int, asyncio.Future[None]] = field(default_factory=dict)  # stop-and-copy: until released
+    latest: dict[int, Any] = field(default_factory=dict)  # held outputs, the newest computation of each
     placing: bool = False
     last_failed: str | None = None
     failovers: int = 0
@@ -136,6 +147,8 @@ class Replication:
         self.context = context
         self.outputs = outputs  # the graph dispatcher's edge logs: what a replay compares with
         self.log_limit = log_limit
+        self.ship_interval_s = graph.ship_interval_ms / 1000.0
+        self.holds = policy == "stop-and-copy"  # outputs wait until their state is durable (Remus)
         self.protocol: ReplicationProtocol = registry.make("replication", policy, graph)
         self.nodes: dict[str, NodeCopies] = {}
         for n in graph.nodes:
@@ -291,6 +304,11 @@ class Replication:
             node.rows_now += rows
             node.rows[seq] = node.rows_now
             _bound(node.rows, self.log_limit)
+        if self.protocol.name == "none":  # no backup: nothing is ever replayed
+            self._handle(OutputComputed(node.name, seq))
+            return
+        if self.holds:
+            node.held.setdefault(seq, asyncio.get_running_loop().create_future())
         node.inputs[seq] = batch
         if _bound(node.inputs, self.log_limit):
             log.warning(
@@ -352,6 +370,8 @@ class Replication:
                     )
                 node.rows_now += len(batch)
                 node.rows[s] = node.rows_now
+                if self.holds and s in node.held:
+                    node.latest[s] = out
                 self._handle(OutputComputed(node.name, s))
         except FailsoftError as exc:  # the new primary failed too: the next call finds it out
             node.rows_now = None
@@ -372,6 +392,32 @@ class Replication:
                 self.nodes[c.node].applying = task
             elif isinstance(c, PlaceBackup):
                 self._spawn(self._place(c.node))
+            elif isinstance(c, ReleaseOutput) and c.node in self.nodes:
+                held = self.nodes[c.node].held.pop(c.seq, None)
+                if held is not None and not held.done():
+                    held.set_result(None)
+
+    async def released(self, name: str, seq: int, outputs: Any, deadline: float) -> Any:
+        """``stop-and-copy``: the node's output for ``seq`` once the state after it is durable (the
+        newest computation of it: a failover's replay replaces the dead primary's); at once otherwise."""
+        node = self.nodes[name]
+        held = node.held.get(seq)
+        if not self.holds or held is None:
+            return outputs
+        node.latest[seq] = node.latest.get(seq, outputs)
+        clock = self.context.clock
+        timer = asyncio.ensure_future(clock.sleep(max(deadline - clock.now(), 0.0)))
+        try:
+            await asyncio.wait({held, timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        if not held.done():
+            node.latest.pop(seq, None)
+            raise DeadlineExceededError(
+                f"app {node.app!r}: the state after request {seq} was not at the backup in time"
+            )
+        node.held.pop(seq, None)
+        return node.latest.pop(seq, outputs)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -382,6 +428,10 @@ class Replication:
     async def _ship(self, c: SendState) -> None:
         """Take the primary's newest state (while it computes on) and buffer it for the backup."""
         node = self.nodes[c.node]
+        clock = self.context.clock
+        if self.ship_interval_s > 0 and node.shipped_at is not None:  # the newest state, not sooner
+            await clock.sleep(max(0.0, node.shipped_at + self.ship_interval_s - clock.now()))
+        node.shipped_at = clock.now()
         for _ in range(SHIP_TRIES):
             copy = node.primary
             if copy is None or self._epoch(c.node) != c.epoch:
