@@ -26,7 +26,6 @@ rate <= 1% (synthetic, WiFi) or 1.5% (LTE), below every EDF baseline, at an accu
 from __future__ import annotations
 
 import asyncio
-import copy
 import statistics
 import tempfile
 import time
@@ -40,6 +39,7 @@ import numpy as np
 import yaml
 
 from failsoft.adaptation_data import TRACE_STEP_S, bundled_client_set, bundled_trace
+from failsoft.bench.cluster import with_service_params
 from failsoft.errors import ConfigError
 from failsoft.slo_client import FrameResult
 
@@ -129,10 +129,7 @@ def _bench_config(path: Path, settings: AdaptationBenchSettings) -> tuple[dict[s
 
 
 def _policy_config(data: dict[str, Any], service: str, policy: str) -> dict[str, Any]:
-    data = copy.deepcopy(data)
-    for s in data["services"]:
-        if s.get("name") == service:
-            s["params"] = {**(s.get("params") or {}), "policy": policy}
+    data = with_service_params(data, service, policy=policy)
     agents = data.get("agents") or {}
     queue = {**(agents.get("queue") or {}), "discipline": DISCIPLINE.get(policy, "edf")}
     data["agents"] = {**agents, "queue": queue}
@@ -149,7 +146,7 @@ def _run_policy(
     settings: AdaptationBenchSettings,
     say: Progress,
 ) -> dict[str, Any]:
-    from failsoft.bench.coding import wait_home
+    from failsoft.bench.cluster import wait_home
     from failsoft.client import Client
     from failsoft.runtime.config import config_from_dict
     from failsoft.runtime.session import Session

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from failsoft.bench.cluster import wait_home
 from failsoft.errors import ConfigError, FailsoftError
 
 POLICIES = ("parm", "equal-resources", "none")
@@ -221,27 +222,6 @@ def _targets(plan: _Plan, policy: str) -> tuple[str, ...]:
 
 def _instances(plan: _Plan, policy: str) -> int:
     return plan.k if policy == "none" else plan.k + plan.r
-
-
-def wait_home(client: Any, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with _quiet():
-            status = client.status()
-            home = all(a["route"] == a["primary"] for a in status["apps"])
-            warm = all(w["state"] == "warm" for a in status["apps"] for w in a["warm_backups"])
-            if home and warm and all(s["state"] == "up" for s in status["servers"]) and client.ready():
-                return
-        time.sleep(0.2)
-    raise FailsoftError(f"the cluster did not deploy within {timeout_s:.0f} s")
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
-        return kind is not None and issubclass(kind, FailsoftError)
 
 
 def _input_shape(client: Any, app: str) -> tuple[int, ...]:

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from failsoft.bench.cluster import with_service_params
 from failsoft.errors import ConfigError, FailsoftError
 
 POLICIES = ("nspb", "stop-and-copy", "none")
@@ -218,15 +219,12 @@ def plans_of(data: Mapping[str, Any], kill_node: str | None, source: str) -> lis
 def policy_config(
     data: Mapping[str, Any], service: str, policy: str, ship_interval_ms: float | None = None
 ) -> dict[str, Any]:
-    out = copy.deepcopy(dict(data))
-    for s in out["services"]:
-        if s.get("name") == service:
-            s["params"] = {**(s.get("params") or {}), "replication": policy}
-            if ship_interval_ms is not None:
-                s["params"]["ship_interval_ms"] = ship_interval_ms
-            if policy == "stop-and-copy":  # Remus ships the state of every output it holds
-                s["params"]["ship_interval_ms"] = 0.0
-    return out
+    params: dict[str, Any] = {"replication": policy}
+    if ship_interval_ms is not None:
+        params["ship_interval_ms"] = ship_interval_ms
+    if policy == "stop-and-copy":  # Remus ships the state of every output it holds
+        params["ship_interval_ms"] = 0.0
+    return with_service_params(data, service, **params)
 
 
 # one cluster ---------------------------------------------------------------------------------------
@@ -238,7 +236,7 @@ def _run_policy(
     settings: ReplicationBenchSettings,
     say: Progress,
 ) -> Run:
-    from failsoft.bench.coding import wait_home
+    from failsoft.bench.cluster import wait_home
     from failsoft.client import Client
     from failsoft.runtime.config import config_from_dict
     from failsoft.runtime.session import Session

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -103,11 +103,7 @@ def adaptation(
         trace=trace, policies=tuple(policy or POLICIES), clients=clients, fps=fps, slo=slo,
         duration_s=duration_s, warmup_s=warmup_s, seed=seed, root=root,
     )  # fmt: skip
-    result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result + "\n")
-    typer.echo(result)
+    _emit(run(config, settings, progress=_progress), out)
 
 
 @app.command("adaptation-plan")
@@ -184,11 +180,7 @@ def llm(
     settings = LlmBenchSettings(
         tuple(policy or POLICIES), requests, rate_rps, kill_at_s, slow_ms, seed, reload_ms
     )
-    result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result + "\n")
-    typer.echo(result)
+    _emit(run(config, settings, progress=_progress), out)
 
 
 @app.command("replication")
@@ -226,8 +218,17 @@ def replication(
         policies=tuple(policy or POLICIES), requests=requests, warmup=warmup, after_kill=after_kill,
         kill_node=kill_node, rounds=rounds, ship_interval_ms=ship_interval_ms, root=root,
     )  # fmt: skip
-    result = json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2)
+    _emit(run(config, settings, progress=_progress), out)
+
+
+def _progress(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+def _emit(result: dict[str, Any], out: Path | None) -> None:
+    """Print a benchmark's JSON, and also write it to ``out`` when given."""
+    text = json.dumps(result, indent=2)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(result + "\n")
-    typer.echo(result)
+        out.write_text(text + "\n")
+    typer.echo(text)

@@ -1,0 +1,42 @@
+"""What the cluster benchmarks share: deriving a policy's config from the user's, waiting for a
+started cluster to be home (every app on its primary, warm backups warm, every server up)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from failsoft.errors import FailsoftError
+
+
+def with_service_params(data: Mapping[str, Any], service: str, **params: Any) -> dict[str, Any]:
+    """A deep copy of the config ``data`` whose service ``service`` has ``params`` set over its own."""
+    out = copy.deepcopy(dict(data))
+    for s in out.get("services") or []:
+        if s.get("name") == service:
+            s["params"] = {**(s.get("params") or {}), **params}
+    return out
+
+
+def wait_home(client: Any, timeout_s: float = 120.0) -> None:
+    """Block until the cluster is home (FailsoftError naming the timeout when it is not)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with _quiet():
+            status = client.status()
+            home = all(a["route"] == a["primary"] for a in status["apps"])
+            warm = all(w["state"] == "warm" for a in status["apps"] for w in a["warm_backups"])
+            if home and warm and all(s["state"] == "up" for s in status["servers"]) and client.ready():
+                return
+        time.sleep(0.2)
+    raise FailsoftError(f"the cluster did not deploy within {timeout_s:.0f} s")
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> bool:
+        return kind is not None and issubclass(kind, FailsoftError)
