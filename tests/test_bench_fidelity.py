@@ -81,3 +81,16 @@ def test_a_family_whose_variants_take_different_inputs_is_refused_before_any_bui
     with pytest.raises(ConfigError, match=r"'efficientnet' cannot serve an app.*efficientnet_b7: 600"):
         ensure_families(config, lambda _: None)
     assert not (tmp_path / "zoo").exists()  # minutes of building saved
+
+
+def test_the_twin_takes_the_measured_load_share_over_busy_cores():
+    from failsoft.bench.fidelity import host_load, load_share
+
+    split = {"busy_cores": 1.9, "own_cores": 1.2, "other_groups": {"/autogroup-2": 0.5, "kernel": 0.2}}
+    run = {"host_busy_cores": 1.9, "host_cpu": split | {"load_cpu_share": {"a": 0.2, "b": 0.4, "c": 0.3}}}
+    assert load_share(run) == pytest.approx(0.3)  # the median over servers
+    assert host_load(run, 2.0) == (1.2, (0.5, 0.2))
+    # older outputs: the busy cores all count as the cluster's own, and no share was measured
+    assert load_share({"host_busy_cores": 1.9}) is None
+    assert host_load({"host_busy_cores": 1.9}, 2.0) == (1.9, ())
+    assert host_load({}, 2.0) == (0.0, ())

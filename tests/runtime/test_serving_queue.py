@@ -408,3 +408,25 @@ def test_an_agent_unloading_under_inference_answers_right_or_model_not_loaded(ag
     held = agent.holdings()
     assert held["models"] == [["app", "mlp_xs"]]
     assert held["used_mb"] == pytest.approx(tiny_zoo.variant("digits_mlp", "mlp_xs").memory_mb)
+
+
+@pytest.mark.runtime
+def test_the_load_share_probe_meets_what_a_load_meets(agent):
+    alone = agent.load_cpu_share(0.3)
+    assert 0.0 < alone <= 1.05
+    # a thread of the same process busy in Python (as inference is between its torch calls) takes
+    # turns with the probe at the interpreter lock, whatever the probe's lower priority
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            sum(range(200))
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        shared = agent.load_cpu_share(0.5)
+    finally:
+        stop.set()
+        worker.join()
+    assert shared < 0.8 * alone

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from failsoft.zoo.machine import BusyCores, usable_cores
 
 
@@ -27,3 +29,57 @@ def test_a_spinning_thread_shows_as_about_one_busy_core():
         worker.join()
     # our thread alone keeps one core busy (more if other tenants run); never past the cores we have
     assert 0.8 <= busy <= usable_cores()
+
+
+def test_a_spinning_child_counts_as_our_own_group():
+    import subprocess
+    import sys
+
+    import psutil
+
+    from failsoft.zoo.machine import HostCpu
+
+    meter = HostCpu()
+    started = time.monotonic()
+    # a child of ours, in our session: our own scheduling group
+    spin = "import time\nt=time.time()\nwhile time.time()-t<5: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(1.0)
+        split = meter.read()
+        times = psutil.Process(child.pid).cpu_times()
+        child_cores = (times.user + times.system) / (time.monotonic() - started)
+    finally:
+        child.kill()
+        child.wait()
+    # whatever else the host runs, the child's CPU is counted as ours (not as another group's)
+    assert split["own_cores"] >= 0.9 * child_cores > 0
+    assert split["own_cores"] <= split["busy_cores"] + 1e-6
+    others = sum(split["other_groups"].values())
+    assert split["busy_cores"] == pytest.approx(split["own_cores"] + others, abs=0.02)
+
+
+def test_a_spinning_process_of_another_session_is_another_group():
+    import subprocess
+    import sys
+
+    import psutil
+
+    from failsoft.zoo.machine import HostCpu, autogroups_enabled
+
+    if not autogroups_enabled():
+        pytest.skip("this kernel shares CPU by nice only (no autogroup scheduling)")
+    meter = HostCpu()
+    started = time.monotonic()
+    spin = "import time\nt=time.time()\nwhile time.time()-t<5: pass"
+    other = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)  # its own autogroup
+    try:
+        time.sleep(1.0)
+        split = meter.read()
+        times = psutil.Process(other.pid).cpu_times()
+        other_cores = (times.user + times.system) / (time.monotonic() - started)
+    finally:
+        other.kill()
+        other.wait()
+    # its CPU shows in one other group (with whatever else that group ran, if anything), not in ours
+    assert max(split["other_groups"].values(), default=0.0) >= 0.9 * other_cores > 0.05

@@ -52,3 +52,29 @@ def test_the_default_settings_cover_batch_sizes_1_to_16():
     assert ProfileSettings().batch_sizes == (1, 2, 4, 8, 16)
     with pytest.raises(ValueError):
         ProfileSettings(batch_sizes=(0,))
+
+
+def test_a_profile_says_what_else_kept_the_host_busy(zoo_copy):
+    import subprocess
+    import sys
+
+    from failsoft.zoo.machine import usable_cores
+    from failsoft.zoo.profiler import contended
+
+    quiet = profile_variant(zoo_copy, "digits_mlp", "mlp_s", QUICK, device="cpu")
+    host = quiet["host"]
+    assert 0 <= host["probe_cores"] <= usable_cores() + 0.05 and host["busy_cores"] >= 0
+    assert host["others_busy_cores"] == pytest.approx(
+        max(host["busy_cores"] - host["probe_cores"], 0), abs=2e-3
+    )
+    # every core kept busy by other processes: the profile is marked contended (its times inflated)
+    spin = "import time\nt=time.time()\nwhile time.time()-t<60: pass"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(usable_cores())]
+    try:
+        crowded = profile_variant(zoo_copy, "digits_mlp", "mlp_s", QUICK, device="cpu")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert crowded["host"]["others_busy_cores"] > 0.5 and contended(crowded)
+    assert contended(crowded) != contended({"host": {}})

@@ -28,6 +28,7 @@ faillite's mean MTTR at least 3x lower than full-warm-k's with a 100 % recovery 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import shutil
 import statistics
 import sys
@@ -38,14 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from failsoft.errors import ConfigError
+from failsoft.errors import ConfigError, RepositoryError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.runtime.gateway.metrics import first_recoveries
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
-from failsoft.zoo.machine import BusyCores
+from failsoft.zoo.machine import HostCpu
 
 POLICIES = ("faillite", "full-warm-k", "full-warm", "full-cold")
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 BUSY_WINDOW_S = 3.0  # the host's busy cores are measured over the last seconds of steady load
 
 
@@ -116,6 +118,24 @@ def ensure_families(config: RuntimeConfig, say: Progress) -> None:
         build_zoo(root, families=missing, settings=QUICK)
 
 
+def contended_profiles(config: RuntimeConfig) -> list[str]:
+    """``family/variant`` of the config's families whose profiles were measured while other work
+    crowded the host (their times are inflated: the simulator's twin would be slowed with them)."""
+    from failsoft.zoo import ModelRepository, default_zoo_path
+    from failsoft.zoo.profiler import contended
+
+    repo = ModelRepository(config.repository or default_zoo_path())
+    out = []
+    for family in sorted({a.family for a in config.apps}):
+        for variant in repo.variant_names(family):
+            try:
+                if contended(repo.profile(family, variant)):
+                    out.append(f"{family}/{variant}")
+            except RepositoryError:  # not profiled
+                continue
+    return out
+
+
 def victims(config: RuntimeConfig, settings: BenchSettings) -> list[str]:
     if settings.site is not None:
         names = [s.name for s in config.servers if s.site == settings.site]
@@ -164,13 +184,16 @@ def run_once(
         shapes = {name: meta.input_shape for name, meta in _shapes(session).items()}
         periods = _periods(cfg, settings)
         kill_at, samples, usual, busy = _fail_under_load(
-            session.url, client, shapes, periods, affected, failed, settings
-        )
+            session.url, client, shapes, periods, affected, failed, settings,
+            probe=lambda: load_cpu_shares([s.name for s in cfg.servers]),
+        )  # fmt: skip
         say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
         report = client.recoveries()
         client.close()
     result = measure(before, affected, kill_at, samples, report, usual)
-    result["host_busy_cores"] = round(busy, 3)  # under steady load, before the kill
+    # under steady load, before the kill: the host's busy cores, and whose they were
+    result["host_busy_cores"] = busy["busy_cores"]
+    result["host_cpu"] = busy
     result["warm"] = [  # the warm backups at the kill (the simulator's twin starts from them)
         {"app": a["name"], "variant": w["variant"], "server": w["server"]}
         for a in before["apps"]
@@ -195,9 +218,12 @@ def _fail_under_load(
     affected: list[str],
     failed: Sequence[str],
     settings: BenchSettings,
-) -> tuple[dict[str, float], list[Sample], list[Sample], float]:
+    probe: Callable[[], dict[str, float]] | None = None,
+) -> tuple[dict[str, float], list[Sample], list[Sample], dict[str, Any]]:
     """Steady load; each affected app's usual latency; kill; ask each affected app at once; watch.
-    Also returns the host's busy cores over the last seconds of steady load (:class:`BusyCores`).
+    Also returns the host's busy cores over the last seconds of steady load, split by scheduling
+    group (:class:`HostCpu`), and what ``probe`` measured in that window (the share of a core a
+    recovery load got on each server: ``load_cpu_share``).
 
     Every client runs in its own process (its CPU is not the gateway's interpreter's), and the
     requests sent at the kill come from a client made ready beforehand, so they leave within a
@@ -226,9 +252,10 @@ def _fail_under_load(
         LoadSpec(url, only_affected, 3600.0, settings.window_s, 0.01, max_in_flight=1, gated=True)
     ).start()
     time.sleep(max(settings.warmup_s - BUSY_WINDOW_S, 0.0))
-    meter = BusyCores()
-    time.sleep(min(settings.warmup_s, BUSY_WINDOW_S))
-    busy = meter.read()
+    meter, window_ends = HostCpu(), time.monotonic() + min(settings.warmup_s, BUSY_WINDOW_S)
+    shares = probe() if probe is not None else None
+    time.sleep(max(window_ends - time.monotonic(), 0.0))
+    busy = meter.read() | ({"load_cpu_share": shares} if shares else {})
     usual.wait_ready()
     usual.go()
     usual_samples = usual.join(600.0)
@@ -238,6 +265,20 @@ def _fail_under_load(
     _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
     time.sleep(settings.settle_s)
     return kill_at, steady.stop() + at_kill.stop(), usual_samples, busy
+
+
+def load_cpu_shares(servers: Sequence[str], seconds: float = 0.3) -> dict[str, float]:
+    """Per server, the share of a core a recovery load got just now (one probe at a time, so the
+    probes do not meet each other); servers that do not answer are left out."""
+    from failsoft.runtime.cluster import find_agent
+
+    shares = {}
+    for server in servers:
+        try:
+            shares[server] = round(find_agent(server).load_cpu_share_sync(seconds), 3)
+        except Exception as exc:  # a server down at the moment: no figure for it
+            log.debug("load_cpu_share on %s: %s", server, exc)
+    return shares
 
 
 def _kill(client: Any, failed: Sequence[str], site: str | None) -> dict[str, float]:

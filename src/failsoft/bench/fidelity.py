@@ -41,6 +41,7 @@ from typing import Any
 from failsoft.bench.failover import (
     BenchSettings,
     bench_config,
+    contended_profiles,
     ensure_families,
     run_once,
     victims,
@@ -54,8 +55,8 @@ Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
-    "the clients, the steady load) changes during the recovery: it is modelled as the busy cores "
-    "measured under steady load before the kill (host_busy_cores), constant",
+    "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
+    "the busy cores measured under steady load before the kill, per scheduling group, constant",
     "the interpreter lock inside one agent process: a load and an inference on the same server take "
     "turns at Python's lock whatever their CPU priority",
     "the controller's own processing time between detection and a published route (about a millisecond)",
@@ -76,6 +77,14 @@ def run(
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
     ensure_families(base, say)
+    crowded = contended_profiles(base)
+    if crowded:
+        say(
+            f"[fidelity] warning: {len(crowded)} profiles were measured on a busy host, their times "
+            f"inflated ({', '.join(crowded[:4])}{', ...' if len(crowded) > 4 else ''}); measure them "
+            "again on a quiet machine: failsoft zoo profile -f "
+            + ",".join(sorted({c.split("/")[0] for c in crowded}))
+        )
     if runs is not None:
         failed = sorted({s for r in runs for s in r["detection_ms"]}) or list(kill)
         say(f"[fidelity] replaying {len(runs)} runtime runs (killed {', '.join(failed)})")
@@ -103,7 +112,11 @@ def _simulated(
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
     sims = [simulate_run(base, r, failed, sim_seeds) for r in runs]
-    return compare(config_path, failed, base.policy, runs, sims) | {"runtime_runs": runs}
+    crowded = contended_profiles(base)
+    return compare(config_path, failed, base.policy, runs, sims) | {
+        "contended_profiles": crowded,
+        "runtime_runs": runs,
+    }
 
 
 def replayed(path: str | Path) -> list[dict[str, Any]]:
@@ -124,6 +137,9 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
     from failsoft.sim import Deployment, RequestMode, SimConfig, simulate_failure
 
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
+    cores = float(usable_cores())
+    own, others = host_load(observed, cores)
+    share = load_share(observed)
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = SimConfig(
         heartbeat_interval_s=config.heartbeat.interval_s,
@@ -135,10 +151,10 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,
         warm_up=True,
-        host_cores=float(usable_cores()),  # the embedded cluster's agents share them
-        # ... beside what everything else on the host took under steady load (runs from before this
-        # was measured replay without it)
-        host_busy_cores=min(float(observed.get("host_busy_cores", 0.0)), float(usable_cores())),
+        host_cores=cores,  # the embedded cluster's agents share them
+        host_busy_cores=0.0 if share else own,
+        host_other_groups=() if share else others,
+        host_load_share=share,
         first_answer=True,
     )
     mttr: dict[str, list[float]] = {}
@@ -155,6 +171,30 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
         "first_answer_ms": {app: statistics.fmean(v) for app, v in first.items()},
         "primary_latency_ms": {a.name: scenario.primary_variant(a).latency_ms for a in scenario.apps},
     }
+
+
+def host_load(observed: dict[str, Any], cores: float) -> tuple[float, tuple[float, ...]]:
+    """What the host ran beside the simulated work under steady load, as the simulator takes it:
+    the cluster's own group's busy cores (the gateway, controller, Ray, clients, steady traffic) and
+    each other scheduling group's (other sessions' tenants; sim/cpu.py). Runs recorded before the
+    split was measured give every busy core to the cluster's group; runs before that, none."""
+    split = observed.get("host_cpu")
+    if not split:
+        return min(float(observed.get("host_busy_cores", 0.0)), cores), ()
+    others = tuple(float(c) for c in split["other_groups"].values())
+    own = min(float(split["own_cores"]), cores)
+    room = cores - own
+    if sum(others) > room:  # counters read a moment apart: never more than the host has
+        others = tuple(c * room / sum(others) for c in others)
+    return own, others
+
+
+def load_share(observed: dict[str, Any]) -> float | None:
+    """The median share of a core a recovery load got on the servers under steady load (measured
+    by the agents' probe), or None for runs from before it was measured."""
+    shares = (observed.get("host_cpu") or {}).get("load_cpu_share") or {}
+    values = [min(max(float(v), 0.001), 1.0) for v in shares.values()]
+    return statistics.median(values) if values else None
 
 
 def _as_deployed(deployment: Scenario, warm: Sequence[dict[str, str]]) -> Scenario:

@@ -397,6 +397,14 @@ class Agent:
             held = dict(self._held)
         return {f"{app}/{variant}": h.queue.stats() for (app, variant), h in sorted(held.items())}
 
+    def load_cpu_share(self, seconds: float = 0.3) -> float:
+        """The share of a core a recovery load would get here now: a thread at the loads' priority
+        spins for ``seconds`` and reports its CPU time over its wall time. It meets what a load
+        meets (the host's other work, this process's inference at a higher priority, the
+        interpreter lock), so the simulator's twin of a run can be given the host as it was."""
+        seconds = min(max(float(seconds), 0.01), 5.0)
+        return float(_run_at_priority(LOAD_NICE, _spin_share, seconds))
+
     def set_slow(self, ms: float, load_ms: float | None = None) -> None:
         """Add ``ms`` milliseconds to every batch a serving queue runs and, if given, ``load_ms`` to
         every model load (a slow disk); 0 restores normal speed. Admission counts it in."""
@@ -431,6 +439,14 @@ def _torch_threads() -> int:
     import torch
 
     return int(torch.get_num_threads())
+
+
+def _spin_share(seconds: float) -> float:
+    """Spin in Python for ``seconds`` of wall time; the CPU this thread got, per second."""
+    cpu, wall = time.thread_time(), time.perf_counter()
+    while time.perf_counter() - wall < seconds:
+        sum(range(200))
+    return (time.thread_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
 
 
 def _run_at_priority(nice: int, fn: Any, *args: Any) -> Any:

@@ -180,6 +180,10 @@ class AgentRef(_ActorRef):
     def info_sync(self, timeout_s: float = 10.0) -> dict[str, Any]:
         return self._call_sync("info", timeout_s=timeout_s)
 
+    def load_cpu_share_sync(self, seconds: float = 0.3) -> float:
+        """The share of a core a recovery load would get on this server now (see the agent)."""
+        return float(self._call_sync("load_cpu_share", seconds, timeout_s=seconds + 10.0))
+
 
 class ControllerRef(_ActorRef):
     """The calls agents, the gateway, the CLI and tests make to the controller."""

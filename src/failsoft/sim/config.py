@@ -76,6 +76,12 @@ class SimConfig:
     # ... of which this many are busy with everything the simulation does not model (measured on the
     # real host: the gateway, the controller, clients, steady traffic); see sim/cpu.py
     host_busy_cores: float = 0.0
+    # ... and each other scheduling group's busy cores (other sessions, where the kernel shares CPU
+    # between sessions first: autogroup); host_busy_cores is then the cluster's own group's
+    host_other_groups: tuple[float, ...] = ()
+    # ... or, measured instead, the share of a core one thread at the loads' priority got on the
+    # host: the background is then the competitors that leave it that (sim/cpu.py); None: not measured
+    host_load_share: float | None = None
     warm_up: bool = False  # loads end with the runtime's warm-up inferences (their profiled cost)
     first_answer: bool = False  # each recovered app answers one request on its new route (its first)
     trace: bool = False  # keep an event log (for tests and debugging)
@@ -102,6 +108,26 @@ class SimConfig:
             lambda v: v == 0 or (cores is not None and 0 <= v <= cores),
             "must be in [0, host_cores] (and 0 without host_cores)",
         )
+        if self.host_other_groups:
+            object.__setattr__(self, "host_other_groups", tuple(float(g) for g in self.host_other_groups))
+            _require(
+                "host_other_groups",
+                sum(self.host_other_groups) + self.host_busy_cores,
+                lambda v: cores is not None and v <= cores + 1e-6 and min(self.host_other_groups) >= 0,
+                "must be non-negative busy cores that, with host_busy_cores, fit in host_cores",
+            )
+        if self.host_load_share is not None:
+            _require(
+                "host_load_share",
+                self.host_load_share,
+                lambda v: (
+                    cores is not None
+                    and 0 < v <= 1
+                    and not self.host_busy_cores
+                    and not self.host_other_groups
+                ),
+                "must be in (0, 1], with host_cores and without host_busy_cores or host_other_groups",
+            )
         if self.request_timeout_ms is not None:
             _require(
                 "request_timeout_ms", self.request_timeout_ms, lambda v: v > 0, "must be positive (or None)"

@@ -24,7 +24,7 @@ from failsoft.errors import ConfigError
 from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import RequestMode, SimConfig
 from failsoft.sim.controller import SimController
-from failsoft.sim.cpu import SharedCPU
+from failsoft.sim.cpu import SharedCPU, equivalent_competitors
 from failsoft.sim.deploy import Deployment
 from failsoft.sim.metrics import EventResult, Recorder
 from failsoft.sim.requests import RequestCore
@@ -45,7 +45,7 @@ def simulate_failure(
     env = simpy.Environment()
     log = EventLog(config.trace)
     recorder = Recorder(scenario, deployment.label, failed, config.failure_at_s)
-    cpu = SharedCPU(env, config.host_cores, config.host_busy_cores) if config.host_cores is not None else None
+    cpu = shared_cpu(env, config)
     agents = {s.name: SimAgent(env, s, config, log, cpu) for s in scenario.servers}
     _preload(deployment, agents)
     requests = _request_core(env, deployment, failed, config, rng)
@@ -117,3 +117,13 @@ def _inject(
         if requests is not None:
             requests.crash(server)
     controller.injected(list(failed), done=True)
+
+
+def shared_cpu(env: simpy.Environment, config: SimConfig) -> SharedCPU | None:
+    """The host's cores as ``config`` describes them (sim/cpu.py); None when servers have their own."""
+    if config.host_cores is None:
+        return None
+    if config.host_load_share is not None:  # measured: the competitors that leave a load that share
+        competitors = equivalent_competitors(config.host_cores, config.host_load_share)
+        return SharedCPU(env, config.host_cores, competitors=competitors)
+    return SharedCPU(env, config.host_cores, config.host_busy_cores, config.host_other_groups)

@@ -63,6 +63,89 @@ class BusyCores:
         return max(0.0, min(busy, float(usable_cores())))
 
 
+AUTOGROUP_SWITCH = Path("/proc/sys/kernel/sched_autogroup_enabled")
+UNATTRIBUTED = "(exited processes)"
+
+
+def _sched_group(pid: int, autogroups: bool) -> str:
+    """The scheduling group the kernel shares CPU between first: the process's autogroup (one per
+    session, ``setsid``) where autogroup scheduling is on, else one group for the whole host."""
+    if not autogroups:
+        return "host"
+    try:
+        # "/autogroup-12 nice 0": the group's name and its weight
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        return "kernel"  # kernel threads, or a process gone since it was listed
+
+
+def autogroups_enabled() -> bool:
+    try:
+        return AUTOGROUP_SWITCH.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+class HostCpu:
+    """The host's busy cores since the meter was made (:class:`BusyCores`), split by scheduling
+    group: this process's own group and each other one.
+
+    Linux with autogroup scheduling (on by default on desktop kernels, and on this project's
+    machines) shares CPU between *sessions* first and by ``nice`` only inside one, so a tenant in
+    another session takes a session's share whatever its threads' priorities. A twin of the host
+    must know which busy cores are whose: per-process CPU times from ``/proc`` (psutil), grouped by
+    ``/proc/PID/autogroup``. CPU of processes that exited in between cannot be attributed; it is
+    reported as one more group (:data:`UNATTRIBUTED`)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._autogroups = autogroups_enabled()
+        self._own = _sched_group(os.getpid(), self._autogroups)
+        self._busy = BusyCores()
+        self._start = self._per_process()
+        self._at = time.monotonic()
+
+    def _per_process(self) -> dict[tuple[int, float], tuple[float, str]]:
+        seen: dict[tuple[int, float], tuple[float, str]] = {}
+        for proc in self._psutil.process_iter(["create_time", "cpu_times"]):
+            times, created = proc.info["cpu_times"], proc.info["create_time"]
+            if times is None or created is None:
+                continue
+            seen[(proc.pid, created)] = (times.user + times.system, _sched_group(proc.pid, self._autogroups))
+        return seen
+
+    def read(self) -> dict[str, Any]:
+        """``{"busy_cores", "own_cores", "other_groups": {GROUP: cores}, "autogroups"}``: busy
+        cores on average since the meter was made; ``own_cores`` is this process's group (itself,
+        its children, anything else of its session), ``other_groups`` every other group with more
+        than 0.01 of a core."""
+        elapsed = time.monotonic() - self._at
+        busy = self._busy.read()
+        groups: dict[str, float] = {}
+        for key, (cpu, group) in self._per_process().items():
+            before = self._start.get(key, (0.0, group))[0]
+            groups[group] = groups.get(group, 0.0) + max(cpu - before, 0.0) / max(elapsed, 1e-9)
+        own = min(groups.pop(self._own, 0.0), busy)
+        others = {g: c for g, c in groups.items() if c > 0.01}
+        attributed = own + sum(others.values())
+        if busy - attributed > 0.01:
+            if self._autogroups:
+                others[UNATTRIBUTED] = busy - attributed
+            else:  # one group for the whole host: whatever ran, ran in it
+                own = busy - sum(others.values())
+        elif attributed > busy and others:  # counters read a moment apart: scale others to fit
+            scale = max(busy - own, 0.0) / sum(others.values())
+            others = {g: c * scale for g, c in others.items()}
+        return {
+            "busy_cores": round(busy, 3),
+            "own_cores": round(own, 3),
+            "other_groups": {g: round(c, 3) for g, c in sorted(others.items())},
+            "autogroups": self._autogroups,
+        }
+
+
 def machine_info(device: str) -> dict[str, Any]:
     """A JSON-able description of this machine and of the torch build that ran the profile."""
     import psutil

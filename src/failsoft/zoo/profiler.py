@@ -12,7 +12,11 @@ them from Triton's Model Analyzer (5.1). failsoft measures the same on the machi
 * **cold load**: from reading the weight file (its page cache evicted first) to the first answer,
   warm-up included; the median of several loads;
 * **latency** p50/p99 and throughput for batch sizes 1..16; ``latency_ms`` is p50 at batch 1;
-* **the machine**: CPU model, cores, memory, torch version and threads, device.
+* **the machine**: CPU model, cores, memory, torch version and threads, device;
+* **the host while measuring** (``host``): its busy cores, the probe's own, and what other processes
+  kept busy meanwhile. Times are wall times: measured while other work crowds the cores they come
+  out inflated, and ``host.contended`` says so (``failsoft zoo list`` and ``bench fidelity`` warn;
+  ``failsoft zoo profile`` measures again on a quiet machine).
 
 CPU numbers are measured with one torch thread by default (``ProfileSettings.threads``): a serving
 agent is one process among several on a machine, and one thread each is both the sane way to share
@@ -27,15 +31,18 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import resource
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from failsoft import __version__
 from failsoft.errors import CorruptModelError, ModelNotFoundError, RepositoryError
 from failsoft.zoo.layout import FORMAT_VERSION, PROFILE_FILE, VariantConfig, write_json
+from failsoft.zoo.machine import BusyCores, usable_cores
 from failsoft.zoo.repository import ModelRepository, _pick_device
 
 MIB = 2**20
@@ -78,8 +85,9 @@ def profile_variant(
     settings = settings or ProfileSettings()
     dev = _pick_device(device)
     config = repo.config(family, variant)
+    meter = HostMeter()
     raw = _run_probe(repo, family, variant, dev, settings)
-    profile = _compose(config, raw, settings, dev)
+    profile = _compose(config, raw, settings, dev) | {"host": meter.read(settings.threads)}
     write_json(repo.variant_dir(family, variant) / PROFILE_FILE, profile)
     return profile
 
@@ -117,6 +125,41 @@ def _compose(config: VariantConfig, raw: dict[str, Any], settings: ProfileSettin
         "profiled_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "failsoft_version": __version__,
     }
+
+
+class HostMeter:
+    """What the host ran while a probe (a child process) measured: busy cores (kernel counters) and
+    the children's CPU, hence what everyone else took."""
+
+    def __init__(self) -> None:
+        self._busy = BusyCores()
+        self._children = _children_cpu_s()
+        self._at = time.monotonic()
+
+    def read(self, threads: int) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self._at, 1e-9)
+        busy = self._busy.read()
+        probe = (_children_cpu_s() - self._children) / elapsed
+        others = max(busy - probe, 0.0)
+        cores = usable_cores()
+        wanted = min(threads or cores, cores)  # the cores the probe could use
+        return {
+            "busy_cores": round(busy, 3),
+            "probe_cores": round(probe, 3),
+            "others_busy_cores": round(others, 3),
+            # others kept more than half of the cores the probe did not need busy: it waited for them
+            "contended": others > 0.5 * max(cores - wanted, 0.5),
+        }
+
+
+def contended(profile: dict[str, Any]) -> bool:
+    """True when a profile was measured while other work crowded the host (its times are inflated)."""
+    return bool((profile.get("host") or {}).get("contended", False))
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _memory_method(device: str) -> str:
