@@ -8,11 +8,17 @@ import simpy
 from failsoft.sim.cpu import SharedCPU, cfs_weight
 
 
-def finish_times(cores: float, jobs: list[tuple[float, float, int]], busy: float = 0.0) -> list[float]:
-    """Run ``(start_s, work_s, nice)`` jobs on a fresh CPU beside ``busy`` cores of background
-    demand; when each finished."""
+def finish_times(
+    cores: float,
+    jobs: list[tuple[float, float, int]],
+    busy: float = 0.0,
+    groups: tuple[float, ...] = (),
+    competitors: float = 0.0,
+) -> list[float]:
+    """Run ``(start_s, work_s, nice)`` jobs on a fresh CPU beside a background (``busy`` cores of
+    demand and other ``groups``, or ``competitors``); when each finished."""
     env = simpy.Environment()
-    cpu = SharedCPU(env, cores, busy)
+    cpu = SharedCPU(env, cores, busy, other_groups=groups, competitors=competitors)
     done: list[float] = [0.0] * len(jobs)
 
     def job(i: int, start: float, work: float, nice: int):
@@ -137,39 +143,23 @@ def test_background_demand_is_bounded_by_the_cores():
     assert cpu.background_rate == pytest.approx(1.2)  # nothing else runs: it gets its demand
 
 
-def _with_groups(cores: float, jobs: list[tuple[float, float, int]], busy: float, groups: tuple[float, ...]):
-    env = simpy.Environment()
-    cpu = SharedCPU(env, cores, busy, other_groups=groups)
-    done: list[float] = [0.0] * len(jobs)
-
-    def job(i: int, start: float, work: float, nice: int):
-        yield env.timeout(start)
-        assert (yield from cpu.run(work, nice))
-        done[i] = env.now
-
-    for i, (start, work, nice) in enumerate(jobs):
-        env.process(job(i, start, work, nice))
-    env.run()
-    return done
-
-
 def test_another_group_takes_a_groups_share_whatever_our_priorities():
     # Two cores; another session busy on 1.5 of them. Our load (nice 5) alone in our group: the
     # groups split the cores equally (1 each), so the load runs at a full core, not the ~0.3 of a
     # core that 1.5 cores of nice-0 threads *inside* our group would leave it.
-    assert _with_groups(2, [(0, 1.0, 5)], 0.0, (1.5,)) == [pytest.approx(1.0)]
+    assert finish_times(2, [(0, 1.0, 5)], 0.0, (1.5,)) == [pytest.approx(1.0)]
     inside = finish_times(2, [(0, 1.0, 5)], busy=1.5)[0]
     assert inside > 1.5
     # our group's own background shares our group's core with the load by nice weight
     share = cfs_weight(5) / (cfs_weight(0) + cfs_weight(5))
-    (load,) = _with_groups(2, [(0, 1.0, 5)], 0.5, (1.5,))
+    (load,) = finish_times(2, [(0, 1.0, 5)], 0.5, (1.5,))
     # our group gets 1 core (demand 1.5): the background (demand 0.5) at nice 0 against the load
     assert load == pytest.approx(1.0 / max(1.0 - 0.5, share), rel=0.01)
 
 
 def test_other_groups_below_their_share_leave_us_the_rest():
     # a light other group (0.3 cores) leaves our two loads 1.7 cores: 0.85 each
-    assert _with_groups(2, [(0, 1.0, 5), (0, 1.0, 5)], 0.0, (0.3,)) == [pytest.approx(1 / 0.85)] * 2
+    assert finish_times(2, [(0, 1.0, 5), (0, 1.0, 5)], 0.0, (0.3,)) == [pytest.approx(1 / 0.85)] * 2
 
 
 def test_other_groups_are_validated():
@@ -182,34 +172,14 @@ def test_equivalent_competitors_leave_a_load_exactly_the_measured_share(share):
     from failsoft.sim.cpu import equivalent_competitors
 
     n = equivalent_competitors(2, share)
-    env = simpy.Environment()
-    cpu = SharedCPU(env, 2, competitors=n)
-    done = []
-
-    def load():
-        assert (yield from cpu.run(1.0, nice=5))
-        done.append(env.now)
-
-    env.process(load())
-    env.run()
-    assert done == [pytest.approx(1.0 / share, rel=1e-4)]
+    assert finish_times(2, [(0, 1.0, 5)], competitors=n) == [pytest.approx(1.0 / share, rel=1e-4)]
 
 
 def test_more_loads_beside_the_competitors_get_less_each():
     from failsoft.sim.cpu import equivalent_competitors
 
     n = equivalent_competitors(2, 0.2)
-    env = simpy.Environment()
-    cpu = SharedCPU(env, 2, competitors=n)
-    done = []
-
-    def load():
-        assert (yield from cpu.run(1.0, nice=5))
-        done.append(env.now)
-
-    for _ in range(3):
-        env.process(load())
-    env.run()
+    done = finish_times(2, [(0, 1.0, 5)] * 3, competitors=n)
     # three loads add their weights: each gets C * w5 / (n * w0 + 3 * w5) < 0.2 of a core
     each = 2 * cfs_weight(5) / (n * cfs_weight(0) + 3 * cfs_weight(5))
     assert each < 0.2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -31,27 +32,34 @@ def test_a_spinning_thread_shows_as_about_one_busy_core():
     assert 0.8 <= busy <= usable_cores()
 
 
-def test_a_spinning_child_counts_as_our_own_group():
+SPIN = "import time\nt=time.time()\nwhile time.time()-t<5: pass"
+
+
+def _spin_beside(meter_type: type, **popen: Any) -> tuple[dict[str, Any], float]:
+    """A process spinning for a second beside a fresh meter: what the meter read, and the cores
+    the process itself got meanwhile."""
     import subprocess
     import sys
 
     import psutil
 
-    from failsoft.zoo.machine import HostCpu
-
-    meter = HostCpu()
+    meter = meter_type()
     started = time.monotonic()
-    # a child of ours, in our session: our own scheduling group
-    spin = "import time\nt=time.time()\nwhile time.time()-t<5: pass"
-    child = subprocess.Popen([sys.executable, "-c", spin])
+    proc = subprocess.Popen([sys.executable, "-c", SPIN], **popen)
     try:
         time.sleep(1.0)
         split = meter.read()
-        times = psutil.Process(child.pid).cpu_times()
-        child_cores = (times.user + times.system) / (time.monotonic() - started)
+        times = psutil.Process(proc.pid).cpu_times()
+        return split, (times.user + times.system) / (time.monotonic() - started)
     finally:
-        child.kill()
-        child.wait()
+        proc.kill()
+        proc.wait()
+
+
+def test_a_spinning_child_counts_as_our_own_group():
+    from failsoft.zoo.machine import HostCpu
+
+    split, child_cores = _spin_beside(HostCpu)  # a child of ours, in our session: our own group
     # whatever else the host runs, the child's CPU is counted as ours (not as another group's)
     assert split["own_cores"] >= 0.9 * child_cores > 0
     assert split["own_cores"] <= split["busy_cores"] + 1e-6
@@ -60,26 +68,10 @@ def test_a_spinning_child_counts_as_our_own_group():
 
 
 def test_a_spinning_process_of_another_session_is_another_group():
-    import subprocess
-    import sys
-
-    import psutil
-
     from failsoft.zoo.machine import HostCpu, autogroups_enabled
 
     if not autogroups_enabled():
         pytest.skip("this kernel shares CPU by nice only (no autogroup scheduling)")
-    meter = HostCpu()
-    started = time.monotonic()
-    spin = "import time\nt=time.time()\nwhile time.time()-t<5: pass"
-    other = subprocess.Popen([sys.executable, "-c", spin], start_new_session=True)  # its own autogroup
-    try:
-        time.sleep(1.0)
-        split = meter.read()
-        times = psutil.Process(other.pid).cpu_times()
-        other_cores = (times.user + times.system) / (time.monotonic() - started)
-    finally:
-        other.kill()
-        other.wait()
+    split, other_cores = _spin_beside(HostCpu, start_new_session=True)  # its own autogroup
     # its CPU shows in one other group (with whatever else that group ran, if anything), not in ours
     assert max(split["other_groups"].values(), default=0.0) >= 0.9 * other_cores > 0.05
