@@ -5,6 +5,7 @@ import json
 import pytest
 
 from failsoft.bench.fidelity import compare
+from failsoft.errors import ConfigError
 
 
 def _run(apps):
@@ -83,14 +84,25 @@ def test_a_family_whose_variants_take_different_inputs_is_refused_before_any_bui
     assert not (tmp_path / "zoo").exists()  # minutes of building saved
 
 
-def test_the_twin_takes_the_measured_load_share_over_busy_cores():
-    from failsoft.bench.fidelity import host_load, load_share
+def test_the_twin_is_told_the_hosts_other_work_as_measured():
+    from failsoft.bench.fidelity import host_twin
 
-    split = {"busy_cores": 1.9, "own_cores": 1.2, "other_groups": {"/autogroup-2": 0.5, "kernel": 0.2}}
-    run = {"host_busy_cores": 1.9, "host_cpu": split | {"load_cpu_share": {"a": 0.2, "b": 0.4, "c": 0.3}}}
-    assert load_share(run) == pytest.approx(0.3)  # the median over servers
-    assert host_load(run, 2.0) == (1.2, (0.5, 0.2))
-    # older outputs: the busy cores all count as the cluster's own, and no share was measured
-    assert load_share({"host_busy_cores": 1.9}) is None
-    assert host_load({"host_busy_cores": 1.9}, 2.0) == (1.9, ())
-    assert host_load({}, 2.0) == (0.0, ())
+    steady = {"seconds": 3.0, "busy_cores": 1.9, "own_cores": 1.2, "other_groups": {"/autogroup-2": 0.5}}
+    recovery = {"seconds": 2.0, "busy_cores": 1.5, "own_cores": 1.0, "other_groups": {"/autogroup-2": 0.4}}
+    shares = {"a": 0.2, "b": 0.4, "c": 0.3}
+    run = {
+        "host_busy_cores": 1.9,
+        "host_cpu": steady | {"load_cpu_share": shares, "recovery": recovery},
+        "apps": {"x": {"load_cpu_ms": 600.0}, "y": {"load_cpu_ms": 200.0}, "z": {"load_cpu_ms": None}},
+    }
+    # during the recovery, less what its loads took (0.8 s of CPU over 2 s)
+    assert host_twin(run, 2.0) == {"host_busy_cores": pytest.approx(0.6), "host_other_groups": (0.4,)}
+    assert host_twin(run, 2.0, "steady") == {"host_busy_cores": 1.2, "host_other_groups": (0.5,)}
+    assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}  # the median
+    # older outputs fall back to what they measured
+    older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}
+    assert host_twin(older, 2.0) == host_twin(older, 2.0, "steady")
+    assert host_twin({"host_busy_cores": 1.9, "apps": {}}, 2.0, "probe") == {"host_busy_cores": 1.9}
+    assert host_twin({"apps": {}}, 2.0) == {"host_busy_cores": 0.0}
+    with pytest.raises(ConfigError, match="host model"):
+        host_twin(run, 2.0, "guess")

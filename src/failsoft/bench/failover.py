@@ -223,7 +223,8 @@ def _fail_under_load(
     """Steady load; each affected app's usual latency; kill; ask each affected app at once; watch.
     Also returns the host's busy cores over the last seconds of steady load, split by scheduling
     group (:class:`HostCpu`), and what ``probe`` measured in that window (the share of a core a
-    recovery load got on each server: ``load_cpu_share``).
+    recovery load got on each server: ``load_cpu_share``); under ``recovery``, the same split from
+    the kill until every affected app answered again.
 
     Every client runs in its own process (its CPU is not the gateway's interpreter's), and the
     requests sent at the kill come from a client made ready beforehand, so they leave within a
@@ -260,9 +261,11 @@ def _fail_under_load(
     usual.go()
     usual_samples = usual.join(600.0)
     at_kill.wait_ready()
+    during = HostCpu()
     kill_at = _kill(client, failed, settings.site)
     at_kill.go()
     _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
+    busy["recovery"] = during.read()  # the same, from the kill until every affected app answered
     time.sleep(settings.settle_s)
     return kill_at, steady.stop() + at_kill.stop(), usual_samples, busy
 

@@ -72,8 +72,10 @@ def run(
     sim_seeds: int = 20,
     progress: Progress | None = None,
     runs: list[dict[str, Any]] | None = None,
+    host: str = "recovery",
 ) -> dict[str, Any]:
-    """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it."""
+    """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
+    telling the twin of the host's other work as ``host`` says (:func:`host_twin`)."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
     ensure_families(base, say)
@@ -88,7 +90,7 @@ def run(
     if runs is not None:
         failed = sorted({s for r in runs for s in r["detection_ms"]}) or list(kill)
         say(f"[fidelity] replaying {len(runs)} runtime runs (killed {', '.join(failed)})")
-        return _simulated(str(config_path), base, failed, runs, sim_seeds, say)
+        return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
     settings = BenchSettings(policies=(base.policy,), kill=tuple(kill), repeats=repeats)
     failed = victims(base, settings)
     runs = []
@@ -99,7 +101,7 @@ def run(
             runs.append(run_once(cfg, failed, settings, say))
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
-    return _simulated(str(config_path), base, failed, runs, sim_seeds, say)
+    return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
 
 
 def _simulated(
@@ -109,14 +111,13 @@ def _simulated(
     runs: list[dict[str, Any]],
     sim_seeds: int,
     say: Progress,
+    host: str = "recovery",
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
-    sims = [simulate_run(base, r, failed, sim_seeds) for r in runs]
+    sims = [simulate_run(base, r, failed, sim_seeds, host) for r in runs]
     crowded = contended_profiles(base)
-    return compare(config_path, failed, base.policy, runs, sims) | {
-        "contended_profiles": crowded,
-        "runtime_runs": runs,
-    }
+    extra = {"host_model": host, "contended_profiles": crowded, "runtime_runs": runs}
+    return compare(config_path, failed, base.policy, runs, sims) | extra
 
 
 def replayed(path: str | Path) -> list[dict[str, Any]]:
@@ -130,16 +131,17 @@ def replayed(path: str | Path) -> list[dict[str, Any]]:
     return runs
 
 
-def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int) -> dict:
-    """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``."""
+def simulate_run(
+    config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int, host: str = "recovery"
+) -> dict:
+    """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
+    ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
     from failsoft.sim import Deployment, RequestMode, SimConfig, simulate_failure
 
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
     cores = float(usable_cores())
-    own, others = host_load(observed, cores)
-    share = load_share(observed)
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = SimConfig(
         heartbeat_interval_s=config.heartbeat.interval_s,
@@ -152,10 +154,8 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
         max_batch=config.agents.queue.max_batch,
         warm_up=True,
         host_cores=cores,  # the embedded cluster's agents share them
-        host_busy_cores=0.0 if share else own,
-        host_other_groups=() if share else others,
-        host_load_share=share,
         first_answer=True,
+        **host_twin(observed, cores, host),
     )
     mttr: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
@@ -173,28 +173,41 @@ def simulate_run(config: RuntimeConfig, observed: dict[str, Any], failed: Sequen
     }
 
 
-def host_load(observed: dict[str, Any], cores: float) -> tuple[float, tuple[float, ...]]:
-    """What the host ran beside the simulated work under steady load, as the simulator takes it:
-    the cluster's own group's busy cores (the gateway, controller, Ray, clients, steady traffic) and
-    each other scheduling group's (other sessions' tenants; sim/cpu.py). Runs recorded before the
-    split was measured give every busy core to the cluster's group; runs before that, none."""
-    split = observed.get("host_cpu")
+HOST_MODELS = ("recovery", "steady", "probe")
+
+
+def host_twin(observed: dict[str, Any], cores: float, model: str = "recovery") -> dict[str, Any]:
+    """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
+
+    * ``recovery``: the busy cores of the cluster's own scheduling group from the kill until every
+      affected app answered, less the CPU its recovery loads took (the agents time it), and each
+      other group's: the gateway, controller, Ray and clients as they ran *during* the recovery
+      (when the failed server's traffic had stopped), other sessions' tenants beside;
+    * ``steady``: the same split over the last seconds of steady load before the kill;
+    * ``probe``: the share of a core a thread at the loads' priority got before the kill (the
+      agents' ``load_cpu_share``), as equivalent competitors.
+
+    Runs recorded before a measurement existed fall back to the next one (``recovery`` ->
+    ``steady`` -> the unsplit busy cores -> nothing)."""
+    if model not in HOST_MODELS:
+        raise ConfigError(f"host model must be one of {', '.join(HOST_MODELS)}; got {model!r}")
+    steady = observed.get("host_cpu") or {}
+    if model == "probe" and steady.get("load_cpu_share"):
+        shares = [min(max(float(v), 0.001), 1.0) for v in steady["load_cpu_share"].values()]
+        return {"host_load_share": statistics.median(shares)}
+    split, loads_cores = steady, 0.0
+    if model == "recovery" and steady.get("recovery"):
+        split = steady["recovery"]
+        loads_ms = sum(a.get("load_cpu_ms") or 0.0 for a in observed["apps"].values())
+        loads_cores = loads_ms / 1000.0 / max(float(split["seconds"]), 1e-3)
     if not split:
-        return min(float(observed.get("host_busy_cores", 0.0)), cores), ()
+        return {"host_busy_cores": min(float(observed.get("host_busy_cores", 0.0)), cores)}
+    own = min(max(float(split["own_cores"]) - loads_cores, 0.0), cores)
     others = tuple(float(c) for c in split["other_groups"].values())
-    own = min(float(split["own_cores"]), cores)
     room = cores - own
     if sum(others) > room:  # counters read a moment apart: never more than the host has
         others = tuple(c * room / sum(others) for c in others)
-    return own, others
-
-
-def load_share(observed: dict[str, Any]) -> float | None:
-    """The median share of a core a recovery load got on the servers under steady load (measured
-    by the agents' probe), or None for runs from before it was measured."""
-    shares = (observed.get("host_cpu") or {}).get("load_cpu_share") or {}
-    values = [min(max(float(v), 0.001), 1.0) for v in shares.values()]
-    return statistics.median(values) if values else None
+    return {"host_busy_cores": own, "host_other_groups": others}
 
 
 def _as_deployed(deployment: Scenario, warm: Sequence[dict[str, str]]) -> Scenario:

@@ -117,10 +117,10 @@ class HostCpu:
         return seen
 
     def read(self) -> dict[str, Any]:
-        """``{"busy_cores", "own_cores", "other_groups": {GROUP: cores}, "autogroups"}``: busy
-        cores on average since the meter was made; ``own_cores`` is this process's group (itself,
-        its children, anything else of its session), ``other_groups`` every other group with more
-        than 0.01 of a core."""
+        """``{"seconds", "busy_cores", "own_cores", "other_groups": {GROUP: cores}, "autogroups"}``:
+        busy cores on average over the ``seconds`` since the meter was made; ``own_cores`` is this
+        process's group (itself, its children, anything else of its session), ``other_groups``
+        every other group with more than 0.01 of a core."""
         elapsed = time.monotonic() - self._at
         busy = self._busy.read()
         groups: dict[str, float] = {}
@@ -139,6 +139,7 @@ class HostCpu:
             scale = max(busy - own, 0.0) / sum(others.values())
             others = {g: c * scale for g, c in others.items()}
         return {
+            "seconds": round(elapsed, 3),
             "busy_cores": round(busy, 3),
             "own_cores": round(own, 3),
             "other_groups": {g: round(c, 3) for g, c in sorted(others.items())},
