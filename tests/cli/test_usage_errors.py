@@ -18,6 +18,11 @@ from failsoft.cli import main
         (["plan", "proactive"], "Missing argument", "failsoft plan proactive"),
         (["serve", "--port", "abc"], "Invalid value for '--port'", "failsoft serve"),
         (["zoo", "list", "--bogus"], "--bogus", "failsoft zoo list"),
+        (
+            ["bench", "fidelity", "examples/bench.yaml", "--host", "guess"],
+            "--host: must be one of recovery, steady, probe; got 'guess'",
+            "failsoft bench fidelity",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(capsys, argv, message, command):

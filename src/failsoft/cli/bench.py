@@ -64,12 +64,23 @@ def fidelity(
         Path | None,
         typer.Option(help="Compare again with the runtime runs of an earlier output (no cluster started)"),
     ] = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="What the twin is told of the host's other work: recovery (busy cores during the "
+            "recovery), steady (before the kill) or probe (a load's measured share of a core)"
+        ),
+    ] = "recovery",
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
-    from failsoft.bench.fidelity import replayed, run
+    from failsoft.bench.fidelity import HOST_MODELS, replayed, run
 
+    if host not in HOST_MODELS:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(HOST_MODELS)}; got {host!r}", param_hint="--host"
+        )
     earlier = replayed(replay) if replay is not None else None
-    result = run(config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier)
+    result = run(config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier, host=host)
     typer.echo(json.dumps(result, indent=2))
 
 
