@@ -98,6 +98,9 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
     # during the recovery, less what its loads took (0.8 s of CPU over 2 s)
     assert host_twin(run, 2.0) == {"host_busy_cores": pytest.approx(0.6), "host_other_groups": (0.4,)}
     assert host_twin(run, 2.0, "steady") == {"host_busy_cores": 1.2, "host_other_groups": (0.5,)}
+    # where the agents counted every load (upgrades too), that is what comes off
+    counted = run | {"host_cpu": run["host_cpu"] | {"recovery": recovery | {"loads_cores": 0.7}}}
+    assert host_twin(counted, 2.0)["host_busy_cores"] == pytest.approx(0.3)
     assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}  # the median
     # older outputs fall back to what they measured
     older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}

@@ -371,6 +371,8 @@ def test_an_agent_serves_through_a_warm_queue_at_its_own_priority(agent, tiny_zo
     # the loading thread's CPU time is reported beside the wall time: a part of it, never more
     # (time.thread_time counts this thread only)
     assert 0 < described["load_cpu_ms"] <= described["load_ms"] + 1.0
+    # ... and summed over every load (what recoveries cost the host, for the simulator's twin)
+    assert agent.holdings()["loads_cpu_ms"] == pytest.approx(described["load_cpu_ms"], abs=1e-3)
     assert agent.cancel("r1") is False
 
 

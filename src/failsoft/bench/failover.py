@@ -185,7 +185,7 @@ def run_once(
         periods = _periods(cfg, settings)
         kill_at, samples, usual, busy = _fail_under_load(
             session.url, client, shapes, periods, affected, failed, settings,
-            probe=lambda: load_cpu_shares([s.name for s in cfg.servers]),
+            agents=AgentProbes([s.name for s in cfg.servers]),
         )  # fmt: skip
         say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
         report = client.recoveries()
@@ -218,13 +218,14 @@ def _fail_under_load(
     affected: list[str],
     failed: Sequence[str],
     settings: BenchSettings,
-    probe: Callable[[], dict[str, float]] | None = None,
+    agents: AgentProbes | None = None,
 ) -> tuple[dict[str, float], list[Sample], list[Sample], dict[str, Any]]:
     """Steady load; each affected app's usual latency; kill; ask each affected app at once; watch.
     Also returns the host's busy cores over the last seconds of steady load, split by scheduling
-    group (:class:`HostCpu`), and what ``probe`` measured in that window (the share of a core a
+    group (:class:`HostCpu`), and what the ``agents`` measured in that window (the share of a core a
     recovery load got on each server: ``load_cpu_share``); under ``recovery``, the same split from
-    the kill until every affected app answered again.
+    the kill until every affected app answered again, with the CPU the agents' loads took meanwhile
+    (``loads_cores``: recoveries and upgrades, which a simulation runs as work of its own).
 
     Every client runs in its own process (its CPU is not the gateway's interpreter's), and the
     requests sent at the kill come from a client made ready beforehand, so they leave within a
@@ -254,34 +255,50 @@ def _fail_under_load(
     ).start()
     time.sleep(max(settings.warmup_s - BUSY_WINDOW_S, 0.0))
     meter, window_ends = HostCpu(), time.monotonic() + min(settings.warmup_s, BUSY_WINDOW_S)
-    shares = probe() if probe is not None else None
+    shares = agents.load_cpu_shares() if agents is not None else None
     time.sleep(max(window_ends - time.monotonic(), 0.0))
     busy = meter.read() | ({"load_cpu_share": shares} if shares else {})
     usual.wait_ready()
     usual.go()
     usual_samples = usual.join(600.0)
     at_kill.wait_ready()
+    loads_before = agents.loads_cpu_ms() if agents is not None else {}
     during = HostCpu()
     kill_at = _kill(client, failed, settings.site)
     at_kill.go()
     _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
     busy["recovery"] = during.read()  # the same, from the kill until every affected app answered
+    if agents is not None:
+        after = agents.loads_cpu_ms()
+        loads_s = sum(after[s] - loads_before.get(s, 0.0) for s in after if s not in kill_at) / 1000.0
+        busy["recovery"]["loads_cores"] = round(loads_s / max(busy["recovery"]["seconds"], 1e-3), 3)
     time.sleep(settings.settle_s)
     return kill_at, steady.stop() + at_kill.stop(), usual_samples, busy
 
 
-def load_cpu_shares(servers: Sequence[str], seconds: float = 0.3) -> dict[str, float]:
-    """Per server, the share of a core a recovery load got just now (one probe at a time, so the
-    probes do not meet each other); servers that do not answer are left out."""
-    from failsoft.runtime.cluster import find_agent
+class AgentProbes:
+    """What the benchmark asks the agents directly (the driver's Ray handles): how much of a core a
+    recovery load would get now, and how much CPU their loads have taken so far."""
 
-    shares = {}
-    for server in servers:
-        try:
-            shares[server] = round(find_agent(server).load_cpu_share_sync(seconds), 3)
-        except Exception as exc:  # a server down at the moment: no figure for it
-            log.debug("load_cpu_share on %s: %s", server, exc)
-    return shares
+    def __init__(self, servers: Sequence[str]) -> None:
+        self.servers = list(servers)
+
+    def _each(self, ask: Callable[[Any], float]) -> dict[str, float]:
+        from failsoft.runtime.cluster import find_agent
+
+        out = {}
+        for server in self.servers:  # one at a time: the probes never meet each other
+            try:
+                out[server] = round(ask(find_agent(server)), 3)
+            except Exception as exc:  # a server down at the moment: no figure for it
+                log.debug("probing %s: %s", server, exc)
+        return out
+
+    def load_cpu_shares(self, seconds: float = 0.3) -> dict[str, float]:
+        return self._each(lambda agent: agent.load_cpu_share_sync(seconds))
+
+    def loads_cpu_ms(self) -> dict[str, float]:
+        return self._each(lambda agent: float(agent.holdings_sync()["loads_cpu_ms"]))
 
 
 def _kill(client: Any, failed: Sequence[str], site: str | None) -> dict[str, float]:

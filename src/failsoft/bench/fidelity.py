@@ -180,7 +180,8 @@ def host_twin(observed: dict[str, Any], cores: float, model: str = "recovery") -
     """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
 
     * ``recovery``: the busy cores of the cluster's own scheduling group from the kill until every
-      affected app answered, less the CPU its recovery loads took (the agents time it), and each
+      affected app answered, less the CPU the agents' loads took meanwhile (the simulation runs
+      them as work of its own; the agents count it), and each
       other group's: the gateway, controller, Ray and clients as they ran *during* the recovery
       (when the failed server's traffic had stopped), other sessions' tenants beside;
     * ``steady``: the same split over the last seconds of steady load before the kill;
@@ -198,8 +199,10 @@ def host_twin(observed: dict[str, Any], cores: float, model: str = "recovery") -
     split, loads_cores = steady, 0.0
     if model == "recovery" and steady.get("recovery"):
         split = steady["recovery"]
-        loads_ms = sum(a.get("load_cpu_ms") or 0.0 for a in observed["apps"].values())
-        loads_cores = loads_ms / 1000.0 / max(float(split["seconds"]), 1e-3)
+        loads_cores = split.get("loads_cores")
+        if loads_cores is None:  # before the agents counted every load: the first loads only
+            loads_ms = sum(a.get("load_cpu_ms") or 0.0 for a in observed["apps"].values())
+            loads_cores = loads_ms / 1000.0 / max(float(split["seconds"]), 1e-3)
     if not split:
         return {"host_busy_cores": min(float(observed.get("host_busy_cores", 0.0)), cores)}
     own = min(max(float(split["own_cores"]) - loads_cores, 0.0), cores)

@@ -113,6 +113,7 @@ class Agent:
         self._reserved_mb = 0.0
         self._releasing_mb = 0.0  # unloaded models whose last batch is still running
         self._loads_total = 0
+        self._loads_cpu_ms = 0.0  # every load's thread CPU, summed (what recoveries cost the host)
         self._in_flight = 0  # infer calls holding one of Ray's serving threads
         self._serving_threads = SERVING_THREADS
         self._slow_s = 0.0
@@ -180,6 +181,7 @@ class Agent:
             self._reserved_mb -= memory
             self._held[key] = _Held(model, memory, load_ms, queue, cpu_ms)
             self._loads_total += 1
+            self._loads_cpu_ms += cpu_ms
             self._loading.pop(key).set()
         return self._describe(key, cached=False)
 
@@ -372,6 +374,7 @@ class Agent:
             "used_mb": used,
             "memory_mb": self.server.memory_mb,
             "loads_total": self._loads_total,
+            "loads_cpu_ms": round(self._loads_cpu_ms, 3),
             "pid": os.getpid(),
         }
 
