@@ -219,3 +219,14 @@ def test_the_background_shuffle_slows_random_pairs_and_restores_every_server():
     assert len(admin.pairs) >= 2 and len(set(admin.pairs)) >= 2  # different pairs, two at a time
     assert all(set(p) <= {"s1", "s2", "s3"} for p in admin.pairs)
     assert admin.slow == {"s1": 0, "s2": 0, "s3": 0}  # every server restored at the end
+
+
+def test_policy_timing_times_the_gateways_encode_and_decode_calls_warm_and_cold():
+    from failsoft.bench.coding import policy_timing
+
+    timing = policy_timing(repeats=200, cold_repeats=5)
+    for figure in (timing["encode_us"], timing["decode_us"], timing["decoder_us"]):
+        assert 0 < figure["p50"] < 10_000
+    assert set(timing["paper_size"]) == {"encode_us", "decode_us", "decoder_us"}
+    assert timing["cold_us"]["decode_p50"] > 0 and timing["cold_us"]["encode_p50"] > 0
+    assert "median of 200 calls" in timing["how"] and "5 each" in timing["how"]
