@@ -140,27 +140,42 @@ def coding(
         typer.Option("--policy", "-p", help="parm, equal-resources, none (repeatable; default: all three)"),
     ] = None,
     duration_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds of load per policy")] = 24.0,
-    rate_rps: Annotated[float, typer.Option(min=1, max=1000, help="Open-loop request rate")] = 20.0,
-    slow_ms: Annotated[float, typer.Option(min=0, max=10_000, help="Straggler's added ms per batch")] = 50.0,
+    rate_rps: Annotated[
+        list[str] | None,
+        typer.Option(help="Open-loop request rate, 1..1000 (repeatable: a sweep; default 20)"),
+    ] = None,
+    slow_ms: Annotated[
+        list[str] | None,
+        typer.Option(help="Straggler's added ms per batch, 0..10000 (repeatable: a sweep; default 50)"),
+    ] = None,
     shuffle_s: Annotated[float, typer.Option(min=0.05, max=60, help="New straggler this often")] = 1.0,
+    stragglers: Annotated[
+        int, typer.Option(min=1, max=4, help="Servers slowed at once (2: a random pair, as a shuffle)")
+    ] = 1,
+    fill_timeout_ms: Annotated[
+        float | None,
+        typer.Option(min=1, max=10_000, help="The coded service's longest group wait (default: its own)"),
+    ] = None,
     failover: Annotated[bool, typer.Option(help="Kill data member 1's server under load at the end")] = True,
     root: Annotated[str | None, typer.Option(help="Model repository (default: the config's)")] = None,
     seed: Annotated[int, typer.Option(help="Load and straggler seed")] = 0,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
-    """ParM vs Equal-Resources vs no redundancy under shuffled stragglers; a killed member with no outage."""
-    from failsoft.bench.coding import POLICIES, CodingBenchSettings, run
+    """ParM vs Equal-Resources vs no redundancy under shuffled stragglers; a killed member with no outage.
 
+    Several --rate-rps or --slow-ms values make a sweep: every rate with every straggler level, on
+    one cluster, each level a full run of the policies; a line per level goes to stderr.
+    """
+    from failsoft.bench.coding import POLICIES, CodingBenchSettings, run, sweep_levels
+
+    levels = sweep_levels(rate_rps or ["20"], slow_ms or ["50"])  # names a bad value (exit 2)
+    (rate, slow), swept = levels[0], len(levels) > 1
     settings = CodingBenchSettings(
-        policies=tuple(policy or POLICIES),
-        duration_s=duration_s,
-        rate_rps=rate_rps,
-        slow_ms=slow_ms,
-        shuffle_s=shuffle_s,
-        failover=failover,
-        root=root,
-        seed=seed,
-    )
-    typer.echo(json.dumps(run(config, settings, progress=lambda m: typer.echo(m, err=True)), indent=2))
+        policies=tuple(policy or POLICIES), duration_s=duration_s, rate_rps=rate, slow_ms=slow,
+        shuffle_s=shuffle_s, failover=failover, root=root, seed=seed, stragglers=stragglers,
+        fill_timeout_ms=fill_timeout_ms, sweep=levels if swept else (),
+    )  # fmt: skip
+    _emit(run(config, settings, progress=_progress), out)
 
 
 @app.command("llm")

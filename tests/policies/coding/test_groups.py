@@ -85,9 +85,9 @@ def test_the_decoder_runs_only_once_k_answers_are_present_and_decodes_exactly():
     class Counting(type(get_decoder(3, 2))):  # the registry's linear decoder, counting its calls
         calls = 0
 
-        def decode(self, available):
+        def solve(self, available, missing):  # the tracker's entry: checked answers, k present
             Counting.calls += 1
-            return super().decode(available)
+            return super().solve(available, missing)
 
     outs = outputs(3, 2)
     tracker = AnswerTracker(Counting(3, 2))
@@ -171,3 +171,26 @@ def test_every_query_lands_in_one_group_in_arrival_order_and_none_waits_past_the
     for g in closed:
         assert g.complete == (len(g.keys) == k) and 1 <= len(g.keys) <= k
         assert g.closed_s - g.opened_s <= timeout_ms / 1000 + 1e-9
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_the_tracker_decodes_each_straggler_exactly_as_the_decoder_does(k):
+    outs = outputs(k, 1)
+    for straggler in range(k):
+        tracker = AnswerTracker(get_decoder(k, 1))
+        for i in [k] + [i for i in range(k) if i != straggler]:  # parity first, the straggler never
+            progress = tracker.answered(i, outs[i])
+        (got,) = progress.decoded.values()
+        assert list(progress.decoded) == [straggler] and got.dtype == np.float32
+        assert progress.cancel == (straggler,)
+        want = get_decoder(k, 1).decode({i: o for i, o in enumerate(outs) if i != straggler})
+        np.testing.assert_array_equal(got, want[straggler])
+        np.testing.assert_allclose(got, outs[straggler], atol=1e-5)
+
+
+def test_the_tracker_refuses_an_answer_of_another_shape_naming_both():
+    tracker = AnswerTracker(get_decoder(2, 1))
+    tracker.answered(0, np.zeros((1, 10), np.float32))
+    with pytest.raises(ConfigError, match=r"member 2 has shape \(1, 9\); others have \(1, 10\)"):
+        tracker.answered(2, np.zeros((1, 9), np.float32))
+    assert not tracker.done and tracker.pending == (1, 2)

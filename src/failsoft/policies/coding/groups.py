@@ -144,24 +144,28 @@ class Progress:
 
 
 _NOTHING = Progress()  # a report that changed nothing (shared; never written to)
+_DONE = Progress(done=True)  # a report to a finished group (shared; never written to)
 
 
 class AnswerTracker:
     """The answers of one complete coding group: decode from the first k of k+r, cancel the rest.
 
-    Lean per answer (it runs on the gateway's event loop for every answer): the decoder is called
-    only once k answers are present, and a report that changes nothing returns a shared empty
-    :class:`Progress`.
+    Lean per answer (it runs on the gateway's event loop for every answer, and the decoding one is
+    timed as the service's decode): each answer's member index and shape are checked as it comes,
+    so once k answers are present the decoder's unchecked :meth:`Decoder.solve` is called directly,
+    once; a report that changes nothing returns a shared empty :class:`Progress`.
     """
 
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.k, self.r = decoder.k, decoder.r
+        self._members = self.k + self.r
         self.outputs: dict[int, np.ndarray] = {}
         self.lost: set[int] = set()
         self.reconstructed: dict[int, np.ndarray] = {}
         self.done = False
         self._data = 0  # data answers present
+        self._shape: tuple[int, ...] | None = None  # every answer's shape: the first one's
 
     @property
     def pending(self) -> tuple[int, ...]:
@@ -170,34 +174,36 @@ class AnswerTracker:
 
     def answered(self, index: int, output: np.ndarray) -> Progress:
         """Member ``index`` answered. A data answer goes to its client at once (not through here)."""
-        if not (type(index) is int and 0 <= index < self.k + self.r):
-            self._check(index)
-        if self.done or index in self.outputs or index in self.lost:
-            return Progress(done=self.done)
-        self.outputs[index] = output if isinstance(output, np.ndarray) else np.asarray(output)
+        if not (type(index) is int and 0 <= index < self._members):
+            index = self._check(index)
+        outputs = self.outputs
+        if self.done or index in outputs or index in self.lost:
+            return _DONE if self.done else _NOTHING
+        if type(output) is not np.ndarray:
+            output = np.asarray(output)
+        if self._shape is None:
+            self._shape = output.shape
+        elif output.shape != self._shape:
+            raise ConfigError(f"output of member {index} has shape {output.shape}; others have {self._shape}")
+        outputs[index] = output
         if index < self.k:
             self._data += 1
-        return self._step()
+            if self._data == self.k:  # nothing to decode: the parity calls are stragglers
+                self.done = True
+                return Progress(cancel=self.pending, done=True)
+        if len(outputs) < self.k:  # an answer never makes k answers impossible: no loss check
+            return _NOTHING
+        return self._decode()
 
     def failed(self, index: int) -> Progress:
         """Member ``index`` will never answer (its server failed, its call errored)."""
-        self._check(index)
+        index = self._check(index)
         if self.done or index in self.outputs:
-            return Progress(done=self.done)
+            return _DONE if self.done else _NOTHING
         self.lost.add(index)
-        return self._step()
-
-    def _step(self) -> Progress:
-        if self._data == self.k:
-            self.done = True
-            return Progress(cancel=self.pending, done=True)
         if len(self.outputs) >= self.k:
-            decoded = self.decoder.decode(self.outputs)
-            if decoded is not None:
-                self.reconstructed = decoded
-                self.done = True
-                return Progress(decoded=decoded, cancel=self.pending, done=True)
-        if self.lost and len(self.outputs) + len(self.pending) < self.k:  # k answers never present
+            return self._decode()
+        if len(self.outputs) + len(self.pending) < self.k:  # k answers will never be present
             self.done = True
             gone = tuple(i for i in range(self.k) if i not in self.outputs and i in self.lost)
             return Progress(
@@ -205,5 +211,13 @@ class AnswerTracker:
             )
         return _NOTHING
 
-    def _check(self, index: int) -> None:
-        check_member(index, self.k, self.r)
+    def _decode(self) -> Progress:
+        """At least k answers, not all k data ones: the missing data outputs, the rest cancelled."""
+        outputs = self.outputs
+        missing = [i for i in range(self.k) if i not in outputs]
+        self.reconstructed = decoded = self.decoder.solve(outputs, missing)
+        self.done = True
+        return Progress(decoded=decoded, cancel=self.pending, done=True)
+
+    def _check(self, index: object) -> int:
+        return check_member(index, self.k, self.r)

@@ -154,7 +154,7 @@ class Decoder(ABC):
             return None
         if not missing:
             return {}
-        return self._solve(available, missing)
+        return self.solve(available, missing)
 
     def _check(self, available: Mapping[int, np.ndarray]) -> set[int]:
         present = available.keys()
@@ -171,5 +171,9 @@ class Decoder(ABC):
         return set(present)
 
     @abstractmethod
-    def _solve(self, available: Mapping[int, np.ndarray], missing: list[int]) -> dict[int, np.ndarray]:
-        """The missing data outputs; at least ``len(missing)`` parity outputs are in ``available``."""
+    def solve(self, available: Mapping[int, np.ndarray], missing: list[int]) -> dict[int, np.ndarray]:
+        """The ``missing`` data outputs, unchecked: at least ``len(missing)`` parity outputs are in
+        ``available``, every key is a member and every output has one shape. :meth:`decode` checks
+        all that first; :class:`~failsoft.policies.coding.groups.AnswerTracker` checks each answer
+        as it arrives and calls this directly, so the decode on the serving path is only the
+        arithmetic (ParM's 8 us budget at k = 2, section 6.2.5)."""
