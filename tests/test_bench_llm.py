@@ -21,3 +21,24 @@ def test_trace_is_rescaled_to_the_context_and_rate() -> None:
         assert len(prompt.encode()) + max_tokens <= 256
     assert trace(50, 10.0, 256, seed=0) == reqs  # seeded
     assert len({m for _, _, m in reqs}) > 5  # the trace's spread of lengths is kept
+
+
+def test_recovery_is_the_later_of_the_restart_and_the_interrupted_streams() -> None:
+    from failsoft.bench.llm import _Outcome, recovery
+
+    kill = 100.0
+    resumed = _Outcome(recoveries=1, times=[99.5, 100.8, 100.9])  # interrupted, next token 0.8 s later
+    untouched = _Outcome(times=[99.0, 103.0])  # never interrupted: not a stream to recover
+    broken = _Outcome(recoveries=1, times=[99.9, 104.0], error="stream broke")
+    assert recovery([resumed, untouched, broken], kill, 5342.0) == {
+        "recovery_ms": 5342.0,
+        "streams_ms": 800.0,
+        "recovery_bound_by": "restart",
+    }
+    assert recovery([resumed], kill, 300.0)["recovery_bound_by"] == "streams"
+    assert recovery([resumed], kill, 300.0)["recovery_ms"] == 800.0
+    assert recovery([untouched], kill, None) == {
+        "recovery_ms": 0.0,
+        "streams_ms": None,
+        "recovery_bound_by": "restart",
+    }

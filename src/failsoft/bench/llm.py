@@ -17,7 +17,7 @@ between the kill and the target's return.
 
 Per policy: ``ttft_ms`` and ``tpot_ms`` (mean, p99, client side), ``recovery_ms`` (the kill to the
 later of the restarted worker serving and the last interrupted stream's next token; ``restart_ms``
-is the first alone),
+is the first alone, ``streams_ms`` the second, ``recovery_bound_by`` which one it was),
 ``recomputed_tokens`` (tokens prefilled again on a survivor), ``restored_requests`` (resumed from a
 checkpoint), ``identical_outputs`` (greedy texts equal to the no-failure run's),
 ``failed_requests``. Worker steps are slowed by ``slow_ms`` (the chaos of a slower machine) so that
@@ -124,6 +124,23 @@ def _stat(values: list[float]) -> dict[str, float | None]:
     return {"mean": round(float(np.mean(values)), 2), "p99": round(float(np.percentile(values, 99)), 2)}
 
 
+def recovery(outcomes: list[_Outcome], killed_at: float | None, restart_ms: float | None) -> dict[str, Any]:
+    """``recovery_ms``: the kill to the later of the restarted worker serving (``restart_ms``) and
+    the last interrupted stream's next token (``streams_ms``, what the policies' checkpoints and
+    dispatch decide; None when no stream was interrupted); ``recovery_bound_by`` names the later."""
+    streams: float | None = None
+    for o in outcomes:
+        after = [t for t in o.times if killed_at is not None and t > killed_at]
+        if o.recoveries > 0 and o.error is None and after and killed_at is not None:
+            streams = max(streams or 0.0, (after[0] - killed_at) * 1000)
+    restart = float(restart_ms or 0.0)
+    return {
+        "recovery_ms": round(max(restart, streams or 0.0), 1),
+        "streams_ms": None if streams is None else round(streams, 1),
+        "recovery_bound_by": "streams" if streams is not None and streams > restart else "restart",
+    }
+
+
 def _run_one(
     config: Any, policy: str | None, settings: LlmBenchSettings, reqs: list[tuple[float, str, int]]
 ) -> tuple[list[_Outcome], dict[str, Any]]:
@@ -219,16 +236,10 @@ def run(
             and restarted_at is not None
             and killed_at <= o.sent <= restarted_at
         ]
-        recovered = [o for o in outcomes if o.recoveries > 0 and o.error is None]
-        recovery_ms = float(extra["restart_ms"] or 0.0)  # the worker back, and every stream going
-        for o in recovered:
-            after = [t for t in o.times if t > killed_at]
-            if after:
-                recovery_ms = max(recovery_ms, (after[0] - killed_at) * 1000)
         results["policies"][policy] = {
             "ttft_ms": _stat([o.ttft_ms for o in outcomes if o.ttft_ms is not None]),
             "tpot_ms": _stat([o.tpot_ms for o in outcomes if o.tpot_ms is not None]),
-            "recovery_ms": round(recovery_ms, 1),
+            **recovery(outcomes, killed_at, extra["restart_ms"]),
             "reload_window": {"requests": len(during), "ttft_ms": _stat(during)},
             "identical_outputs": sum(
                 o.error is None and o.text == r.text for o, r in zip(outcomes, reference, strict=True)

@@ -196,7 +196,11 @@ def llm(
     seed: Annotated[int, typer.Option(help="Trace window and prompt seed")] = 0,
     reload_ms: Annotated[
         float,
-        typer.Option(min=0, max=600_000, help="Added to the restarted worker's target load (a larger model)"),
+        typer.Option(
+            min=0,
+            max=600_000,
+            help="Added to the restarted worker's target load (a larger model's: see failsoft llm real-size)",
+        ),
     ] = 0.0,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:

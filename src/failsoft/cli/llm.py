@@ -32,6 +32,41 @@ def build(root: RootArg = None, size: SizeOpt = "small", device: DeviceOpt = Non
     typer.echo(json.dumps(build_pair(root, size, device), indent=2))
 
 
+@app.command("real-size")
+def real_size(
+    shape: Annotated[
+        list[str] | None,
+        typer.Argument(help="Shapes: tinyllama-1.1b, llama-2-7b, llama-2-13b, llama-2-70b (default: all)"),
+    ] = None,
+    root: Annotated[Path | None, typer.Option(help="Where the random-weight models are stored")] = None,
+    dtype: Annotated[str, typer.Option(help="bfloat16, float16 or float32")] = "bfloat16",
+    device: DeviceOpt = None,
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Cold and warm reloads per shape")] = 2,
+    analytic: Annotated[bool, typer.Option(help="Only the analytic numbers: build and load nothing")] = False,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """Reload time and KV bytes per token of random-weight models of real LLM shapes; those that
+    do not fit this machine are extrapolated analytically (JSON)."""
+    from failsoft.llm.models import default_llm_path, pick_device
+    from failsoft.llm.realsize import SHAPES, shape_of
+
+    shapes = [shape_of(s) for s in shape] if shape else list(SHAPES.values())
+    if analytic:
+        result = {"shapes": {s.name: s.describe(dtype) | {"measured": False} for s in shapes}}
+    else:
+        from failsoft.bench.llm_realsize import run
+
+        progress = lambda m: typer.echo(m, err=True)  # noqa: E731
+        result = run(
+            shapes, root or default_llm_path(), dtype, pick_device(device), repeats, progress=progress
+        )
+    text = json.dumps(result, indent=2)
+    typer.echo(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+
+
 @app.command("generate")
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt text")],

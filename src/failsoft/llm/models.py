@@ -16,8 +16,8 @@ A built pair is stored like a zoo family, in its own repository root (``$FAILSOF
     <root>/llm/<size>-target/profile.json        load time, decode step, KV bytes per token, machine
     <root>/llm/<size>-draft/...                  the same, plus the measured acceptance rate
 
-Random-weight configs of real sizes (Llama-2-7B/70B shapes, for reload times and KV volumes) are
-not here yet: they belong to the runtime step.
+Random-weight models of real sizes (TinyLlama-1.1B, Llama-2-7B/13B/70B shapes, for reload times
+and KV volumes) are in :mod:`failsoft.llm.realsize`.
 """
 
 from __future__ import annotations
