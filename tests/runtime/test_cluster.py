@@ -25,7 +25,7 @@ import pytest
 from failsoft.client import Client
 from failsoft.errors import ServerUnavailableError
 from failsoft.runtime.config import config_from_dict
-from failsoft.runtime.loadgen import LoadSpec, LoadThread
+from failsoft.runtime.loadgen import LoadProcess, LoadSpec, LoadThread
 from failsoft.runtime.session import Session
 from failsoft.zoo.digits import load_digits_split
 from tests.runtime.conftest import wait_for
@@ -80,9 +80,10 @@ def stable(client: Client) -> dict[str, Any]:
         warm = all(w["state"] == "warm" for a in status["apps"] for w in a["warm_backups"])
         critical_covered = all(a["warm_backups"] for a in status["apps"] if a["critical"])
         up = all(s["state"] == "up" for s in status["servers"])
-        return status if home and warm and up and critical_covered else None
+        # idle: no warm re-plan pending either (one is due 3 s after a restore, or a resume)
+        return status if home and warm and up and critical_covered and status["idle"] else None
 
-    return wait_for(check, 90.0, "every app at home, every server up, warm backups loaded", 0.2)
+    return wait_for(check, 90.0, "every app at home, every server up, warm backups loaded, idle", 0.2)
 
 
 def events_since(client: Client, t: float) -> list[dict[str, Any]]:
@@ -304,9 +305,12 @@ def _restart_under_load(session: Session, client: Client, store_pid: int | None 
     routes = {a["name"]: a["route"]["server"] for a in before["apps"]}
     loads = {name: agent.holdings_sync()["loads_total"] for name, agent in session.agents.items()}
     watch = _ReadinessWatch(session.url).start()
-    traffic = load(session, 90.0, period_s=0.1, deadline_s=2.0)
+    # the clients in a process of their own: in this one they would share the interpreter with the
+    # gateway, the probes and the test, and their latencies would be this process's queueing
+    shapes = {app: (64,) for app in APPS}
+    traffic = LoadProcess(LoadSpec(session.url, shapes, 0.1, 2.0, 90.0, max_in_flight=4)).start()
     try:
-        time.sleep(1.0)
+        wait_for(lambda: len(traffic.samples) >= 20, 60.0, "the clients answered")
         old = session.controller.info_sync()
         if store_pid is not None:
             os.kill(store_pid, signal.SIGSTOP)
@@ -336,7 +340,8 @@ def _restart_under_load(session: Session, client: Client, store_pid: int | None 
     assert new["epoch"] != old["epoch"]  # a new incarnation's table, which the gateway now mirrors
     failed = [(s.app, round(s.sent - t_kill, 2), s.error) for s in samples if not s.ok]
     assert not failed, f"{len(failed)} of {len(samples)} requests failed: {failed[:5]}"
-    assert max(s.latency_ms for s in samples) < 2000.0
+    slow = [(s.app, round(s.sent - t_kill, 2), round(s.latency_ms)) for s in samples if s.latency_ms >= 2000]
+    assert not slow, f"answered, but past the clients' 2 s: {slow[:5]}"
     # routing kept working through the window, each app on the route it had before, never 2 s (a
     # request's whole deadline) without an answer
     window = [s for s in samples if t_kill <= s.sent and s.done <= t_mirrored]
@@ -359,7 +364,8 @@ def _restart_under_load(session: Session, client: Client, store_pid: int | None 
     print(
         f"controller restart (store away {store_away_s:.1f} s): ready {t_ready - t_kill:.2f} s after the "
         f"kill, the gateway on its table {t_mirrored - t_kill:.2f} s; {len(window)} answers in that "
-        f"window, {len(samples)} in all, {len(probes)} readiness probes"
+        f"window, {len(samples)} in all (slowest {max(s.latency_ms for s in samples):.0f} ms), "
+        f"{len(probes)} readiness probes"
     )
 
 

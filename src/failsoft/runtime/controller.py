@@ -195,6 +195,7 @@ class Controller:
             "policy": self.config.policy,
             "controller": {"pid": os.getpid(), "restarted": self.restarted, "store": self._store_url},
             "ready": self.core.ready,
+            "idle": self.core.idle,  # nothing under way or waiting (a pending warm re-plan included)
             "epoch": self.routes.epoch,
             "version": self.routes.version,
             **body,
