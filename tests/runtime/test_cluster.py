@@ -4,7 +4,8 @@ One cluster for the whole module (state store: a real redis-server), driven thro
 surfaces only (HTTP, the SDK, the admin API). The tests run in order, each leaving the cluster
 healthy for the next; each waits for a healthy cluster first and causes what it checks itself, so
 any one runs alone: deploy, bad requests, a crash under load, a crashed server coming back, a hung
-agent, a controller restart, an injected slowdown.
+agent, controller restarts under load (plain, and while the store does not answer), an injected
+slowdown, a broken server.
 """
 
 from __future__ import annotations
