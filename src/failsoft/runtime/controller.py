@@ -13,8 +13,10 @@ with the simulator); the controller gives the core its inputs and carries out it
 
 At start the controller deploys (primaries, then warm backups from the proactive policy); when Ray
 restarts it after a crash, it resumes from the store instead, keeping every model that healthy
-servers still hold. Until it is ready it answers no routing long-poll (a gateway keeps the table it
-has rather than mirroring an empty one).
+servers still hold; it opens the store only then, retried every second, since Ray never restarts an
+actor whose constructor raised. Until it is ready it hands out no routing table (a long-poll that
+times out meanwhile is answered "nothing new"), so a gateway keeps the table it has rather than
+mirroring an empty one.
 """
 
 from __future__ import annotations
