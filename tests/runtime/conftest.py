@@ -7,13 +7,16 @@ zoo between runs (it is built once, ~20 s, and only checked afterwards).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +39,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class RedisServer:
+    url: str
+    pid: int  # to stop and continue it (a store that does not answer for a while)
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
     """A private redis-server on a free port, without persistence; stopped by PID afterwards."""
     binary = shutil.which("redis-server")
     if binary is None:
@@ -55,8 +69,10 @@ def redis_url() -> Iterator[str]:
     )
     try:
         _wait_port(port, proc)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield RedisServer(f"redis://127.0.0.1:{port}/0", proc.pid)
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)  # a test may have left it stopped
         proc.terminate()
         try:
             proc.wait(timeout=10)

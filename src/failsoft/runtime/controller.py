@@ -13,8 +13,10 @@ with the simulator); the controller gives the core its inputs and carries out it
 
 At start the controller deploys (primaries, then warm backups from the proactive policy); when Ray
 restarts it after a crash, it resumes from the store instead, keeping every model that healthy
-servers still hold. Until it is ready it answers no routing long-poll (a gateway keeps the table it
-has rather than mirroring an empty one).
+servers still hold; it opens the store only then, retried every second, since Ray never restarts an
+actor whose constructor raised. Until it is ready it hands out no routing table (a long-poll that
+times out meanwhile is answered "nothing new"), so a gateway keeps the table it has rather than
+mirroring an empty one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import Scenario
+from failsoft.errors import StoreError
 from failsoft.orchestration import ClusterState, OrchestrationSettings, Orchestrator
 from failsoft.runtime import cluster
 from failsoft.runtime.config import RuntimeConfig
@@ -41,7 +44,7 @@ from failsoft.runtime.longpoll import EventLog, VersionedValue
 from failsoft.runtime.loop import StepRunner, spawn
 from failsoft.runtime.orchestrator import CoreDriver
 from failsoft.runtime.planner import Planner
-from failsoft.runtime.store import open_store
+from failsoft.runtime.store import Store, open_store
 
 log = logging.getLogger(__name__)
 RECONCILE_S = 0.25
@@ -86,7 +89,11 @@ class Controller:
         self.events = EventLog(epoch=self.routes.epoch)
         self.steps = StepRunner(slow_s=max(config.heartbeat.interval_s, 0.02))
         self.restarted = cluster.actor_was_restarted()
-        self.store = open_store(config.store_url, config.state_dir, config.name)
+        # a first start fails fast on a store it cannot reach; a restarted controller must not: an
+        # actor whose constructor raises is never restarted by Ray, so it opens its store in _start
+        self.store: Store | None = None if self.restarted else self._open_store()
+        self._started = False  # deploying or resuming: only then is the state worth persisting
+        self._resumed = False
         self.digest = _digest(config, deployment)
         self.planner = Planner(config.policy)
         self.driver = CoreDriver(
@@ -108,6 +115,13 @@ class Controller:
         return self.core.ready
 
     # plumbing --------------------------------------------------------------------------------
+    @property
+    def _store_url(self) -> str:
+        return self.store.url if self.store is not None else self.config.store_url
+
+    def _open_store(self) -> Store:
+        return open_store(self.config.store_url, self.config.state_dir, self.config.name)
+
     def _agent(self, server: str) -> cluster.AgentRef:
         if server not in self._agents:
             self._agents[server] = cluster.find_agent(server)
@@ -142,11 +156,16 @@ class Controller:
     # API: gateway, CLI, tests ---------------------------------------------------------------------
     async def wait_routes(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
         """The routing table once newer than ``(epoch, version)``; never before the controller is
-        ready (deploying or resuming), so that a gateway never mirrors a table without routes."""
+        ready (deploying or resuming), so that a gateway never mirrors a table without routes.
+
+        Not ready by ``timeout_s`` (a resume waiting for its store): the caller's own epoch and
+        version, ``value`` None and ``ready`` False, which a mirror takes as "nothing new"."""
         deadline = self.clock.now() + timeout_s
         if not self.core.ready:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._ready.wait(), timeout_s)
+            if not self.core.ready:
+                return {"epoch": epoch, "version": version, "value": None, "ready": False}
         left = max(deadline - self.clock.now(), 0.0)
         snap = await self.routes.wait_newer(epoch, version, left)
         return {**snap, "ready": self.core.ready}
@@ -176,8 +195,9 @@ class Controller:
         return {
             "cluster": self.config.name,
             "policy": self.config.policy,
-            "controller": {"pid": os.getpid(), "restarted": self.restarted, "store": self.store.url},
+            "controller": {"pid": os.getpid(), "restarted": self.restarted, "store": self._store_url},
             "ready": self.core.ready,
+            "idle": self.core.idle,  # nothing under way or waiting (a pending warm re-plan included)
             "epoch": self.routes.epoch,
             "version": self.routes.version,
             **body,
@@ -232,36 +252,49 @@ class Controller:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            if self.store is None or not self._started:
+                continue  # a fresh state written now would overwrite the one to resume from
             self.state.sync_wall(time.time(), self.clock.now())
             docs = {**self.state.to_docs(), "meta": {"controller": self._meta()}}
-            await self.steps.run("persist", functools.partial(asyncio.to_thread, self.store.write, docs))
+            store = self.store
+            await self.steps.run("persist", functools.partial(asyncio.to_thread, store.write, docs))
             await self.clock.sleep(0.01)
 
     def _meta(self) -> dict[str, Any]:
-        return {"digest": self.digest, "version": self.routes.version, "deployed": self.core.ready}
+        # a resumed state stays deployed while it is verified: dying again meanwhile must not redeploy
+        deployed = self.core.ready or self._resumed
+        return {"digest": self.digest, "version": self.routes.version, "deployed": deployed}
 
     # start: deploy, or resume after a crash --------------------------------------------------------
     async def _start(self) -> None:
+        """Deploy, or resume; retried every second while the store does not answer (the gateway
+        serves on its last table meanwhile, and the agents keep what they hold)."""
         while True:
             try:
-                if not (self.restarted and await self._resume()):
+                if self.store is None:
+                    self.store = await asyncio.to_thread(self._open_store)
+                if not (self.restarted and await self._resume(self.store)):
                     await asyncio.to_thread(self.store.clear)
+                    self._started = True
                     self._feed(self.core.deploy(self.clock.now()))
                 return
+            except StoreError as exc:
+                log.warning("controller start: %s; retrying in 1 s", exc)
             except Exception:
                 log.exception("controller start failed; retrying in 1 s")
-                await self.clock.sleep(1.0)
+            await self.clock.sleep(1.0)
 
-    async def _resume(self) -> bool:
-        docs = await asyncio.to_thread(self.store.read)
+    async def _resume(self, store: Store) -> bool:
+        docs = await asyncio.to_thread(store.read)
         meta = docs.get("meta", {}).get("controller", {})
         if meta.get("digest") != self.digest or not meta.get("deployed"):
-            log.warning("no usable state in %s: deploying afresh", self.store.url)
+            log.warning("no usable state in %s: deploying afresh", store.url)
             return False
         self.state.sync_wall(time.time(), self.clock.now())
         self.routes.version = int(meta.get("version", 0))  # the next publish goes past the stored one
+        self._started = self._resumed = True
         self._feed(self.core.resume(docs, self.clock.now()))
-        log.info("resuming from %s at route version %d", self.store.url, self.routes.version)
+        log.info("resuming from %s at route version %d", store.url, self.routes.version)
         return True
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from failsoft.clock import ManualClock
 from failsoft.errors import FailsoftError, ServerUnavailableError
 from failsoft.runtime.gateway.routes import RouteMirror
-from failsoft.runtime.longpoll import EventLog, VersionedValue
+from failsoft.runtime.longpoll import EventLog, VersionedValue, wait_event
 
 CLASSES = 10
 
@@ -48,6 +48,8 @@ class FakeController:
         self.log = EventLog(clock=clock, epoch=self.table.epoch)
         self.down = False
         self.calls = 0
+        self.resumed = asyncio.Event()  # clear: a restarted controller still resuming (not ready)
+        self.resumed.set()
 
     def set_route(self, app: str, entry: dict[str, Any] | None) -> None:
         self.table.publish({**self.table.value, app: entry or {"route": None}})
@@ -58,8 +60,13 @@ class FakeController:
             raise ServerUnavailableError("controller: unavailable (RayActorError)")
 
     async def wait_routes(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
+        """As the controller answers: no table before it is ready ("nothing new" at the timeout)."""
         self._check()
-        return {**await self.table.wait_newer(epoch, version, timeout_s), "ready": True}
+        start = self.clock.now()
+        if not await wait_event(self.resumed, timeout_s, self.clock):
+            return {"epoch": epoch, "version": version, "value": None, "ready": False}
+        left = max(start + timeout_s - self.clock.now(), 0.0)
+        return {**await self.table.wait_newer(epoch, version, left), "ready": True}
 
     async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
         self._check()

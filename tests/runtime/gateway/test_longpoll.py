@@ -112,6 +112,26 @@ async def test_the_mirror_picks_up_a_restarted_controllers_table():
 
 
 @sync
+async def test_a_restarted_controller_still_resuming_leaves_the_mirror_serving_its_table():
+    """A restarted controller whose resume waits (its store does not answer) answers "nothing new"
+    at each long-poll's timeout: the mirror keeps its table and stays ready, however long it takes."""
+    clock = ManualClock()
+    async with mirrored(clock, {"cam": route_entry("s1")}) as (controller, mirror):
+        restarted = FakeController(clock, {"cam": {"route": None}})  # its table before resuming
+        restarted.resumed.clear()
+        mirror.controller = restarted
+        controller.set_route("cam", route_entry("s1"))  # wakes the parked poll: the next is the new one's
+        await clock.run_for(35.0)  # three long-polls time out meanwhile
+        assert restarted.calls >= 3
+        assert mirror.epoch == controller.table.epoch  # the dead controller's table, still mirrored
+        assert mirror.ready and mirror.route("cam").server == "s1"
+        restarted.set_route("cam", route_entry("s1"))  # resumed: the stored route, kept
+        restarted.resumed.set()
+        await clock.run_for(0.0)
+        assert (mirror.epoch, mirror.ready, mirror.route("cam").server) == (restarted.table.epoch, True, "s1")
+
+
+@sync
 async def test_losing_the_controller_is_one_warning_per_outage_and_the_last_table_keeps_serving(caplog):
     caplog.set_level(logging.DEBUG, logger="failsoft.runtime.gateway")
     clock = ManualClock()

@@ -96,6 +96,7 @@ def install(api: FastAPI, gateway: Gateway) -> None:
         body = await gateway.controller.status()
         body["gateway"] = {
             "route_version": gateway.mirror.version,
+            "route_epoch": gateway.mirror.epoch,
             "connected": gateway.link.connected,
             "event_subscribers": gateway.hub.subscribers,
         }

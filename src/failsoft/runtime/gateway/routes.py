@@ -5,7 +5,8 @@ mirror asks "wake me when you have something newer than what I hold" and updates
 changes. Dispatchers read member routes here and wait on :meth:`RouteMirror.wait_route_change` when
 a route is missing or moved. Every wait runs on the injected clock; the controller being away is
 reported by the :class:`~failsoft.runtime.gateway.link.ControllerLink` and the last table keeps
-serving meanwhile.
+serving meanwhile; so it does while a restarted controller resumes (it answers "nothing new" until
+it is ready, however long its store takes).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class RouteMirror:
             snap = await self.link.retry(
                 STREAM, lambda: self.controller.wait_routes(self.epoch, self.version, POLL_S), self.clock
             )
+            if snap.get("value") is None:
+                continue  # the controller is not ready yet (a restarted one resuming): keep our table
             if (snap["epoch"], snap["version"], bool(snap.get("ready"))) != (
                 self.epoch,
                 self.version,
