@@ -122,9 +122,7 @@ def bundled_client_set(clients: int, fps: str, slo: str) -> tuple[tuple[float, f
     path = _data_dir() / "clients" / f"{name}.txt"
     if not path.is_file():
         known = sorted(p.stem.removeprefix("client_cfg_template_") for p in path.parent.glob("*.txt"))
-        raise ConfigError(
-            f"no client set {name!r} ships with failsoft (clients_fps_slo: {', '.join(known)})"
-        )
+        raise ConfigError(f"no client set {name!r} ships with failsoft (clients_fps_slo: {', '.join(known)})")
     return read_client_set(path)
 
 

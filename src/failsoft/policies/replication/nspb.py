@@ -66,4 +66,3 @@ class Nspb(PrimaryBackup):
             commands.append(Rollback(below, j))
             restart[below] = j
         return commands + self._replay(restart)
-
