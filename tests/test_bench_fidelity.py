@@ -96,15 +96,22 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
         "apps": {"x": {"load_cpu_ms": 600.0}, "y": {"load_cpu_ms": 200.0}, "z": {"load_cpu_ms": None}},
     }
     # during the recovery, less what its loads took (0.8 s of CPU over 2 s)
-    assert host_twin(run, 2.0) == {"host_busy_cores": pytest.approx(0.6), "host_other_groups": (0.4,)}
-    assert host_twin(run, 2.0, "steady") == {"host_busy_cores": 1.2, "host_other_groups": (0.5,)}
+    assert host_twin(run, 2.0, "recovery") == {
+        "host_busy_cores": pytest.approx(0.6),
+        "host_other_groups": (0.4,),
+    }
+    assert (
+        host_twin(run, 2.0)
+        == host_twin(run, 2.0, "steady")
+        == {"host_busy_cores": 1.2, "host_other_groups": (0.5,)}
+    )
     # where the agents counted every load (upgrades too), that is what comes off
     counted = run | {"host_cpu": run["host_cpu"] | {"recovery": recovery | {"loads_cores": 0.7}}}
-    assert host_twin(counted, 2.0)["host_busy_cores"] == pytest.approx(0.3)
+    assert host_twin(counted, 2.0, "recovery")["host_busy_cores"] == pytest.approx(0.3)
     assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}  # the median
     # older outputs fall back to what they measured
     older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}
-    assert host_twin(older, 2.0) == host_twin(older, 2.0, "steady")
+    assert host_twin(older, 2.0, "recovery") == host_twin(older, 2.0, "steady")
     assert host_twin({"host_busy_cores": 1.9, "apps": {}}, 2.0, "probe") == {"host_busy_cores": 1.9}
     assert host_twin({"apps": {}}, 2.0) == {"host_busy_cores": 0.0}
     with pytest.raises(ConfigError, match="host model"):

@@ -72,7 +72,7 @@ def run(
     sim_seeds: int = 20,
     progress: Progress | None = None,
     runs: list[dict[str, Any]] | None = None,
-    host: str = "recovery",
+    host: str = "steady",
 ) -> dict[str, Any]:
     """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
     telling the twin of the host's other work as ``host`` says (:func:`host_twin`)."""
@@ -111,7 +111,7 @@ def _simulated(
     runs: list[dict[str, Any]],
     sim_seeds: int,
     say: Progress,
-    host: str = "recovery",
+    host: str = "steady",
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
     sims = [simulate_run(base, r, failed, sim_seeds, host) for r in runs]
@@ -132,7 +132,7 @@ def replayed(path: str | Path) -> list[dict[str, Any]]:
 
 
 def simulate_run(
-    config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int, host: str = "recovery"
+    config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int, host: str = "steady"
 ) -> dict:
     """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
@@ -173,23 +173,25 @@ def simulate_run(
     }
 
 
-HOST_MODELS = ("recovery", "steady", "probe")
+HOST_MODELS = ("steady", "recovery", "probe")
 
 
-def host_twin(observed: dict[str, Any], cores: float, model: str = "recovery") -> dict[str, Any]:
+def host_twin(observed: dict[str, Any], cores: float, model: str = "steady") -> dict[str, Any]:
     """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
 
+    * ``steady`` (the default: the closest of the three on a quiet machine, README): the busy
+      cores of the cluster's own scheduling group and of each other group over the last seconds of
+      steady load before the kill;
     * ``recovery``: the busy cores of the cluster's own scheduling group from the kill until every
       affected app answered, less the CPU the agents' loads took meanwhile (the simulation runs
       them as work of its own; the agents count it), and each
       other group's: the gateway, controller, Ray and clients as they ran *during* the recovery
       (when the failed server's traffic had stopped), other sessions' tenants beside;
-    * ``steady``: the same split over the last seconds of steady load before the kill;
     * ``probe``: the share of a core a thread at the loads' priority got before the kill (the
       agents' ``load_cpu_share``), as equivalent competitors.
 
-    Runs recorded before a measurement existed fall back to the next one (``recovery`` ->
-    ``steady`` -> the unsplit busy cores -> nothing)."""
+    Runs recorded before a measurement existed fall back (``recovery`` or ``probe`` -> ``steady``
+    -> the unsplit busy cores -> nothing)."""
     if model not in HOST_MODELS:
         raise ConfigError(f"host model must be one of {', '.join(HOST_MODELS)}; got {model!r}")
     steady = observed.get("host_cpu") or {}

@@ -67,10 +67,10 @@ def fidelity(
     host: Annotated[
         str,
         typer.Option(
-            help="What the twin is told of the host's other work: recovery (busy cores during the "
-            "recovery), steady (before the kill) or probe (a load's measured share of a core)"
+            help="What the twin is told of the host's other work: steady (busy cores before the "
+            "kill), recovery (during the recovery) or probe (a load's measured share of a core)"
         ),
-    ] = "recovery",
+    ] = "steady",
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
     from failsoft.bench.fidelity import HOST_MODELS, replayed, run
