@@ -56,22 +56,33 @@ class LmSpec:
     seed: int
 
     def config(self) -> Any:
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            vocab_size=VOCAB_SIZE,
-            hidden_size=self.hidden,
-            intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            max_position_embeddings=self.context,
+        return llama_config(
+            self,
+            VOCAB_SIZE,
             bos_token_id=BOS,
             eos_token_id=EOS,
             pad_token_id=PAD,
-            tie_word_embeddings=False,
-            attn_implementation="eager",  # type: ignore[call-arg]  # a PretrainedConfig keyword
+            attn_implementation="eager",  # a PretrainedConfig keyword
         )
+
+
+def llama_config(shape: Any, vocab_size: int, **extra: Any) -> Any:
+    """A ``transformers`` Llama config of ``shape``'s numbers (``hidden``, ``intermediate``,
+    ``layers``, ``heads``, ``kv_heads``, ``context``), embeddings untied, plus ``extra`` keywords:
+    the trained pair here and the real-size shapes (``llm/realsize.py``) alike."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        max_position_embeddings=shape.context,
+        tie_word_embeddings=False,
+        **extra,
+    )
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from failsoft.errors import ConfigError, CorruptModelError
+from failsoft.llm.models import llama_config
 
 if TYPE_CHECKING:
     import torch
@@ -78,19 +79,11 @@ class Shape:
         return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, dtype_bytes(dtype))
 
     def config(self, dtype: str = "bfloat16") -> Any:
-        from transformers import LlamaConfig
-
-        return LlamaConfig(
-            vocab_size=self.vocab,
-            hidden_size=self.hidden,
-            intermediate_size=self.intermediate,
-            num_hidden_layers=self.layers,
-            num_attention_heads=self.heads,
-            num_key_value_heads=self.kv_heads,
-            max_position_embeddings=self.context,
+        return llama_config(
+            self,
+            self.vocab,
             rms_norm_eps=self.rms_norm_eps,
             rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            tie_word_embeddings=False,
             dtype=dtype,
         )
 
