@@ -116,3 +116,38 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
     assert host_twin({"apps": {}}, 2.0) == {"host_busy_cores": 0.0}
     with pytest.raises(ConfigError, match="host model"):
         host_twin(run, 2.0, "guess")
+
+
+def test_the_page_cache_is_set_for_the_configs_weights_and_each_run_tells_the_twin(tmp_path):
+    from failsoft.bench.failover import BenchSettings, set_page_cache
+    from failsoft.bench.fidelity import run_page_cache
+    from failsoft.runtime.config import config_from_dict
+    from failsoft.zoo.layout import CONFIG_FILE, WEIGHTS_FILE
+    from failsoft.zoo.pagecache import resident_fraction
+
+    files = []
+    for family, variant in (("fam", "v1"), ("fam", "v2"), ("other", "w1")):
+        folder = tmp_path / "zoo" / family / variant
+        folder.mkdir(parents=True)
+        (folder / CONFIG_FILE).write_text("{}")
+        (folder / WEIGHTS_FILE).write_bytes(bytes(range(256)) * 4096)  # 1 MiB
+        files.append(folder / WEIGHTS_FILE)
+    config = config_from_dict(
+        {
+            "name": "t",
+            "repository": str(tmp_path / "zoo"),
+            "servers": [{"name": "a1", "site": "a", "memory_mb": 1000, "compute": 8.0}],
+            "apps": [{"name": "x", "family": "fam", "primary": {"server": "a1", "variant": "v1"}}],
+        },
+        source="test",
+    )
+    assert set_page_cache(config, warm=False) == 2  # the config's family only
+    cold = resident_fraction(files[:2])
+    assert set_page_cache(config, warm=True) == 2
+    if cold is not None:  # fincore (util-linux) says what is cached: nothing, then everything
+        assert cold == 0.0
+        assert resident_fraction(files[:2]) == 1.0
+    with pytest.raises(ConfigError, match="page cache must be one of warm, cold; got 'hot'"):
+        BenchSettings(page_cache="hot")
+    assert run_page_cache({"page_cache": "cold"}) == "cold"
+    assert run_page_cache({}) == "warm"  # runs recorded before the state was set

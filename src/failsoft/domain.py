@@ -82,6 +82,11 @@ class Variant:
     accuracy_source: str = "declared"
     # measured latency of a whole batch, (batch size, ms) by growing size; () when only batch 1 is known
     batch_latency_ms: tuple[tuple[int, float], ...] = ()
+    # the loading thread's CPU time in a cold load (the rest of ``load_ms`` waited for the disk);
+    # None when not measured (profile CSVs): the whole load is taken as work
+    load_cpu_ms: float | None = None
+    # a load whose weights are already in the page cache (no disk read); None when not measured
+    warm_load_ms: float | None = None
 
     def demand(self, rate_rps: float) -> Demand:
         return Demand(self.memory_mb, rate_rps * self.latency_ms / 1000.0)

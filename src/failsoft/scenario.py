@@ -55,6 +55,10 @@ class VariantSpec(_Strict):
     accuracy_source: str = Field(default="declared", pattern="^(measured|declared)$")
     # measured latency of a whole batch by batch size, e.g. {"1": 0.4, "4": 0.9, "16": 2.8}
     batch_latency_ms: dict[int, float] | None = None
+    # the CPU time of a cold load (the rest of load_ms waited for the disk), and a load from the
+    # page cache; both optional (the simulator's shared host and warm page cache use them)
+    load_cpu_ms: float | None = Field(default=None, ge=0)
+    warm_load_ms: float | None = Field(default=None, ge=0)
 
     def batch_profile(self) -> tuple[tuple[int, float], ...]:
         points = sorted((self.batch_latency_ms or {}).items())
@@ -168,6 +172,8 @@ def _build(spec: ScenarioSpec, source: str) -> Scenario:
                         v.latency_ms,
                         v.accuracy_source,
                         v.batch_profile(),
+                        v.load_cpu_ms,
+                        v.warm_load_ms,
                     )
                     for v in variants
                 ),

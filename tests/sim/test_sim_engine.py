@@ -8,9 +8,9 @@ import math
 import pytest
 from sim_tiny import BIG, DETECTED_AT, FAILURE_AT, NOTIFY_S, SMALL, tiny_scenario
 
-from failsoft.domain import ActionKind
+from failsoft.domain import ActionKind, Family
 from failsoft.errors import ConfigError
-from failsoft.sim import Deployer, RequestMode, SimConfig, simulate_failure, summarize
+from failsoft.sim import Deployer, PageCache, RequestMode, SimConfig, simulate_failure, summarize
 
 
 def _run(scenario, policy, config, failed=("s0",)):
@@ -175,6 +175,30 @@ def test_on_a_shared_host_concurrent_loads_share_its_cores(tiny, fixed):
     busy = _run(tiny, "faillite", dataclasses.replace(quiet, host_cores=2.0, host_busy_cores=1.0))
     assert busy.apps["B"].mttr_ms == pytest.approx((0.4 + NOTIFY_S) * 1000)
     assert busy.apps["C"].mttr_ms == pytest.approx((1.2 + NOTIFY_S) * 1000)
+
+
+def test_a_cold_loads_disk_wait_takes_no_core_and_a_warm_cache_skips_it(tiny, fixed):
+    # measured split: small is 40 ms of CPU work in its 200 ms cold load, big 400 of 1000; from the
+    # page cache they take 50 and 300 ms
+    small = dataclasses.replace(SMALL, load_cpu_ms=40.0, warm_load_ms=50.0)
+    big = dataclasses.replace(BIG, load_cpu_ms=400.0, warm_load_ms=300.0)
+    split = tiny.replace(families=(Family("fam", (small, big)),))
+    quiet = dataclasses.replace(fixed, requests=RequestMode.OFF, host_cores=1.0)
+    # one core: B waits 160 ms for the disk, works 40 (0.16-0.2 s); C waits 600, works 400 (0.6-1.0 s):
+    # their work never overlaps, so each takes its profile, as on dedicated servers (not 0.4 / 1.2 s)
+    cold = _run(split, "faillite", quiet)
+    assert cold.apps["B"].mttr_ms == pytest.approx((0.2 + NOTIFY_S) * 1000)
+    assert cold.apps["C"].mttr_ms == pytest.approx((1.0 + NOTIFY_S) * 1000)
+    # warm: all work, from the start: they share the core until B's 50 ms are done (0.1 s), then C
+    # runs its remaining 250 ms alone
+    warm = _run(split, "faillite", dataclasses.replace(quiet, page_cache=PageCache.WARM))
+    assert warm.apps["B"].mttr_ms == pytest.approx((0.1 + NOTIFY_S) * 1000)
+    assert warm.apps["C"].mttr_ms == pytest.approx((0.35 + NOTIFY_S) * 1000)
+    # a profile without the split (a CSV) loads as before, whatever the cache
+    unsplit = _run(tiny, "faillite", dataclasses.replace(quiet, page_cache="warm"))
+    assert unsplit.apps["C"].mttr_ms == pytest.approx((1.2 + NOTIFY_S) * 1000)
+    with pytest.raises(ConfigError, match="page_cache must be one of cold, warm; got 'hot'"):
+        SimConfig(page_cache="hot")
 
 
 def test_warm_up_and_first_answers_are_modelled_as_the_runtime_does_them(tiny, fixed):

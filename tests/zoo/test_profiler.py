@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from failsoft.errors import CorruptModelError
@@ -17,6 +19,13 @@ def test_profile_holds_every_measurement(tiny_zoo):
     assert p["memory"]["rss_growth_mb"] > 0
     assert len(p["load"]["samples_ms"]) == QUICK.loads
     assert p["load_ms"] == pytest.approx(sorted(p["load"]["samples_ms"])[QUICK.loads // 2], abs=1e-3)
+    # each cold load's CPU time (the work; the rest waited for the disk) and warm loads after them
+    assert len(p["load"]["cpu_samples_ms"]) == QUICK.loads
+    assert 0 < p["load_cpu_ms"] <= p["load_ms"]
+    assert len(p["load"]["warm_samples_ms"]) == QUICK.warm_loads > 0
+    assert p["warm_load_ms"] == pytest.approx(statistics.median(p["load"]["warm_samples_ms"]), abs=1e-3)
+    variant = tiny_zoo.variant("digits_mlp", "mlp_l")  # the domain model carries both
+    assert (variant.load_cpu_ms, variant.warm_load_ms) == (p["load_cpu_ms"], p["warm_load_ms"])
     assert set(p["latency"]) == {str(b) for b in QUICK.batch_sizes}
     for bs, lat in p["latency"].items():
         assert 0 < lat["p50_ms"] <= lat["p99_ms"]

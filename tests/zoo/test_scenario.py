@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from failsoft.policies.registry import get_failover_policy
 from failsoft.scenario import scenario_from_dict
 from failsoft.zoo import families_from_csv, families_section
@@ -28,6 +30,12 @@ def test_repository_families_make_a_valid_scenario_the_planner_accepts(tiny_zoo)
             ],
         }
     )
+    # the measurements only a profiled zoo has travel with it: per-batch latency, the load's split
+    mlp_l = next(v for v in scenario.family("digits_mlp").variants if v.name == "mlp_l")
+    profiled = tiny_zoo.variant("digits_mlp", "mlp_l")
+    assert mlp_l.load_cpu_ms == pytest.approx(profiled.load_cpu_ms, abs=1e-3)
+    assert mlp_l.warm_load_ms == pytest.approx(profiled.warm_load_ms, abs=1e-3)
+    assert [b for b, _ in mlp_l.batch_latency_ms] == [b for b, _ in profiled.batch_latency_ms] == [1, 4, 16]
     plan = get_failover_policy("faillite").plan_failover(scenario, ["s1"])
     assert plan.action_for("digits-1") is not None
     assert plan.action_for("digits-1").server == "s2"

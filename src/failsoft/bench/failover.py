@@ -51,6 +51,9 @@ log = logging.getLogger(__name__)
 BUSY_WINDOW_S = 3.0  # the host's busy cores are measured over the last seconds of steady load
 
 
+PAGE_CACHE_STATES = ("warm", "cold")
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     policies: tuple[str, ...] = POLICIES
@@ -64,6 +67,16 @@ class BenchSettings:
     usual_requests: int = 3  # per affected app, alone, before the kill: its usual latency
     max_in_flight: int = 4  # per app, steady load
     timeout_s: float = 30.0  # per request: clients wait through a recovery
+    # the weights' page-cache state at the kill: "warm" (every variant of the config's families read
+    # into memory before the cluster starts), "cold" (evicted once the cluster is up: failover loads
+    # read the disk), None (as found)
+    page_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.page_cache not in (None, *PAGE_CACHE_STATES):
+            raise ConfigError(
+                f"page cache must be one of {', '.join(PAGE_CACHE_STATES)}; got {self.page_cache!r}"
+            )
 
 
 def run(config_path: str | Path, settings: BenchSettings, progress: Progress | None = None) -> dict[str, Any]:
@@ -136,6 +149,26 @@ def contended_profiles(config: RuntimeConfig) -> list[str]:
     return out
 
 
+def set_page_cache(config: RuntimeConfig, warm: bool) -> int:
+    """Read every weight file of the config's families into the page cache (``warm``) or ask the
+    kernel to drop them (pages a loaded model still maps stay); returns the files touched."""
+    from failsoft.zoo import ModelRepository, default_zoo_path, pagecache
+    from failsoft.zoo.layout import WEIGHTS_FILE
+
+    repo = ModelRepository(config.repository or default_zoo_path())
+    files = [
+        repo.variant_dir(family, variant) / WEIGHTS_FILE
+        for family in sorted({a.family for a in config.apps})
+        for variant in repo.variant_names(family)
+    ]
+    for path in files:
+        if warm:
+            pagecache.prefetch(path)
+        else:
+            pagecache.evict(path)
+    return len(files)
+
+
 def victims(config: RuntimeConfig, settings: BenchSettings) -> list[str]:
     if settings.site is not None:
         names = [s.name for s in config.servers if s.site == settings.site]
@@ -176,9 +209,13 @@ def run_once(
     from failsoft.client import Client
     from failsoft.runtime.session import Session
 
+    if settings.page_cache == "warm":
+        set_page_cache(cfg, warm=True)
     with Session(cfg) as session:
         client = Client(session.url, token=session.prepare().admin_token, timeout=30.0)
         wait_stable(client, 120.0)
+        if settings.page_cache == "cold":
+            set_page_cache(cfg, warm=False)
         before = client.status()
         affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
         shapes = {name: meta.input_shape for name, meta in _shapes(session).items()}
@@ -194,6 +231,7 @@ def run_once(
     # under steady load, before the kill: the host's busy cores, and whose they were
     result["host_busy_cores"] = busy["busy_cores"]
     result["host_cpu"] = busy
+    result["page_cache"] = settings.page_cache
     result["warm"] = [  # the warm backups at the kill (the simulator's twin starts from them)
         {"app": a["name"], "variant": w["variant"], "server": w["server"]}
         for a in before["apps"]

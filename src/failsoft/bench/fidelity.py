@@ -12,8 +12,10 @@ This benchmark checks the claim on a real crash:
    actually had* at the kill) is simulated with the zoo's profiles of this machine (the load times,
    memory and per-batch latencies in the repository's ``profile.json`` files), the config's
    heartbeat, load slots, drain period and serving queue, and the runtime's 5 ms health checks. As
-   in the runtime, a load ends with its warm-up inferences, and every server shares this machine's
-   cores (:class:`~failsoft.sim.cpu.SharedCPU`: loads at the runtime's lower CPU priorities,
+   in the runtime, a load ends with its warm-up inferences, reads its weights from the page cache
+   or the disk as the run set them (``--page-cache``: only a cold load waits for the disk, beside
+   its profiled CPU work), and every server shares this machine's cores
+   (:class:`~failsoft.sim.cpu.SharedCPU`: loads at the runtime's lower CPU priorities,
    inference at the agent's own). A simulated first answer is one batch-1 inference of the first
    variant, sent when the route is published and run on those shared cores, plus the serving path's
    overhead on this machine (gateway, Ray call, queue), measured in the same run as each affected
@@ -61,7 +63,9 @@ NOT_MODELLED = [
     "turns at Python's lock whatever their CPU priority",
     "the controller's own processing time between detection and a published route (about a millisecond)",
     "Ray call and long-poll latencies (the first answer's overhead is measured, not simulated)",
-    "garbage collection, page-cache state and thermal noise of the real machine",
+    "the disk's own contention: a cold load's wait for the disk is its profiled wait, however many "
+    "loads read at once (the page-cache state itself is set and told: --page-cache)",
+    "garbage collection and thermal noise of the real machine",
 ]
 
 
@@ -73,9 +77,11 @@ def run(
     progress: Progress | None = None,
     runs: list[dict[str, Any]] | None = None,
     host: str = "steady",
+    page_cache: str = "warm",
 ) -> dict[str, Any]:
     """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
-    telling the twin of the host's other work as ``host`` says (:func:`host_twin`)."""
+    telling the twin of the host's other work as ``host`` says (:func:`host_twin`). ``page_cache``
+    sets the weights' state at the kill (``warm`` or ``cold``); the twin is told each run's."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
     ensure_families(base, say)
@@ -91,7 +97,9 @@ def run(
         failed = sorted({s for r in runs for s in r["detection_ms"]}) or list(kill)
         say(f"[fidelity] replaying {len(runs)} runtime runs (killed {', '.join(failed)})")
         return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
-    settings = BenchSettings(policies=(base.policy,), kill=tuple(kill), repeats=repeats)
+    settings = BenchSettings(
+        policies=(base.policy,), kill=tuple(kill), repeats=repeats, page_cache=page_cache
+    )
     failed = victims(base, settings)
     runs = []
     for repeat in range(repeats):
@@ -153,6 +161,7 @@ def simulate_run(
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,
         warm_up=True,
+        page_cache=run_page_cache(observed),
         host_cores=cores,  # the embedded cluster's agents share them
         first_answer=True,
         **host_twin(observed, cores, host),
@@ -171,6 +180,13 @@ def simulate_run(
         "first_answer_ms": {app: statistics.fmean(v) for app, v in first.items()},
         "primary_latency_ms": {a.name: scenario.primary_variant(a).latency_ms for a in scenario.apps},
     }
+
+
+def run_page_cache(observed: dict[str, Any]) -> str:
+    """The weights' page-cache state a runtime run recorded. Runs from before it was set were
+    taken right after the zoo was profiled (the profiler's last reads leave every file cached)
+    and are read as ``warm``."""
+    return observed.get("page_cache") or "warm"
 
 
 HOST_MODELS = ("steady", "recovery", "probe")

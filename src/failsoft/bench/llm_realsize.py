@@ -34,10 +34,10 @@ from failsoft.llm.realsize import (
     is_built,
     load_real_size,
     mem_available_bytes,
-    resident_fraction,
     shard_files,
     variant_dir,
 )
+from failsoft.zoo.pagecache import resident_fraction
 
 MEMORY_MARGIN = 3 * GIB  # left to the rest of the machine while a model is loaded
 

@@ -71,16 +71,31 @@ def fidelity(
             "kill), recovery (during the recovery) or probe (a load's measured share of a core)"
         ),
     ] = "steady",
+    page_cache: Annotated[
+        str,
+        typer.Option(
+            help="The weights at the kill: warm (read into memory before the cluster starts) or cold "
+            "(dropped from the page cache once it is up: failover loads read the disk)"
+        ),
+    ] = "warm",
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
+    from failsoft.bench.failover import PAGE_CACHE_STATES
     from failsoft.bench.fidelity import HOST_MODELS, replayed, run
 
     if host not in HOST_MODELS:
         raise typer.BadParameter(
             f"must be one of {', '.join(HOST_MODELS)}; got {host!r}", param_hint="--host"
         )
+    if page_cache not in PAGE_CACHE_STATES:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(PAGE_CACHE_STATES)}; got {page_cache!r}", param_hint="--page-cache"
+        )
     earlier = replayed(replay) if replay is not None else None
-    result = run(config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier, host=host)
+    result = run(
+        config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier, host=host,
+        page_cache=page_cache,
+    )  # fmt: skip
     typer.echo(json.dumps(result, indent=2))
 
 

@@ -21,9 +21,6 @@ shape, including those too large to build on a machine (Llama-2-70B: 128 GiB in 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from failsoft.errors import ConfigError, CorruptModelError
 from failsoft.llm.models import llama_config
+from failsoft.zoo import pagecache
 
 if TYPE_CHECKING:
     import torch
@@ -342,33 +340,10 @@ def forward_kv_bytes_per_token(model: Any, tokens: int = 4) -> dict[str, Any]:
 
 
 def evict(files: list[Path]) -> None:
-    """Drop ``files`` from the page cache (their pages are clean once synced): the next read is
-    cold, from the disk, without dropping anyone else's cache."""
+    """Drop ``files`` from the page cache: the next read is cold, from the disk, without dropping
+    anyone else's cache."""
     for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def resident_fraction(files: list[Path]) -> float | None:
-    """The fraction of ``files``' bytes in the page cache (util-linux ``fincore``; None without)."""
-    if shutil.which("fincore") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES,SIZE", *map(str, files)],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    res = sum(int(x) for x in out[0::2])
-    size = sum(int(x) for x in out[1::2])
-    return round(res / size, 4) if size else None
+        pagecache.evict(f)
 
 
 def mem_available_bytes() -> int | None:

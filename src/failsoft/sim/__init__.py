@@ -16,7 +16,7 @@ The simulator imports SimPy, numpy and matplotlib (for figures), never Ray, Fast
 """
 
 from failsoft.sim.clock import SimClock
-from failsoft.sim.config import RequestMode, SimConfig
+from failsoft.sim.config import PageCache, RequestMode, SimConfig
 from failsoft.sim.deploy import DEFAULT_POLICIES, Deployer, Deployment, policy_labels
 from failsoft.sim.engine import simulate_failure
 from failsoft.sim.experiments import EXPERIMENTS, Experiment, Point, get_experiment, load_families
@@ -33,6 +33,7 @@ __all__ = [
     "EventResult",
     "Experiment",
     "ExperimentResult",
+    "PageCache",
     "Point",
     "RequestMode",
     "SimClock",

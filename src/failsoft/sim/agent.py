@@ -6,12 +6,14 @@ object driven by SimPy processes, doing the same things with durations from the 
 
 * **memory**: what the loaded models take; a load that would overflow the server's memory fails
   (an out-of-memory load, counted; a correct plan never causes one);
-* **loads** take the variant's profiled ``load_ms`` (plus, with ``SimConfig.warm_up``, the profiled
-  cost of the runtime's warm-up inferences); which ones run at once and in which order is the
-  orchestration core's per-server load queue (the runtime's), not the agent's. A load waits for the
-  unloads issued to this server before it (``SimConfig.unload_ms``): the memory it needs may be theirs.
-  On a shared host (``SimConfig.host_cores``) a load is CPU work on :class:`~failsoft.sim.cpu.SharedCPU`
-  at the runtime's load priority (background loads lower), so it takes longer while others run;
+* **loads** take the variant's profiled ``load_ms`` (``warm_load_ms`` with ``SimConfig.page_cache``
+  warm, where it was measured), plus, with ``SimConfig.warm_up``, the profiled cost of the runtime's
+  warm-up inferences; which ones run at once and in which order is the orchestration core's
+  per-server load queue (the runtime's), not the agent's. A load waits for the unloads issued to
+  this server before it (``SimConfig.unload_ms``): the memory it needs may be theirs. On a shared
+  host (``SimConfig.host_cores``) a load is CPU work on :class:`~failsoft.sim.cpu.SharedCPU` at the
+  runtime's load priority (background loads lower), so it takes longer while others run; of a cold
+  load only the profiled ``load_cpu_ms`` is work, the rest waits for the disk and takes no core;
 * **heartbeats**: pushed to the controller's detector at ``phase + k * interval`` until the agent
   crashes or the controller no longer listens.
 
@@ -31,7 +33,7 @@ from failsoft.domain import Server, Variant
 from failsoft.errors import ConfigError
 from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE
 from failsoft.policies.queueing import warmup_ms
-from failsoft.sim.config import SimConfig
+from failsoft.sim.config import PageCache, SimConfig
 from failsoft.sim.cpu import SharedCPU
 from failsoft.sim.trace import EventLog
 
@@ -83,7 +85,12 @@ class SimAgent:
             self.log.add(self.env.now, "oom", app, self.name, variant.name)
             return False
         self.log.add(self.env.now, "load-start", app, self.name, variant.name)
-        yield from self.work(self.load_ms(variant) / 1000.0, BACKGROUND_NICE if background else LOAD_NICE)
+        work_ms, wait_ms = self.load_parts_ms(variant)
+        if wait_ms > 0:
+            yield self.env.timeout(wait_ms / 1000.0)
+        if not self.alive:
+            return False
+        yield from self.work(work_ms / 1000.0, BACKGROUND_NICE if background else LOAD_NICE)
         if not self.alive:
             return False
         self.log.add(self.env.now, "loaded", app, self.name, variant.name)
@@ -91,8 +98,17 @@ class SimAgent:
 
     def load_ms(self, variant: Variant) -> float:
         """How long loading ``variant`` takes alone: its profile, and the warm-up when modelled."""
-        extra = warmup_ms(variant, self.config.max_batch) if self.config.warm_up else 0.0
-        return variant.load_ms + extra
+        return sum(self.load_parts_ms(variant))
+
+    def load_parts_ms(self, variant: Variant) -> tuple[float, float]:
+        """A load alone as (work, wait): CPU work (a core's milliseconds, warm-up included when
+        modelled) and the disk wait beside it, which only a cold load with a measured CPU time has
+        (without one, the whole profiled load is taken as work: the conservative reading)."""
+        warmup = warmup_ms(variant, self.config.max_batch) if self.config.warm_up else 0.0
+        if self.config.page_cache is PageCache.WARM and variant.warm_load_ms is not None:
+            return variant.warm_load_ms + warmup, 0.0
+        work = variant.load_ms if variant.load_cpu_ms is None else min(variant.load_cpu_ms, variant.load_ms)
+        return work + warmup, variant.load_ms - work
 
     def work(self, seconds: float, nice: int) -> Generator[simpy.Event, Any, bool]:
         """Process: ``seconds`` of one core's work, on the shared host when there is one."""

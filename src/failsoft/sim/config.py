@@ -35,6 +35,14 @@ from failsoft.policies.queueing import MAX_BATCH
 from failsoft.policies.registry import names as registered
 
 
+class PageCache(StrEnum):
+    """Where a load reads the weights from: the disk (``cold``, the profiled ``load_ms``) or memory
+    (``warm``: the host read them before, the profiled ``warm_load_ms``)."""
+
+    COLD = "cold"
+    WARM = "warm"
+
+
 class RequestMode(StrEnum):
     """Which apps get a per-request simulation (arrivals, queueing, batching, service)."""
 
@@ -83,6 +91,9 @@ class SimConfig:
     # host: the background is then the competitors that leave it that (sim/cpu.py); None: not measured
     host_load_share: float | None = None
     warm_up: bool = False  # loads end with the runtime's warm-up inferences (their profiled cost)
+    # cold: loads read the weights from disk (FailLite's cold loads); warm: from the page cache,
+    # where a profile measured it (warm_load_ms), as on a host that read the files before
+    page_cache: PageCache = PageCache.COLD
     first_answer: bool = False  # each recovered app answers one request on its new route (its first)
     trace: bool = False  # keep an event log (for tests and debugging)
 
@@ -139,6 +150,11 @@ class SimConfig:
             raise ConfigError(
                 f"request_warmup_s ({self.request_warmup_s}) cannot exceed failure_at_s ({self.failure_at_s})"
             )
+        try:
+            object.__setattr__(self, "page_cache", PageCache(self.page_cache))
+        except ValueError:
+            known = ", ".join(m.value for m in PageCache)
+            raise ConfigError(f"page_cache must be one of {known}; got {self.page_cache!r}") from None
         try:
             object.__setattr__(self, "requests", RequestMode(self.requests))
         except ValueError:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,26 +21,12 @@ from typing import Any
 import numpy as np
 
 from failsoft.errors import FailsoftError
+from failsoft.zoo import pagecache
 from failsoft.zoo.layout import WEIGHTS_FILE
 from failsoft.zoo.loaded import LoadedModel
 from failsoft.zoo.repository import ModelRepository
 
 MIB = 2**20
-
-
-def evict_from_page_cache(path: Path) -> bool:
-    """Ask the kernel to drop the file's cached pages, so the next read comes from disk."""
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def _rss() -> int:
@@ -52,13 +37,16 @@ def _rss() -> int:
 
 def _timed_load(
     repo: ModelRepository, family: str, variant: str, device: str, evict: bool
-) -> tuple[LoadedModel, float, bool]:
+) -> tuple[LoadedModel, float, float, bool]:
+    """A load to its first answer: the model, wall and CPU milliseconds, and whether the weights were
+    evicted from the page cache first. With one torch thread the load's compute runs on this thread,
+    so its CPU time is the load's work; wall minus CPU waited (for the disk, or for a core)."""
     weights = repo.variant_dir(family, variant) / WEIGHTS_FILE
-    evicted = evict and evict_from_page_cache(weights)
-    start = time.perf_counter()
+    evicted = evict and pagecache.evict(weights)
+    start, cpu = time.perf_counter(), time.thread_time()
     model = repo.load(family, variant, device)
     model.predict(np.zeros((1, *model.input_shape), dtype=np.float32))
-    return model, (time.perf_counter() - start) * 1000.0, evicted
+    return model, (time.perf_counter() - start) * 1000.0, (time.thread_time() - cpu) * 1000.0, evicted
 
 
 def measure(repo: ModelRepository, family: str, variant: str, device: str, settings: dict[str, Any]) -> dict:
@@ -78,16 +66,23 @@ def measure(repo: ModelRepository, family: str, variant: str, device: str, setti
         torch.cuda.init()
         torch.cuda.reset_peak_memory_stats(device)
     rss0, cuda0 = _rss(), torch.cuda.memory_allocated(device) if cuda else 0
-    model, first_ms, evicted = _timed_load(repo, family, variant, device, settings["evict_page_cache"])
+    evict = settings["evict_page_cache"]
+    model, first_ms, first_cpu_ms, evicted = _timed_load(repo, family, variant, device, evict)
     memory: dict[str, Any] = {"rss_growth_mb": (_rss() - rss0) / MIB}
     if cuda:
         memory["cuda_allocated_mb"] = (torch.cuda.memory_allocated(device) - cuda0) / MIB
         memory["cuda_peak_mb"] = (torch.cuda.max_memory_allocated(device) - cuda0) / MIB
     model.close()
-    loads = [first_ms]
+    loads, loads_cpu = [first_ms], [first_cpu_ms]
     for _ in range(settings["loads"] - 1):
-        model, ms, evicted = _timed_load(repo, family, variant, device, settings["evict_page_cache"])
+        model, ms, cpu_ms, evicted = _timed_load(repo, family, variant, device, evict)
         loads.append(ms)
+        loads_cpu.append(cpu_ms)
+        model.close()
+    warm = []
+    for _ in range(settings.get("warm_loads", 0)):
+        model, ms, _, _ = _timed_load(repo, family, variant, device, evict=False)
+        warm.append(ms)
         model.close()
     model = repo.load(family, variant, device)
     latency = {str(bs): _latency(model, bs, settings) for bs in settings["batch_sizes"]}
@@ -95,6 +90,8 @@ def measure(repo: ModelRepository, family: str, variant: str, device: str, setti
     return {
         "memory": memory,
         "load_samples_ms": loads,
+        "load_cpu_samples_ms": loads_cpu,
+        "warm_load_samples_ms": warm,
         "page_cache_evicted": evicted,
         "latency": latency,
         "machine": machine_info(device),

@@ -10,7 +10,12 @@ them from Triton's Model Analyzer (5.1). failsoft measures the same on the machi
   less than its weights, so ``memory_mb`` is never below the parameter bytes (allocator reuse can
   hide small models in RSS); the raw growth is kept in ``memory.rss_growth_mb``;
 * **cold load**: from reading the weight file (its page cache evicted first) to the first answer,
-  warm-up included; the median of several loads;
+  warm-up included; the median of several loads (``load_ms``), and of the CPU time the loading
+  thread spent in them (``load_cpu_ms``: the work; the rest waited for the disk). On a shared host
+  the simulator runs the work on the host's cores and the wait beside them;
+* **warm load**: the same with the weights still in the page cache (``warm_load_ms``): a model
+  loaded again on a machine that read it before (a restarted agent, a failover to a variant this
+  host served) pays no disk read;
 * **latency** p50/p99 and throughput for batch sizes 1..16; ``latency_ms`` is p50 at batch 1;
 * **the machine**: CPU model, cores, memory, torch version and threads, device;
 * **the host while measuring** (``host``): its busy cores, the probe's own, and what other processes
@@ -53,6 +58,7 @@ class ProfileSettings:
     """How hard to measure. The defaults keep the default zoo's profile to about a minute on 2 cores."""
 
     loads: int = 5
+    warm_loads: int = 2  # loads with the weights in the page cache, after the cold ones
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     warmup_iters: int = 1
     min_iters: int = 5
@@ -65,13 +71,17 @@ class ProfileSettings:
     def __post_init__(self) -> None:
         if self.loads < 1 or self.min_iters < 1 or self.max_iters < self.min_iters:
             raise ValueError("loads and min_iters must be >= 1, and max_iters >= min_iters")
+        if self.warm_loads < 0:
+            raise ValueError("warm_loads must be >= 0")
         if self.threads < 0:
             raise ValueError("threads must be >= 0 (0: torch's default)")
         if 1 not in self.batch_sizes or min(self.batch_sizes) < 1:
             raise ValueError("batch sizes must be positive and include 1 (latency_ms is p50 at batch 1)")
 
 
-QUICK = ProfileSettings(loads=3, batch_sizes=(1, 4, 16), warmup_iters=1, min_iters=3, budget_s=0.05)
+QUICK = ProfileSettings(
+    loads=3, warm_loads=2, batch_sizes=(1, 4, 16), warmup_iters=1, min_iters=3, budget_s=0.05
+)
 
 
 def profile_variant(
@@ -102,6 +112,7 @@ def _compose(config: VariantConfig, raw: dict[str, Any], settings: ProfileSettin
         "variant": config.variant,
         "memory_mb": round(max(measured_mb, param_mb), 3),
         "load_ms": round(statistics.median(raw["load_samples_ms"]), 3),
+        **_load_split(raw),
         "latency_ms": round(raw["latency"]["1"]["p50_ms"], 4),
         "accuracy": config.accuracy.value,
         "accuracy_source": config.accuracy.source,
@@ -115,6 +126,8 @@ def _compose(config: VariantConfig, raw: dict[str, Any], settings: ProfileSettin
         "load": {
             "samples_ms": raw["load_samples_ms"],
             "median_ms": statistics.median(raw["load_samples_ms"]),
+            "cpu_samples_ms": raw.get("load_cpu_samples_ms", []),
+            "warm_samples_ms": raw.get("warm_load_samples_ms", []),
             "page_cache_evicted": raw["page_cache_evicted"],
             "method": "read safetensors to device, build on meta, assign, first answer at batch 1",
         },
@@ -125,6 +138,16 @@ def _compose(config: VariantConfig, raw: dict[str, Any], settings: ProfileSettin
         "profiled_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "failsoft_version": __version__,
     }
+
+
+def _load_split(raw: dict[str, Any]) -> dict[str, float]:
+    """``load_cpu_ms`` (never above ``load_ms``) and ``warm_load_ms``, where they were measured."""
+    out = {}
+    if cpu := raw.get("load_cpu_samples_ms"):
+        out["load_cpu_ms"] = round(min(statistics.median(cpu), statistics.median(raw["load_samples_ms"])), 3)
+    if warm := raw.get("warm_load_samples_ms"):
+        out["warm_load_ms"] = round(statistics.median(warm), 3)
+    return out
 
 
 class HostMeter:

@@ -57,6 +57,8 @@ class _ProfileSummary(BaseModel):
     latency_ms: float = Field(gt=0)
     accuracy: float = Field(ge=0, le=1)
     accuracy_source: str = Field(pattern="^(measured|declared)$")
+    load_cpu_ms: float | None = Field(default=None, ge=0)  # profiles before 0.x lack the split
+    warm_load_ms: float | None = Field(default=None, ge=0)
 
 
 class ModelRepository:
@@ -129,7 +131,7 @@ class ModelRepository:
             raise CorruptModelError(f"{str(path)!r}: {describe_validation_error(exc, data)}") from exc
         return Variant(
             variant, p.memory_mb, p.accuracy, p.load_ms, p.latency_ms, p.accuracy_source,
-            _batch_profile(data.get("latency")),
+            _batch_profile(data.get("latency")), p.load_cpu_ms, p.warm_load_ms,
         )  # fmt: skip
 
     def families(self, names: list[str] | None = None) -> tuple[Family, ...]:

@@ -14,12 +14,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from failsoft.domain import Family
+from failsoft.domain import Family, Variant
 from failsoft.profiles import load_profile_families
 
 
 def families_section(families: Iterable[Family]) -> dict[str, list[dict[str, Any]]]:
-    """``{"family": [{"variant", "memory_mb", "accuracy", "load_ms", "latency_ms", ...}]}``."""
+    """``{"family": [{"variant", "memory_mb", "accuracy", "load_ms", "latency_ms", ...}]}``, with
+    ``batch_latency_ms``, ``load_cpu_ms`` and ``warm_load_ms`` where they were measured."""
     return {
         fam.name: [
             {
@@ -30,10 +31,22 @@ def families_section(families: Iterable[Family]) -> dict[str, list[dict[str, Any
                 "latency_ms": round(v.latency_ms, 4),
                 "accuracy_source": v.accuracy_source,
             }
+            | _optional(v)
             for v in fam.variants
         ]
         for fam in families
     }
+
+
+def _optional(v: Variant) -> dict[str, Any]:
+    """The measurements only a profiled zoo has: per-batch latency and the load's CPU/warm split."""
+    out: dict[str, Any] = {}
+    if v.batch_latency_ms:
+        out["batch_latency_ms"] = {str(b): round(ms, 4) for b, ms in v.batch_latency_ms}
+    for name in ("load_cpu_ms", "warm_load_ms"):
+        if (value := getattr(v, name)) is not None:
+            out[name] = round(value, 3)
+    return out
 
 
 def families_from_csv(

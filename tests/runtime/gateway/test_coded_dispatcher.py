@@ -195,6 +195,41 @@ async def test_a_killed_member_is_reconstructed_from_the_kill_and_events_say_so(
 
 
 @sync
+async def test_a_member_whose_calls_hang_until_it_fails_over_is_an_episode_too_and_events_say_so():
+    async with rigged() as rig:
+        rig.agents["s-d1"].latency_s = None  # killed, but its calls hang instead of failing
+        sent = [rig.send(1.0) for _ in range(4)]
+        await rig.clock.run_for(0.02)
+        assert all(t.result().reconstructed for t, _ in sent[1::2])  # d1's, decoded as stragglers
+        assert rig.events == [] and rig.dispatcher.counts["reconstructed_during_failover"] == 0
+        # a route that moves without a failure (an upgrade to a server that hangs too) is no failover
+        rig.agents["s-d1b"] = LinearAgent("s-d1b", rig.clock, latency_s=None)
+        rig.controller.set_route("d1", route_entry("s-d1b", "mlp", "primary"))
+        await rig.clock.run_for(0.001)
+        more = [rig.send(1.0) for _ in range(2)]
+        await rig.clock.run_for(0.02)
+        assert more[1][0].result().reconstructed and rig.events == []
+        # the controller detects the failure and publishes d1's failover route: at the next request
+        # the requests decoded since d1's last answer (3) are counted as its failover's
+        rig.agents["s-new"] = LinearAgent("s-new", rig.clock)
+        rig.controller.set_route("d1", route_entry("s-new", "mlp", "progressive", detected_at=1000.05))
+        await rig.clock.run_for(0.001)
+        (_t, _), (t8, _) = rig.send(1.0), rig.send(1.0)
+        await rig.clock.run_for(0.02)
+        assert [e["type"] for e in rig.events] == ["coded_failover", "coded_recovered"]
+        assert rig.events[1]["reconstructed"] == 3 and rig.events[1]["app"] == "d1"
+        assert rig.dispatcher.counts["reconstructed_during_failover"] == 3
+        assert not t8.result().reconstructed and t8.result().server == "s-new"
+        # it answers again: a later move with a new detection finds nothing decoded, no episode
+        rig.agents["s-new2"] = LinearAgent("s-new2", rig.clock)
+        rig.controller.set_route("d1", route_entry("s-new2", "mlp", "progressive", detected_at=1000.2))
+        await rig.clock.run_for(0.001)
+        rig.send(1.0), rig.send(1.0)
+        await rig.clock.run_for(0.02)
+        assert len(rig.events) == 2
+
+
+@sync
 async def test_a_lone_query_of_a_killed_member_is_served_by_another_data_member_at_the_fill_timeout():
     async with rigged(fill_timeout_ms=10.0) as rig:
         del rig.agents["s-d0"]  # killed, not failed over yet

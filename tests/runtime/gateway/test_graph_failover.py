@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from failsoft.clock import ManualClock
-from failsoft.errors import ModelNotLoadedError, ServerUnavailableError
+from failsoft.errors import DeadlineExceededError, ModelNotLoadedError, ServerUnavailableError
 from failsoft.runtime.gateway.dispatch import DispatchContext, GraphDispatcher, Request
 from failsoft.runtime.gateway.dispatch.hams import state_seq
 from failsoft.services import (
@@ -68,6 +68,7 @@ class StatefulAgent:
         self.calls: list[tuple[str, str | None]] = []
         self.applied: list[int] = []
         self.applied_at: list[tuple[float, int]] = []  # (when, seq)
+        self.state_errors = 0  # the next this many state reads fail (a process too busy to answer)
 
     async def _check_async(self) -> None:
         self._check()
@@ -101,6 +102,9 @@ class StatefulAgent:
 
     async def state(self, app: str, variant: str) -> bytes:
         await self._check_async()
+        if self.state_errors > 0:
+            self.state_errors -= 1
+            raise DeadlineExceededError(f"server {self.server!r}: state read timed out")
         model = self.models[(app, variant)]
         data = _state_bytes(model.seq, model.acc)  # taken at once, between two requests
         await self.clock.sleep(0.002)
@@ -134,6 +138,8 @@ def _scenario(
     servers: tuple[str, ...] = SERVERS,
     detect_s: float = 0.0,
     service: Service = SERVICE,
+    state_errors: int = 0,
+    settle_s: float = 2.0,
 ) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
     kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary) after the 15th
@@ -161,6 +167,7 @@ def _scenario(
             d = GraphDispatcher(service, context)
             assert d.ready()
             await clock.run_for(0.5)  # the backup is placed and holds the state after 0
+            agents["s1"].state_errors = state_errors
             out["placed"] = d.describe()["replication"]["nodes"]["c"]
             tasks: list[asyncio.Future[Any]] = []
             done_at: dict[int, float] = {}
@@ -182,7 +189,7 @@ def _scenario(
                         other = next(s for s in SERVERS if s not in (victim, report["backup"]))
                         delay = detect_s or (0.05 if kill == "hang" else 0.0)  # heartbeats missed
                         moves.append(asyncio.ensure_future(_move(clock, controller, agents[other], delay)))
-            await clock.run_for(2.0)
+            await clock.run_for(settle_s)
             answers = [t.result() for t in tasks]
             out["answers"] = {dict(a.extra)["seq"]: a for a in answers}
             out["done_at"] = {dict(a.extra)["seq"]: done_at[i] for i, a in enumerate(answers)}
@@ -264,6 +271,16 @@ def test_a_killed_backup_is_replaced_and_the_primary_never_stops() -> None:
     assert report["backup"] not in (None, run["killed"], "s1")
     assert report["durable"] == 40
     assert _outputs(run) == _outputs(reference)
+
+
+def test_a_transfer_is_retried_until_the_primary_answers_however_long_it_takes() -> None:
+    # the primary cannot give its state 80 times in a row (16 s of quick tries and more): the one
+    # transfer in flight must not be dropped, or the protocol never asks again and the backup stays
+    # behind for good
+    run = _scenario(kill=None, state_errors=80, settle_s=60.0)
+    assert run["agents"]["s1"].state_errors == 0
+    assert run["report"]["durable"] == 40 and run["report"]["failovers"] == 0
+    assert sorted(run["answers"]) == list(range(1, 41))  # the pipeline never waited for it
 
 
 def test_state_seq_reads_the_header_and_copies_are_dispatcher_owned() -> None:

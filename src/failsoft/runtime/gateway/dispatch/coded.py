@@ -29,6 +29,10 @@ one model) when its group is released, so it waits at most ``fill_timeout_ms`` m
 The dispatcher publishes a ``coded_failover`` event at the first reconstruction of a failing member,
 and a ``coded_recovered`` event (``reconstructed``: how many of its requests were decoded meanwhile)
 once it is back; :meth:`CodedDispatcher.describe` counts both, and the encode and decode medians.
+A killed agent's calls may also *hang* (Ray holds calls to an actor it is reaping) until the
+controller publishes the member's failover route: the member is then never failing, its queries are
+decoded as stragglers, and when the hung calls come back the requests decoded since its last own
+answer are counted as reconstructed during that failover, with both events at once.
 
 A request whose shape does not match the service's input is refused (InvalidRequestError, 400)
 before it joins a group, so the group it would have joined is unaffected.
@@ -138,6 +142,8 @@ class CodedDispatcher(Dispatcher):
         self._timer: asyncio.Task[None] | None = None
         self._expected: dict[int, str] = {}  # member index -> the variant its first answer came from
         self._down: dict[int, int] = {}  # data member -> requests reconstructed while it fails
+        self._straggled: dict[int, int] = {}  # ... while it was not failing, since its last answer
+        self._seen: dict[int, Route | None] = {}  # data member -> its route at the last request
         self._in_flight = [0] * self.k  # calls of each data member not yet done
         self.counts = {"requests": 0, "coded_groups": 0, "uncoded_groups": 0, "reconstructed": 0}
         self.counts["reconstructed_during_failover"] = 0
@@ -174,6 +180,7 @@ class CodedDispatcher(Dispatcher):
         self.counts["requests"] += 1
         for index in list(self._down):
             self._recovered(index)
+        self._watch_routes()
         now = self.context.clock.now()
         slot, closed = self.former.join(request.request_id, now, shape=batch.shape)
         group = self._groups.get(slot.group)
@@ -271,6 +278,41 @@ class CodedDispatcher(Dispatcher):
                     if query.member == index:
                         self._fall_back(query)
 
+    def _watch_routes(self) -> None:
+        for index, member in enumerate(self.data):
+            now = self.context.routes.route(member.app)
+            before = self._seen.get(index, now)
+            self._seen[index] = now
+            if now != before:
+                self._failed_over_while_hung(index, before, now)
+
+    def _failed_over_while_hung(self, index: int, before: Route | None, now: Route | None) -> None:
+        """Data member ``index``'s route moved from ``before`` to ``now``. A killed agent's calls
+        may hang instead of failing at once (Ray holds calls to an actor it is reaping): the member
+        is then never *failing*, its requests are decoded (and its calls withdrawn) as any
+        straggler's, until the controller publishes a route after a detected failure. Those decoded
+        since its last own answer were reconstructed during that failover: count them so, and say
+        so as an episode already over."""
+        straggled = self._straggled.get(index, 0)
+        if now is None or index in self._down or not straggled:
+            return  # unrouted (an ordinary episode follows), or nothing was decoded for it
+        if now.detected_at is None or (before is not None and now.detected_at == before.detected_at):
+            return  # moved without a new failure (an upgrade, a return home): no failover
+        self._straggled[index] = 0
+        self.counts["reconstructed_during_failover"] += straggled
+        self._event(
+            "coded_failover",
+            index,
+            f"its calls hung until its route moved; {straggled} of its requests were reconstructed "
+            "from parity answers meanwhile",
+        )
+        self._event(
+            "coded_recovered",
+            index,
+            f"serves again; {straggled} of its requests were reconstructed meanwhile",
+            reconstructed=straggled,
+        )
+
     def _fall_back(self, query: _Query) -> None:
         """A query of an uncoded group whose member is failing: also sent to a healthy data member
         (every data member serves the same model); the first answer wins."""
@@ -310,6 +352,7 @@ class CodedDispatcher(Dispatcher):
         if not query.result.done():
             query.result.set_result(answer)
         self.data[query.member].failed_route = None  # it answered: not failing
+        self._straggled.pop(query.member, None)
         self._recovered(query.member)
         self._feed(group, query.index, answer)
 
@@ -364,6 +407,8 @@ class CodedDispatcher(Dispatcher):
             if count == 0:
                 self._event("coded_failover", serving, "its requests are reconstructed from parity answers")
             self._down[serving] = count + 1
+        else:  # a straggler (or a hung call that has not come back yet)
+            self._straggled[serving] = self._straggled.get(serving, 0) + 1
         used = sorted(i for i in group.variants if i >= self.k)
         parity = self.parity[used[0] - self.k] if used else self.parity[0]
         route = parity.context.routes.route(parity.app)

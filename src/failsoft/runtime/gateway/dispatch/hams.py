@@ -90,7 +90,8 @@ from failsoft.services import STATEFUL_COPY_SUFFIX, GraphParams
 log = logging.getLogger(__name__)
 POLICY = "nspb"
 RETRY_S = 0.2  # between tries of a state transfer or a backup placement that failed
-SHIP_TRIES = 50
+SHIP_TRIES = 50  # tries at RETRY_S; then the transfer is retried every SLOW_RETRY_S, never dropped
+SLOW_RETRY_S = 1.0
 REPLAY_TIMEOUT_S = 10.0  # per replayed request
 UNCERTAIN = (DeadlineExceededError, asyncio.CancelledError)  # the copy may have computed it, or not
 
@@ -426,16 +427,28 @@ class Replication:
         return task
 
     async def _ship(self, c: SendState) -> None:
-        """Take the primary's newest state (while it computes on) and buffer it for the backup."""
+        """Take the primary's newest state (while it computes on) and buffer it for the backup.
+
+        The protocol keeps one transfer in flight per node and asks for the next only when this one
+        is shipped, so a transfer is never dropped while its epoch lasts: after ``SHIP_TRIES`` quick
+        tries it goes on every ``SLOW_RETRY_S`` (a primary whose state cannot be read now may answer
+        later; one that died ends the epoch with a failover)."""
         node = self.nodes[c.node]
         clock = self.context.clock
         if self.ship_interval_s > 0 and node.shipped_at is not None:  # the newest state, not sooner
             await clock.sleep(max(0.0, node.shipped_at + self.ship_interval_s - clock.now()))
         node.shipped_at = clock.now()
-        for _ in range(SHIP_TRIES):
+        tries, pause = 0, 0.0
+        while True:
+            if pause:
+                await clock.sleep(pause)
             copy = node.primary
-            if copy is None or self._epoch(c.node) != c.epoch:
+            if self._epoch(c.node) != c.epoch:
                 return  # a role change: the protocol asks again
+            if copy is None:  # no primary until a backup is placed (which ends the epoch): wait
+                pause = RETRY_S
+                continue
+            pause = RETRY_S  # after a failed read; a state whose request is unknown retries at once
             try:
                 if node.rows_now is None:
                     async with node.lock:  # between two requests: read the count again
@@ -445,16 +458,22 @@ class Replication:
                 data = await self.context.agents(copy.server).state(copy.app, copy.variant)
             except FailsoftError as exc:
                 log.debug("service %s, node %s: state from %s: %s", self.service, c.node, copy.server, exc)
-                await self.context.clock.sleep(RETRY_S)
-                continue
-            covered = self._covers(node, state_seq(data))
-            if covered is None:  # a call's fate is unknown: read the count again, then retry
-                node.rows_now = None
-                continue
-            node.buffered[covered] = data
-            self._handle(StateShipped(c.node, covered, c.epoch))
-            return
-        log.warning("service %s, node %s: no state shipped after %d tries", self.service, c.node, SHIP_TRIES)
+            else:
+                covered = self._covers(node, state_seq(data))
+                if covered is not None:
+                    node.buffered[covered] = data
+                    self._handle(StateShipped(c.node, covered, c.epoch))
+                    return
+                node.rows_now = None  # a call's fate is unknown: read the count again, then retry
+                pause = 0.0
+            tries += 1
+            if tries == SHIP_TRIES:
+                log.warning(
+                    "service %s, node %s: no state shipped after %d tries; trying every %.0f s",
+                    self.service, c.node, SHIP_TRIES, SLOW_RETRY_S,
+                )  # fmt: skip
+            if tries >= SHIP_TRIES:
+                pause = SLOW_RETRY_S
 
     def _covers(self, node: NodeCopies, rows: int) -> int | None:
         """The request a state of ``rows`` rows is the state after, if the dispatcher knows it."""
