@@ -54,12 +54,20 @@ def test_a_replay_reads_the_runtime_runs_of_an_earlier_output(tmp_path):
     from failsoft.errors import ConfigError
 
     runs = [_run({"x": ("progressive", 100.0, 150.0, 12.0)})]
-    earlier = tmp_path / "fidelity.json"
-    earlier.write_text(json.dumps({"per_app": {}, "runtime_runs": runs}))
+    more = [_run({"x": ("progressive", 90.0, 140.0, 11.0)}), _run({"x": ("progressive", 80.0, 130.0, 9.0)})]
+    crash = {"config": "examples/bench.yaml", "failed": ["a1"], "per_app": {}}
+    earlier, later = tmp_path / "fidelity.json", tmp_path / "later.json"
+    earlier.write_text(json.dumps(crash | {"runtime_runs": runs}))
+    later.write_text(json.dumps(crash | {"runtime_runs": more}))
     assert replayed(earlier) == runs
-    (tmp_path / "other.json").write_text(json.dumps({"per_app": {}}))
+    assert replayed(earlier, later) == runs + more  # more runs of one crash, pooled
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(crash | {"failed": ["b1"], "runtime_runs": more}))
+    with pytest.raises(ConfigError, match=r"killing b1, not of examples/bench\.yaml killing a1"):
+        replayed(earlier, other)
+    (tmp_path / "bare.json").write_text(json.dumps({"per_app": {}}))
     with pytest.raises(ConfigError, match="not an output of 'failsoft bench fidelity'"):
-        replayed(tmp_path / "other.json")
+        replayed(tmp_path / "bare.json")
 
 
 B0 = "efficientnet_b0"
@@ -100,15 +108,12 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
         "host_busy_cores": pytest.approx(0.6),
         "host_other_groups": (0.4,),
     }
-    assert (
-        host_twin(run, 2.0)
-        == host_twin(run, 2.0, "steady")
-        == {"host_busy_cores": 1.2, "host_other_groups": (0.5,)}
-    )
+    assert host_twin(run, 2.0, "steady") == {"host_busy_cores": 1.2, "host_other_groups": (0.5,)}
     # where the agents counted every load (upgrades too), that is what comes off
     counted = run | {"host_cpu": run["host_cpu"] | {"recovery": recovery | {"loads_cores": 0.7}}}
     assert host_twin(counted, 2.0, "recovery")["host_busy_cores"] == pytest.approx(0.3)
-    assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}  # the median
+    # the default: the loads' measured share of a core, the median over the servers
+    assert host_twin(run, 2.0) == host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}
     # older outputs fall back to what they measured
     older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}
     assert host_twin(older, 2.0, "recovery") == host_twin(older, 2.0, "steady")

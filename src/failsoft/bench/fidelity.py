@@ -58,7 +58,9 @@ CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
-    "the busy cores measured under steady load before the kill, per scheduling group, constant",
+    "measured before the kill (--host), constant",
+    "which core each job runs on: the scheduler's per-core queues let one of two concurrent loads "
+    "finish well before the other (runs differ in which), where a fluid share ends both together",
     "the interpreter lock inside one agent process: a load and an inference on the same server take "
     "turns at Python's lock whatever their CPU priority",
     "the controller's own processing time between detection and a published route (about a millisecond)",
@@ -76,7 +78,7 @@ def run(
     sim_seeds: int = 20,
     progress: Progress | None = None,
     runs: list[dict[str, Any]] | None = None,
-    host: str = "steady",
+    host: str = "probe",
     page_cache: str = "warm",
 ) -> dict[str, Any]:
     """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
@@ -119,7 +121,7 @@ def _simulated(
     runs: list[dict[str, Any]],
     sim_seeds: int,
     say: Progress,
-    host: str = "steady",
+    host: str = "probe",
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
     sims = [simulate_run(base, r, failed, sim_seeds, host) for r in runs]
@@ -128,19 +130,31 @@ def _simulated(
     return compare(config_path, failed, base.policy, runs, sims) | extra
 
 
-def replayed(path: str | Path) -> list[dict[str, Any]]:
-    """The runtime runs kept in an earlier output of this benchmark."""
-    try:
-        runs = json.loads(Path(path).read_text())["runtime_runs"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{str(path)!r} is not an output of 'failsoft bench fidelity': {exc}") from exc
-    if not isinstance(runs, list) or not runs:
-        raise ConfigError(f"{str(path)!r} holds no runtime runs to replay")
+def replayed(*paths: str | Path) -> list[dict[str, Any]]:
+    """The runtime runs kept in earlier outputs of this benchmark, pooled (they must be runs of one
+    config and one killed set: more runs of the same crash)."""
+    runs: list[dict[str, Any]] = []
+    crash = None
+    for path in paths:
+        try:
+            out = json.loads(Path(path).read_text())
+            found, this = out["runtime_runs"], (out["config"], sorted(out["failed"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{str(path)!r} is not an output of 'failsoft bench fidelity': {exc}") from exc
+        if not isinstance(found, list) or not found:
+            raise ConfigError(f"{str(path)!r} holds no runtime runs to replay")
+        if crash is not None and this != crash:
+            raise ConfigError(
+                f"{str(path)!r} is a run of {this[0]} killing {', '.join(this[1])}, not of {crash[0]} "
+                f"killing {', '.join(crash[1])}: only runs of one crash are pooled"
+            )
+        crash = this
+        runs += found
     return runs
 
 
 def simulate_run(
-    config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int, host: str = "steady"
+    config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int, host: str = "probe"
 ) -> dict:
     """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
@@ -189,22 +203,24 @@ def run_page_cache(observed: dict[str, Any]) -> str:
     return observed.get("page_cache") or "warm"
 
 
-HOST_MODELS = ("steady", "recovery", "probe")
+HOST_MODELS = ("probe", "steady", "recovery")
 
 
-def host_twin(observed: dict[str, Any], cores: float, model: str = "steady") -> dict[str, Any]:
+def host_twin(observed: dict[str, Any], cores: float, model: str = "probe") -> dict[str, Any]:
     """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
 
-    * ``steady`` (the default: the closest of the three on a quiet machine, README): the busy
-      cores of the cluster's own scheduling group and of each other group over the last seconds of
-      steady load before the kill;
+    * ``probe`` (the default: the closest of the three on a quiet machine, README): the share
+      of a core a thread at the loads' priority got before the kill (the agents'
+      ``load_cpu_share``, their median), as equivalent competitors. It measures what a load gets
+      from a background that is mostly short bursts (the gateway, Ray, clients), which busy-core
+      counts cannot say;
+    * ``steady``: the busy cores of the cluster's own scheduling group and of each other group
+      over the last seconds of steady load before the kill, as always-runnable demand;
     * ``recovery``: the busy cores of the cluster's own scheduling group from the kill until every
       affected app answered, less the CPU the agents' loads took meanwhile (the simulation runs
       them as work of its own; the agents count it), and each
       other group's: the gateway, controller, Ray and clients as they ran *during* the recovery
-      (when the failed server's traffic had stopped), other sessions' tenants beside;
-    * ``probe``: the share of a core a thread at the loads' priority got before the kill (the
-      agents' ``load_cpu_share``), as equivalent competitors.
+      (when the failed server's traffic had stopped), other sessions' tenants beside.
 
     Runs recorded before a measurement existed fall back (``recovery`` or ``probe`` -> ``steady``
     -> the unsplit busy cores -> nothing)."""

@@ -61,16 +61,19 @@ def fidelity(
     repeats: Annotated[int, typer.Option(min=1, max=20, help="Runtime runs (fresh deployments)")] = 3,
     seeds: Annotated[int, typer.Option(min=1, max=1000, help="Simulated events per runtime run")] = 20,
     replay: Annotated[
-        Path | None,
-        typer.Option(help="Compare again with the runtime runs of an earlier output (no cluster started)"),
+        list[Path] | None,
+        typer.Option(
+            help="Compare again with the runtime runs of earlier outputs, pooled (repeatable; no "
+            "cluster started)"
+        ),
     ] = None,
     host: Annotated[
         str,
         typer.Option(
-            help="What the twin is told of the host's other work: steady (busy cores before the "
-            "kill), recovery (during the recovery) or probe (a load's measured share of a core)"
+            help="What the twin is told of the host's other work: probe (a load's measured share "
+            "of a core), steady (busy cores before the kill) or recovery (during the recovery)"
         ),
-    ] = "steady",
+    ] = "probe",
     page_cache: Annotated[
         str,
         typer.Option(
@@ -91,7 +94,7 @@ def fidelity(
         raise typer.BadParameter(
             f"must be one of {', '.join(PAGE_CACHE_STATES)}; got {page_cache!r}", param_hint="--page-cache"
         )
-    earlier = replayed(replay) if replay is not None else None
+    earlier = replayed(*replay) if replay else None
     result = run(
         config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier, host=host,
         page_cache=page_cache,
