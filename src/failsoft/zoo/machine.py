@@ -54,9 +54,13 @@ class BusyCores:
         free = ("idle", "iowait", "guest", "guest_nice")
         return sum(sum(t) - sum(getattr(t, f, 0.0) for f in free) for t in chosen)
 
+    def elapsed(self) -> float:
+        """Seconds since the meter was made."""
+        return time.monotonic() - self._at
+
     def read(self) -> float:
         """Busy cores on average since the meter was made (0 to the usable cores)."""
-        elapsed = time.monotonic() - self._at
+        elapsed = self.elapsed()
         if elapsed <= 0:
             return 0.0
         busy = (self._busy() - self._start) / elapsed
@@ -105,7 +109,6 @@ class HostCpu:
         self._own = _sched_group(os.getpid(), self._autogroups)
         self._busy = BusyCores()
         self._start = self._per_process()
-        self._at = time.monotonic()
 
     def _per_process(self) -> dict[tuple[int, float], tuple[float, str]]:
         seen: dict[tuple[int, float], tuple[float, str]] = {}
@@ -121,7 +124,7 @@ class HostCpu:
         busy cores on average over the ``seconds`` since the meter was made; ``own_cores`` is this
         process's group (itself, its children, anything else of its session), ``other_groups``
         every other group with more than 0.01 of a core."""
-        elapsed = time.monotonic() - self._at
+        elapsed = self._busy.elapsed()
         busy = self._busy.read()
         groups: dict[str, float] = {}
         for key, (cpu, group) in self._per_process().items():

@@ -40,7 +40,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -157,10 +156,9 @@ class HostMeter:
     def __init__(self) -> None:
         self._busy = BusyCores()
         self._children = _children_cpu_s()
-        self._at = time.monotonic()
 
     def read(self, threads: int) -> dict[str, Any]:
-        elapsed = max(time.monotonic() - self._at, 1e-9)
+        elapsed = max(self._busy.elapsed(), 1e-9)
         busy = self._busy.read()
         probe = (_children_cpu_s() - self._children) / elapsed
         others = max(busy - probe, 0.0)
