@@ -160,7 +160,7 @@ def simulate_run(
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment, RequestMode, SimConfig, simulate_failure
+    from failsoft.sim import Deployment, PageCache, RequestMode, SimConfig, simulate_failure
 
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
     cores = float(usable_cores())
@@ -175,7 +175,7 @@ def simulate_run(
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,
         warm_up=True,
-        page_cache=run_page_cache(observed),
+        page_cache=PageCache(run_page_cache(observed)),
         host_cores=cores,  # the embedded cluster's agents share them
         first_answer=True,
         **host_twin(observed, cores, host),
