@@ -19,12 +19,13 @@ def run(capsys, *argv):
 def test_list_shows_every_variant_with_its_numbers(capsys, tiny_zoo):
     code, out, _ = run(capsys, "zoo", "list", str(tiny_zoo.root))
     assert code == 0
-    for name in ("mlp_xs", "mlp_s", "mlp_m", "mlp_l", "measured", "memory MB", "load ms", "latency p50"):
+    for name in ("mlp_xs", "mlp_l", "measured", "memory MB", "load ms", "of it CPU", "warm load", "latency p50"):
         assert name in out
     code, out, _ = run(capsys, "zoo", "list", str(tiny_zoo.root), "--json")
     rows = json.loads(out)["variants"]
     assert [r["variant"] for r in rows] == ["mlp_xs", "mlp_s", "mlp_m", "mlp_l"]
     assert all(r["memory_mb"] and r["load_ms"] and r["latency_p50_ms"] for r in rows)
+    assert all(0 < r["load_cpu_ms"] <= r["load_ms"] and r["warm_load_ms"] > 0 for r in rows)
 
 
 def test_scenario_prints_the_families_section(capsys, tiny_zoo):

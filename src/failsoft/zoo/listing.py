@@ -34,6 +34,8 @@ def _row(repo: ModelRepository, family: str, variant: str) -> dict[str, Any]:
         "size_mb": round(config.weights_bytes / MIB, 3),
         "memory_mb": None,
         "load_ms": None,
+        "load_cpu_ms": None,
+        "warm_load_ms": None,
         "latency_p50_ms": None,
         "accuracy": config.accuracy.value,
         "accuracy_source": config.accuracy.source,
@@ -42,7 +44,8 @@ def _row(repo: ModelRepository, family: str, variant: str) -> dict[str, Any]:
         v = repo.variant(family, variant)
     except RepositoryError:
         return row  # not profiled yet
-    return row | {"memory_mb": v.memory_mb, "load_ms": v.load_ms, "latency_p50_ms": v.latency_ms}
+    measured = {"memory_mb": v.memory_mb, "load_ms": v.load_ms, "latency_p50_ms": v.latency_ms}
+    return row | measured | {"load_cpu_ms": v.load_cpu_ms, "warm_load_ms": v.warm_load_ms}
 
 
 def render_table(table: list[dict[str, Any]], title: str) -> None:
@@ -53,7 +56,7 @@ def render_table(table: list[dict[str, Any]], title: str) -> None:
     t = Table(title=title)
     for name in ("family", "variant"):
         t.add_column(name)
-    for name in ("size MB", "memory MB", "load ms", "latency p50 ms", "accuracy"):
+    for name in ("size MB", "memory MB", "load ms", "of it CPU", "warm load ms", "latency p50 ms", "accuracy"):
         t.add_column(name, justify="right")
     for r in table:
         t.add_row(
@@ -62,6 +65,8 @@ def render_table(table: list[dict[str, Any]], title: str) -> None:
             f"{r['size_mb']:.1f}" if r["size_mb"] >= 1 else f"{r['size_mb']:.3f}",
             _num(r["memory_mb"], 1),
             _num(r["load_ms"], 1),
+            _num(r["load_cpu_ms"], 1),
+            _num(r["warm_load_ms"], 1),
             _num(r["latency_p50_ms"], 3 if (r["latency_p50_ms"] or 0) < 1 else 1),
             f"{r['accuracy']:.3f} {r['accuracy_source']}",
         )
