@@ -19,7 +19,16 @@ def run(capsys, *argv):
 def test_list_shows_every_variant_with_its_numbers(capsys, tiny_zoo):
     code, out, _ = run(capsys, "zoo", "list", str(tiny_zoo.root))
     assert code == 0
-    for name in ("mlp_xs", "mlp_l", "measured", "memory MB", "load ms", "of it CPU", "warm load", "latency p50"):
+    for name in (
+        "mlp_xs",
+        "mlp_l",
+        "measured",
+        "memory MB",
+        "load ms",
+        "of it CPU",
+        "warm load",
+        "latency p50",
+    ):
         assert name in out
     code, out, _ = run(capsys, "zoo", "list", str(tiny_zoo.root), "--json")
     rows = json.loads(out)["variants"]

@@ -157,9 +157,10 @@ def set_page_cache(config: RuntimeConfig, warm: bool) -> int:
 
     repo = ModelRepository(config.repository or default_zoo_path())
     files = [
-        repo.variant_dir(family, variant) / WEIGHTS_FILE
+        path
         for family in sorted({a.family for a in config.apps})
         for variant in repo.variant_names(family)
+        if (path := repo.variant_dir(family, variant) / WEIGHTS_FILE).is_file()
     ]
     for path in files:
         if warm:

@@ -197,9 +197,9 @@ def simulate_run(
 
 
 def run_page_cache(observed: dict[str, Any]) -> str:
-    """The weights' page-cache state a runtime run recorded. Runs from before it was set were
-    taken right after the zoo was profiled (the profiler's last reads leave every file cached)
-    and are read as ``warm``."""
+    """The weights' page-cache state a runtime run recorded. Runs that did not set it (older
+    outputs, ``bench failover``'s "as found") are read as ``warm``: an embedded cluster's zoo was
+    read by its profiler (whose last reads leave every file cached) and by the deployment."""
     return observed.get("page_cache") or "warm"
 
 

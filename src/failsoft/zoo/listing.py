@@ -56,7 +56,15 @@ def render_table(table: list[dict[str, Any]], title: str) -> None:
     t = Table(title=title)
     for name in ("family", "variant"):
         t.add_column(name)
-    for name in ("size MB", "memory MB", "load ms", "of it CPU", "warm load ms", "latency p50 ms", "accuracy"):
+    for name in (
+        "size MB",
+        "memory MB",
+        "load ms",
+        "of it CPU",
+        "warm load ms",
+        "latency p50 ms",
+        "accuracy",
+    ):
         t.add_column(name, justify="right")
     for r in table:
         t.add_row(
@@ -70,7 +78,7 @@ def render_table(table: list[dict[str, Any]], title: str) -> None:
             _num(r["latency_p50_ms"], 3 if (r["latency_p50_ms"] or 0) < 1 else 1),
             f"{r['accuracy']:.3f} {r['accuracy_source']}",
         )
-    Console(width=max(100, Console().width)).print(t)
+    Console(width=max(130, Console().width)).print(t)
 
 
 def _num(value: float | None, digits: int) -> str:

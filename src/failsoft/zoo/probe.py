@@ -39,14 +39,15 @@ def _timed_load(
     repo: ModelRepository, family: str, variant: str, device: str, evict: bool
 ) -> tuple[LoadedModel, float, float, bool]:
     """A load to its first answer: the model, wall and CPU milliseconds, and whether the weights were
-    evicted from the page cache first. With one torch thread the load's compute runs on this thread,
-    so its CPU time is the load's work; wall minus CPU waited (for the disk, or for a core)."""
+    evicted from the page cache first. The CPU time is the whole probe process's (every torch
+    thread's; nothing else runs in it), so it is the load's work; wall minus CPU waited (for the
+    disk, or for a core). On a GPU it is the host's part only."""
     weights = repo.variant_dir(family, variant) / WEIGHTS_FILE
     evicted = evict and pagecache.evict(weights)
-    start, cpu = time.perf_counter(), time.thread_time()
+    start, cpu = time.perf_counter(), time.process_time()
     model = repo.load(family, variant, device)
     model.predict(np.zeros((1, *model.input_shape), dtype=np.float32))
-    return model, (time.perf_counter() - start) * 1000.0, (time.thread_time() - cpu) * 1000.0, evicted
+    return model, (time.perf_counter() - start) * 1000.0, (time.process_time() - cpu) * 1000.0, evicted
 
 
 def measure(repo: ModelRepository, family: str, variant: str, device: str, settings: dict[str, Any]) -> dict:

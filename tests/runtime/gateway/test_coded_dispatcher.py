@@ -230,6 +230,29 @@ async def test_a_member_whose_calls_hang_until_it_fails_over_is_an_episode_too_a
 
 
 @sync
+async def test_stragglers_before_a_member_fails_belong_to_its_one_episode():
+    async with rigged() as rig:
+        rig.agents["s-d1"].latency_s = None  # hangs: d1's two queries are decoded as stragglers
+        first = [rig.send(1.0) for _ in range(4)]
+        await rig.clock.run_for(0.02)
+        assert all(t.result().reconstructed for t, _ in first[1::2]) and rig.events == []
+        del rig.agents["s-d1"]  # then its calls fail at once: d1 is failing, an ordinary episode
+        second = [rig.send(1.0) for _ in range(4)]
+        await rig.clock.run_for(0.02)
+        assert all(t.result().reconstructed for t, _ in second[1::2])
+        assert [e["type"] for e in rig.events] == ["coded_failover"]
+        rig.agents["s-new"] = LinearAgent("s-new", rig.clock)
+        rig.controller.set_route("d1", route_entry("s-new", "mlp", "progressive", detected_at=1000.05))
+        await rig.clock.run_for(0.001)
+        third = [rig.send(1.0) for _ in range(4)]
+        await rig.clock.run_for(0.02)
+        assert not any(t.result().reconstructed for t, _ in third)
+        # one episode, counting the stragglers since d1's last answer and the decodes while failing
+        assert [e["type"] for e in rig.events] == ["coded_failover", "coded_recovered"]
+        assert rig.events[1]["reconstructed"] == 4 == rig.dispatcher.counts["reconstructed_during_failover"]
+
+
+@sync
 async def test_a_lone_query_of_a_killed_member_is_served_by_another_data_member_at_the_fill_timeout():
     async with rigged(fill_timeout_ms=10.0) as rig:
         del rig.agents["s-d0"]  # killed, not failed over yet

@@ -31,8 +31,10 @@ and a ``coded_recovered`` event (``reconstructed``: how many of its requests wer
 once it is back; :meth:`CodedDispatcher.describe` counts both, and the encode and decode medians.
 A killed agent's calls may also *hang* (Ray holds calls to an actor it is reaping) until the
 controller publishes the member's failover route: the member is then never failing, its queries are
-decoded as stragglers, and when the hung calls come back the requests decoded since its last own
-answer are counted as reconstructed during that failover, with both events at once.
+decoded as stragglers (their calls withdrawn), and once the dispatcher sees the member's route moved
+after a detected failure (at the next request or answer) the requests decoded since its last own
+answer are counted as reconstructed during that failover, with both events at once. An ordinary
+episode counts the stragglers since the member's last answer too.
 
 A request whose shape does not match the service's input is refused (InvalidRequestError, 400)
 before it joins a group, so the group it would have joined is unaffected.
@@ -178,9 +180,9 @@ class CodedDispatcher(Dispatcher):
     async def dispatch(self, request: Request) -> Answer:
         batch = self._checked(request.batch)
         self.counts["requests"] += 1
+        self._watch_routes()
         for index in list(self._down):
             self._recovered(index)
-        self._watch_routes()
         now = self.context.clock.now()
         slot, closed = self.former.join(request.request_id, now, shape=batch.shape)
         group = self._groups.get(slot.group)
@@ -339,6 +341,7 @@ class CodedDispatcher(Dispatcher):
     # answers -----------------------------------------------------------------------------------------
     def _own_done(self, group: _Group, query: _Query, task: asyncio.Task[Answer]) -> None:
         self._in_flight[query.member] -= 1
+        self._watch_routes()  # an answer on a route that just moved may come before the next request
         if task.cancelled():
             self._forget_if_done(group)
             return
@@ -402,12 +405,14 @@ class CodedDispatcher(Dispatcher):
         serving = group.queries[index].member
         member = self.data[serving]
         if member.failing or not member.ready():
-            self.counts["reconstructed_during_failover"] += 1
             count = self._down.get(serving, 0)
-            if count == 0:
+            if count == 0:  # the episode began at its last own answer: stragglers since are its own
+                count = self._straggled.pop(serving, 0)
+                self.counts["reconstructed_during_failover"] += count
                 self._event("coded_failover", serving, "its requests are reconstructed from parity answers")
+            self.counts["reconstructed_during_failover"] += 1
             self._down[serving] = count + 1
-        else:  # a straggler (or a hung call that has not come back yet)
+        else:  # a straggler (or a call that hangs on a dead server)
             self._straggled[serving] = self._straggled.get(serving, 0) + 1
         used = sorted(i for i in group.variants if i >= self.k)
         parity = self.parity[used[0] - self.k] if used else self.parity[0]

@@ -445,8 +445,9 @@ class Replication:
             copy = node.primary
             if self._epoch(c.node) != c.epoch:
                 return  # a role change: the protocol asks again
-            if copy is None:  # no primary until a backup is placed (which ends the epoch): wait
-                pause = RETRY_S
+            if copy is None:  # not anchored yet (a failed first read, a lost state): the next call sets it
+                tries += 1
+                pause = RETRY_S if tries < SHIP_TRIES else SLOW_RETRY_S
                 continue
             pause = RETRY_S  # after a failed read; a state whose request is unknown retries at once
             try:
@@ -459,6 +460,8 @@ class Replication:
             except FailsoftError as exc:
                 log.debug("service %s, node %s: state from %s: %s", self.service, c.node, copy.server, exc)
             else:
+                if self._epoch(c.node) != c.epoch:
+                    return  # a role change while the state was read: it belongs to no backup now
                 covered = self._covers(node, state_seq(data))
                 if covered is not None:
                     node.buffered[covered] = data
