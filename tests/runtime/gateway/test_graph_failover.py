@@ -196,7 +196,10 @@ def _scenario(
             out["report"] = d.describe()["replication"]["nodes"]["c"]
             out["node"], out["ready"] = d.describe()["nodes"]["c"], d.ready()
             out["agents"] = agents
-            await d.replication.close()  # type: ignore[union-attr]
+            pending = d.replication._tasks if d.replication is not None else set()
+            out["working_before_close"] = sum(not t.done() for t in pending)
+            await d.close()  # what the gateway does when it stops
+            out["working_after_close"] = sum(not t.done() for t in pending)
 
     sync(go)()
     return out
@@ -281,6 +284,12 @@ def test_a_transfer_is_retried_until_the_primary_answers_however_long_it_takes()
     assert run["agents"]["s1"].state_errors == 0
     assert run["report"]["durable"] == 40 and run["report"]["failovers"] == 0
     assert sorted(run["answers"]) == list(range(1, 41))  # the pipeline never waited for it
+
+
+def test_closing_the_dispatcher_stops_a_transfer_that_would_retry_for_ever() -> None:
+    run = _scenario(kill=None, state_errors=10**6, settle_s=5.0)
+    assert run["report"]["durable"] < 40  # the primary never gave its state: still trying
+    assert run["working_before_close"] >= 1 and run["working_after_close"] == 0
 
 
 def test_state_seq_reads_the_header_and_copies_are_dispatcher_owned() -> None:

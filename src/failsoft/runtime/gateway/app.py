@@ -136,6 +136,8 @@ class Gateway:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            closing = [s.dispatcher.close() for s in self.served.values()]
+            await asyncio.gather(*closing, return_exceptions=True)  # their background work
 
     async def _poll_stats(self) -> None:
         while True:

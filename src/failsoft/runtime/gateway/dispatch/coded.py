@@ -261,6 +261,11 @@ class CodedDispatcher(Dispatcher):
             encoder = self._encoders[shape] = get_encoder(self.params.encoder, self.k, self.r, shape)
         return encoder
 
+    async def close(self) -> None:
+        if self._timer is not None:  # the fill timer; queries in flight are the server's to finish
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+
     def _arm_timer(self) -> None:
         if self.former.next_timeout_s() is not None and (self._timer is None or self._timer.done()):
             self._timer = asyncio.ensure_future(self._fill_timer())

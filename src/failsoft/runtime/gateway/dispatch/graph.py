@@ -76,6 +76,10 @@ class GraphDispatcher(Dispatcher):
             self.replication.start()
         return all(self._serving(node) for node in self._calls)
 
+    async def close(self) -> None:
+        if self.replication is not None:  # its state transfers and backup placements
+            await self.replication.close()
+
     def describe(self) -> dict[str, Any]:
         nodes = {name: call.describe() for name, call in self._calls.items()}
         down = sorted(name for name in nodes if not self._serving(name))

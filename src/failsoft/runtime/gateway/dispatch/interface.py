@@ -163,3 +163,8 @@ class Dispatcher(ABC):
     def describe(self) -> dict[str, Any]:
         """The service's entry in ``/v2/repository/index`` beside its name: ``state`` (READY or
         UNAVAILABLE), ``reason``, and what the mode can say about where it is served."""
+
+    async def close(self) -> None:
+        """Stop the background work the dispatcher started (timers, transfers) when the gateway
+        stops; requests in flight are the server's to finish or cancel. Nothing by default."""
+        return None
