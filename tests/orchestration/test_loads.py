@@ -40,3 +40,23 @@ def test_a_failed_server_forgets_its_loads():
 def test_a_server_needs_a_slot():
     with pytest.raises(ValueError, match="at least one load slot"):
         LoadQueue(["s1"], slots=0)
+
+
+def test_a_load_of_a_few_milliseconds_work_runs_at_the_inference_priority():
+    from failsoft.domain import Variant
+    from failsoft.orchestration.loads import (
+        BACKGROUND_NICE,
+        INFERENCE_NICE,
+        LOAD_NICE,
+        SMALL_LOAD_MS,
+        load_nice,
+    )
+
+    tiny = Variant("cnn_xs", 4, 0.87, load_ms=2.1, latency_ms=0.04, load_cpu_ms=2.0)
+    # a cold load of 60 ms whose work is 4 ms (the rest waits for the disk): small too
+    disk_bound = Variant("v", 40, 0.8, load_ms=60.0, latency_ms=1.0, load_cpu_ms=4.0)
+    big = Variant("resnet18", 70, 0.7, load_ms=98.7, latency_ms=44.0, load_cpu_ms=69.1)
+    unsplit = Variant("csv", 70, 0.7, load_ms=SMALL_LOAD_MS, latency_ms=1.0)  # no CPU split: all work
+    assert load_nice(tiny) == load_nice(disk_bound) == INFERENCE_NICE
+    assert load_nice(big) == load_nice(unsplit) == LOAD_NICE
+    assert load_nice(tiny, background=True) == load_nice(big, background=True) == BACKGROUND_NICE

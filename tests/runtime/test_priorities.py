@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from failsoft.runtime.agent import BACKGROUND_NICE, LOAD_NICE, MAX_NICE, _run_at_priority
+from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE
+from failsoft.runtime.agent import MAX_NICE, _run_at_priority
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread niceness is Linux's")
 

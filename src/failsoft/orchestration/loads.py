@@ -14,12 +14,30 @@ import heapq
 import itertools
 from enum import IntEnum
 
+from failsoft.domain import Variant
+
 # The CPU priorities (nice values) the runtime's agents run work at, and the simulator's shared CPU
 # models: inference first, then the loads that recover apps, background loads (upgrades, warm backups)
 # last, so that answers of recovered apps come first on a busy machine.
 INFERENCE_NICE = 0
 LOAD_NICE = 5
 BACKGROUND_NICE = 15
+# ... except a recovery load whose work is shorter than this: it runs at the inference priority (in
+# the agent's own thread), because at a lower one it would wait for its turn among busier threads
+# far longer than it works. Measured on a busy 2-core host (examples/fidelity.yaml, a server killed):
+# cnn_xs's load, 3-5 ms of CPU, took 47-57 ms at nice 5 and 10-24 ms at the agent's own priority;
+# a load this small takes nothing worth protecting from the answers it would delay.
+SMALL_LOAD_MS = 20.0
+
+
+def load_nice(variant: Variant, background: bool = False) -> int:
+    """The CPU priority a load of ``variant`` runs at: background loads (upgrades, warm backups)
+    last, recovery loads below inference unless their profiled work is under ``SMALL_LOAD_MS``
+    (``load_cpu_ms`` where it was measured, else the whole ``load_ms``)."""
+    if background:
+        return BACKGROUND_NICE
+    work = variant.load_ms if variant.load_cpu_ms is None else variant.load_cpu_ms
+    return INFERENCE_NICE if work < SMALL_LOAD_MS else LOAD_NICE
 
 
 class Priority(IntEnum):

@@ -49,7 +49,7 @@ import numpy as np
 
 from failsoft.domain import Server, Variant
 from failsoft.errors import CapacityError, ModelNotLoadedError, OverloadedError, ServingError
-from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE
+from failsoft.orchestration.loads import LOAD_NICE, load_nice
 from failsoft.policies import registry
 from failsoft.policies.queueing import QueueParams, ServiceModel, warmup_budget_ms, warmup_sizes
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
@@ -156,8 +156,10 @@ class Agent:
 
         Loads run in a thread of lower CPU priority than inference (answers of recovered apps come
         first on a busy machine), and ``background`` loads (upgrades, warm backups) lower still, so
-        they also yield to the loads that recover apps. The model's serving queue starts here, in
-        this thread, whose priority its worker inherits: inference runs at the agent's own.
+        they also yield to the loads that recover apps; a recovery load of a few milliseconds' work
+        runs here at the agent's own priority (``load_nice``: it would wait longer for its turn than
+        it works). The model's serving queue starts here, in this thread, whose priority its worker
+        inherits: inference runs at the agent's own.
         """
         key = (app, variant)
         profile = self._profile_of(family, variant)
@@ -168,7 +170,7 @@ class Agent:
             return self._describe(key, cached=True)
         started = time.perf_counter()
         try:
-            nice = BACKGROUND_NICE if background else LOAD_NICE
+            nice = load_nice(profile, background)
             model, service, cpu_ms = _run_at_priority(nice, self._read, family, profile)
             queue = self._serving_queue(f"{self.server.name}/{app}/{variant}", model, service)
         except BaseException:

@@ -31,7 +31,7 @@ import simpy
 
 from failsoft.domain import Server, Variant
 from failsoft.errors import ConfigError
-from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE
+from failsoft.orchestration.loads import load_nice
 from failsoft.policies.queueing import warmup_ms
 from failsoft.sim.config import PageCache, SimConfig
 from failsoft.sim.cpu import SharedCPU
@@ -90,7 +90,7 @@ class SimAgent:
             yield self.env.timeout(wait_ms / 1000.0)
         if not self.alive:
             return False
-        yield from self.work(work_ms / 1000.0, BACKGROUND_NICE if background else LOAD_NICE)
+        yield from self.work(work_ms / 1000.0, load_nice(variant, background))
         if not self.alive:
             return False
         self.log.add(self.env.now, "loaded", app, self.name, variant.name)
