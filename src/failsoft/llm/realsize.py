@@ -347,19 +347,18 @@ def evict(files: list[Path]) -> None:
 
 
 def mem_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return _proc_kib("/proc/meminfo", "MemAvailable:")
 
 
 def _rss_anon_bytes() -> int | None:
+    return _proc_kib("/proc/self/status", "RssAnon:")
+
+
+def _proc_kib(path: str, key: str) -> int | None:
+    """Bytes of a ``KEY: N kB`` line of a /proc file; None where there is none."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
