@@ -88,6 +88,12 @@ class Variant:
     # a load whose weights are already in the page cache (no disk read); None when not measured
     warm_load_ms: float | None = None
 
+    @property
+    def load_work_ms(self) -> float:
+        """The CPU work in a cold load: ``load_cpu_ms`` where measured (never above ``load_ms``),
+        else the whole ``load_ms`` (the conservative reading)."""
+        return self.load_ms if self.load_cpu_ms is None else min(self.load_cpu_ms, self.load_ms)
+
     def demand(self, rate_rps: float) -> Demand:
         return Demand(self.memory_mb, rate_rps * self.latency_ms / 1000.0)
 

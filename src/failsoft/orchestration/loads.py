@@ -33,11 +33,10 @@ SMALL_LOAD_MS = 20.0
 def load_nice(variant: Variant, background: bool = False) -> int:
     """The CPU priority a load of ``variant`` runs at: background loads (upgrades, warm backups)
     last, recovery loads below inference unless their profiled work is under ``SMALL_LOAD_MS``
-    (``load_cpu_ms`` where it was measured, else the whole ``load_ms``)."""
+    (``Variant.load_work_ms``)."""
     if background:
         return BACKGROUND_NICE
-    work = variant.load_ms if variant.load_cpu_ms is None else variant.load_cpu_ms
-    return INFERENCE_NICE if work < SMALL_LOAD_MS else LOAD_NICE
+    return INFERENCE_NICE if variant.load_work_ms < SMALL_LOAD_MS else LOAD_NICE
 
 
 class Priority(IntEnum):

@@ -107,7 +107,7 @@ class SimAgent:
         warmup = warmup_ms(variant, self.config.max_batch) if self.config.warm_up else 0.0
         if self.config.page_cache is PageCache.WARM and variant.warm_load_ms is not None:
             return variant.warm_load_ms + warmup, 0.0
-        work = variant.load_ms if variant.load_cpu_ms is None else min(variant.load_cpu_ms, variant.load_ms)
+        work = variant.load_work_ms
         return work + warmup, variant.load_ms - work
 
     def work(self, seconds: float, nice: int) -> Generator[simpy.Event, Any, bool]:
