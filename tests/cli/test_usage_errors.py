@@ -23,6 +23,11 @@ from failsoft.cli import main
             "--host: must be one of probe, steady, recovery; got 'guess'",
             "failsoft bench fidelity",
         ),
+        (
+            ["bench", "fidelity", "examples/bench.yaml", "--page-cache", "hot"],
+            "--page-cache: must be one of warm, cold; got 'hot'",
+            "failsoft bench fidelity",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(capsys, argv, message, command):
