@@ -172,9 +172,16 @@ def test_under_concurrent_requests_the_failover_replays_and_answers_stay_exact(g
             with ThreadPoolExecutor(4) as pool:
                 list(pool.map(send, range(n)))
             for node in ("p", "q"):
-                wait_for(
-                    lambda node=node: replication(client, node)["durable"] == n, 120.0, f"{node} durable", 0.2
-                )
+                try:
+                    wait_for(
+                        lambda node=node: replication(client, node)["durable"] == n,
+                        120.0,
+                        f"{node} durable",
+                        0.2,
+                    )
+                except AssertionError as exc:  # say where replication stood, for the next reader
+                    state = {m: replication(client, m) for m in ("p", "q")}
+                    raise AssertionError(f"{exc}; {n} requests sent; replication: {state}") from exc
             after = {node: replication(client, node) for node in ("p", "q")}
         finally:
             client.close()
