@@ -189,7 +189,7 @@ def test_a_failure_of_the_target_cancels_the_operation_and_its_late_load_is_igno
     out = []
     for k in range(0, 100):
         out += h.check(0.11 + k * 0.005)
-    assert "B" not in h.core.ops and h.state.apps["B"].route is None
+    assert "B" not in h.core.operations and h.state.apps["B"].route is None
     out = h.finish("B", "small", 0.7)  # the dead server's load answers late: nothing happens
     assert not h.of(Publish, out) and h.state.apps["B"].route is None
     assert h.state.servers["s2"].holdings == set()
@@ -315,7 +315,7 @@ def test_pinned_backups_survive_a_warm_replan():
         warm=(WarmBackup("A", "small", "s1"), WarmBackup("B", "small", "s2", pinned=True))
     )
     h = Harness(scenario, replan_warm=True, replan_delay_s=0.0)
-    h.core.warm_dirty = True
+    h.core.warm.dirty = True
     out = h.take(h.core.advance(1.0))
     (proactive,) = h.of(PlanProactive, out)
     assert all(s.memory_mb < 450 for s in proactive.scenario.servers if s.name == "s2")  # pinned held

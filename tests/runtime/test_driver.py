@@ -174,7 +174,7 @@ def test_a_failed_load_comes_back_to_the_core_which_backs_off():
         await rig.kill("s0")
         await rig.clock.run_for(0.3)
         assert rig.state.apps["B"].route is None
-        assert "B" in rig.core.backoff
+        assert "B" in rig.core.operations.backoff
 
     asyncio.run(main())
 

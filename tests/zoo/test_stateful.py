@@ -8,6 +8,7 @@ properties and would cost tens of seconds.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,12 @@ from failsoft.errors import ConfigError, StateMismatchError
 from failsoft.runtime.config import config_from_dict
 from failsoft.zoo import ModelRepository
 from failsoft.zoo.build import install_variant, store_variant
-from failsoft.zoo.catalog import family_spec
+from failsoft.zoo.catalog import exposes_state, family_spec
 from failsoft.zoo.digits import load_digits_split
 from failsoft.zoo.layout import Accuracy
 from failsoft.zoo.stateful import (
     ModelState,
     StatefulModel,
-    exposes_state,
     sp500_architecture,
     sp500_lags,
     sp500_series,
@@ -228,3 +228,22 @@ def test_the_two_input_gru_reads_the_value_and_the_one_before_and_the_one_input_
     assert sp500_architecture(16, 2)["inputs"] == 2
     assert stateful_io("sp500_gru", sp500_architecture(16, 2)) == ((2,), 1)
     assert stateful_io("sp500_gru") == ((1,), 1)
+
+
+def test_statecost_measures_every_stateful_variant_built(
+    repo: ModelRepository, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from failsoft.zoo import statecost
+
+    threads = torch.get_num_threads()
+    try:
+        assert statecost.main([str(repo.root)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert sorted((r["family"], r["variant"]) for r in rows) == sorted(MODELS)
+    gru = next(r for r in rows if r["variant"] == "gru_16")
+    assert gru["state_arrays"] == {"hidden": [1, 16]} and gru["state_bytes"] == 64
+    assert gru["wire_bytes"] > gru["state_bytes"] and gru["apply_ms"] > 0

@@ -4,9 +4,13 @@
   of it that policies plan on;
 * :mod:`~failsoft.orchestration.core`: :class:`Orchestrator`, every decision from a silent server to
   every app served again, as inputs in and :mod:`~failsoft.orchestration.commands` out;
-* :mod:`~failsoft.orchestration.operations` and :mod:`~failsoft.orchestration.warm`: its per-app
-  operations and warm-backup re-planning;
-* :mod:`~failsoft.orchestration.loads`: per-server load slots by priority.
+* :mod:`~failsoft.orchestration.operations` and :mod:`~failsoft.orchestration.warm`: two
+  collaborators the orchestrator holds, each owning its state: the per-app operations (recover,
+  upgrade, return home, repair) and the warm-backup re-planning;
+* :mod:`~failsoft.orchestration.effects`: what all three do to the cluster (loads, routes, timers,
+  the commands out), the one layer they share;
+* :mod:`~failsoft.orchestration.loads`: per-server load slots by priority;
+* :mod:`~failsoft.orchestration.settings`: :class:`OrchestrationSettings`.
 
 Nothing here imports Ray, SimPy, FastAPI or torch, reads a clock or touches the network: a test
 checks the import boundary. The drivers are :mod:`failsoft.runtime.orchestrator` (asyncio, Ray) and
@@ -25,8 +29,9 @@ from failsoft.orchestration.commands import (
     Publish,
     Unload,
 )
-from failsoft.orchestration.core import OrchestrationSettings, Orchestrator, Phase
+from failsoft.orchestration.core import Orchestrator, Phase
 from failsoft.orchestration.loads import LoadQueue, Priority
+from failsoft.orchestration.settings import OrchestrationSettings
 from failsoft.orchestration.state import AppRecord, ClusterState, RouteKind, ServerRecord, WarmRecord
 
 __all__ = [

@@ -25,29 +25,32 @@ other loop than "feed inputs, run commands, wake up at :meth:`~Orchestrator.next
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from failsoft.domain import ActionKind, BackupState, FailoverAction, FailoverPlan, Placement, ServerState
+from failsoft.domain import (
+    ActionKind,
+    BackupState,
+    FailoverAction,
+    FailoverPlan,
+    Placement,
+    ProactivePlan,
+    ServerState,
+)
 from failsoft.orchestration.commands import (
     Command,
     Emit,
     Inspect,
     InspectPurpose,
-    Load,
     PlanFailover,
     Planned,
-    Publish,
-    Unload,
 )
-from failsoft.orchestration.loads import LoadQueue, Priority
-from failsoft.orchestration.operations import Group, Op, Operations
-from failsoft.orchestration.state import AppRecord, ClusterState, RouteKind
-from failsoft.orchestration.warm import WarmBackups, WarmTask
+from failsoft.orchestration.effects import Effects
+from failsoft.orchestration.operations import Group, Operations
+from failsoft.orchestration.settings import OrchestrationSettings
+from failsoft.orchestration.state import ClusterState, RouteKind
+from failsoft.orchestration.warm import WarmBackups
 from failsoft.policies.detection import HealthChange, HeartbeatDetector
 from failsoft.policies.failover.common import affected_apps, initial_ledger, warm_switches
 from failsoft.policies.failover.ledger import Ledger
@@ -55,32 +58,6 @@ from failsoft.services import dispatcher_owned
 
 log = logging.getLogger(__name__)
 LONG_AGO_S = 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class OrchestrationSettings:
-    """How the core behaves; the runtime takes these from its config, the simulator from SimConfig."""
-
-    heartbeat_interval_s: float = 0.020  # FailLite 4: a heartbeat every 20 ms
-    missed_to_fail: int = 2  # ... two missed make a failure
-    pause_grace: bool = False  # after a late check of its own, verdicts wait one interval
-    global_grace: float | None = None  # every live server silent at once: hold verdicts this many thresholds
-    load_slots: int = 2  # loads running at once per server
-    drain_s: float = 0.2  # a replaced model is unloaded this long after traffic left it
-    replan_warm: bool = True  # re-plan warm backups once recoveries settle
-    replan_delay_s: float = 3.0  # ... and no route changed for this long
-    reconcile_s: float | None = 0.25  # full reconciliation sweep period (None: on changes only)
-    gc_s: float | None = 2.0  # compare servers' holdings with the state this often (None: never)
-    backoff_base_s: float = 0.5
-    backoff_max_s: float = 30.0
-    deploy_wait_s: float = 180.0  # how long a deployment waits for every server's first heartbeat
-    quarantine_s: float = 30.0  # a server failed for not serving ignores its heartbeats this long
-
-    def __post_init__(self) -> None:
-        if self.heartbeat_interval_s <= 0 or self.missed_to_fail < 1 or self.load_slots < 1:
-            raise ValueError(f"invalid orchestration settings: {self}")
-        if min(self.drain_s, self.replan_delay_s, self.backoff_base_s) < 0:
-            raise ValueError(f"orchestration delays must not be negative: {self}")
 
 
 class Phase(StrEnum):
@@ -92,63 +69,41 @@ class Phase(StrEnum):
     RUNNING = "running"
 
 
-@dataclass(eq=False)
-class _LoadJob:
-    load_id: int
-    server: str
-    app: str
-    variant: str
-    priority: Priority
-    warm: bool
-    started: bool = False
-    orphan: bool = False
+class Orchestrator:
+    """The controller's decisions on a :class:`ClusterState`; see the module docstring.
 
-
-class Orchestrator(Operations, WarmBackups):
-    """The controller's decisions on a :class:`ClusterState`; see the module docstring."""
+    It detects failures, plans failovers and decides what runs when; two collaborators it holds carry
+    out the rest, each owning its state: :attr:`operations` (per-app recoveries, upgrades, returns
+    home and repairs: :class:`~failsoft.orchestration.operations.Operations`) and :attr:`warm` (warm
+    backups re-planned: :class:`~failsoft.orchestration.warm.WarmBackups`). All three act on the
+    cluster through one :class:`~failsoft.orchestration.effects.Effects` (:attr:`fx`): its loads,
+    routes, timers and outbox.
+    """
 
     def __init__(self, state: ClusterState, settings: OrchestrationSettings, now: float) -> None:
         self.state, self.settings = state, settings
         self.detector = HeartbeatDetector(
             settings.heartbeat_interval_s, settings.missed_to_fail, pause_grace=settings.pause_grace
         )
-        self.loads = LoadQueue(list(state.servers), settings.load_slots)
-        self.ops: dict[str, Op] = {}
-        self.upgrading: dict[str, str] = {}  # server -> app holding its upgrade turn
-        self.upgrade_queue: dict[str, list[Op]] = {}
-        self.backoff: dict[str, tuple[float, int]] = {}  # app -> (retry not before, failures)
-        self.unrecovered: set[str] = set()
-        self.unrouted: set[str] = {n for n, r in state.apps.items() if r.route is None}
+        self.fx = Effects(state, settings.load_slots, now)
+        self.warm = WarmBackups(self.fx)
+        self.operations = Operations(self.fx, settings, routes_moved_home=self.warm.mark_dirty)
         self.failed_queue: dict[str, float] = {}  # server -> when it was detected
         self.last_heard: dict[str, float] = {}
         self.heard_again: dict[str, float] = {}
         self.restoring: set[str] = set()
         self.planning: int | None = None
-        self.warm_task: WarmTask | None = None
-        self.warm_dirty = True
-        self.last_change = now
         self.last_plan: dict[str, Any] | None = None
         self.phase = Phase.STARTING
         self.ready = False
-        self._plan_ids = 0
         self._plan_pending: dict[str, str] = {}
         self._plan_again = False
-        self._jobs: dict[int, _LoadJob] = {}
-        self._load_ids = itertools.count(1)
-        self._timers: list[tuple[float, int, str, Any]] = []
-        self._timer_seq = itertools.count()
-        self._attention: set[str] = set()
-        self._changed_routes: list[str] = []
-        # grows whenever capacity may have been freed (unloads, failures, servers back, back-offs
-        # over): apps left without a route are planned again only then, not in a loop
-        self._changes = 0
         self._planned_changes = -1
         self._next_sweep = now
         self._next_gc = now
         self._gc_pending: set[str] = set()
         self._verify_pending: set[str] = set()
         self._deploy_deadline = now + settings.deploy_wait_s
-        self._out: list[Command] = []
 
     # life cycle ---------------------------------------------------------------------------------
     def deploy(self, now: float) -> list[Command]:
@@ -160,7 +115,7 @@ class Orchestrator(Operations, WarmBackups):
         """The state is already deployed (the simulator's steady state): every server is up now."""
         for name in self.state.servers:
             self.detector.register(name, now)
-        self.phase, self.ready, self.warm_dirty = Phase.RUNNING, True, False
+        self.phase, self.ready, self.warm.dirty = Phase.RUNNING, True, False
         return self._flush(now)
 
     def resume(self, docs: dict[str, Any], now: float) -> list[Command]:
@@ -172,11 +127,11 @@ class Orchestrator(Operations, WarmBackups):
                 self.detector.register(name, now - LONG_AGO_S)
             elif rec.state is not None:
                 self.detector.register(name, now)
-        self.unrouted = {n for n, r in self.state.apps.items() if r.route is None}
+        self.fx.unrouted = {n for n, r in self.state.apps.items() if r.route is None}
         self.phase = Phase.VERIFYING
         self._verify_pending = {n for n, r in self.state.servers.items() if r.live}
         for name in sorted(self._verify_pending):
-            self._out.append(Inspect(name, InspectPurpose.VERIFY))
+            self.fx.send(Inspect(name, InspectPurpose.VERIFY))
         self._finish_verify(now)
         return self._flush(now)
 
@@ -203,8 +158,7 @@ class Orchestrator(Operations, WarmBackups):
         if change is None:
             return []
         self._on_change(change, at)
-        out, self._out = self._out, []
-        return out
+        return self.fx.take()
 
     def check_health(self, now: float) -> list[Command]:
         """Judge every server at ``now`` (heartbeats arrived before ``now`` must have been fed)."""
@@ -228,7 +182,7 @@ class Orchestrator(Operations, WarmBackups):
         log.warning("server %s heartbeats but does not serve (%s): failing it over", server, reason)
         if change is not None:
             self._on_change(change, now)
-            self._out.append(Emit("unhealthy", {"server": server, "reason": reason, "at": now}))
+            self.fx.send(Emit("unhealthy", {"server": server, "reason": reason, "at": now}))
         return self._flush(now)
 
     def _nobody_heard(self, now: float) -> bool:
@@ -256,12 +210,12 @@ class Orchestrator(Operations, WarmBackups):
                 return
             self.failed_queue.setdefault(server, now)
             self.last_heard[server] = change.last_heartbeat
-            self._out.append(Emit("detected", {"server": server, "detected_at": now}))
+            self.fx.send(Emit("detected", {"server": server, "detected_at": now}))
         elif change.new is ServerState.RECOVERING:
             rec.state = ServerState.RECOVERING
             self.heard_again[server] = now
             self.restoring.add(server)
-            self._out.append(Inspect(server, InspectPurpose.RESTORE))
+            self.fx.send(Inspect(server, InspectPurpose.RESTORE))
         elif rec.state is not ServerState.FAILED:
             rec.state = change.new
 
@@ -276,7 +230,7 @@ class Orchestrator(Operations, WarmBackups):
         if now - first < interval and any(
             st is ServerState.SUSPECT for st in self.detector.states().values()
         ):
-            self._wake_at(first + interval)
+            self.fx.wake_at(first + interval)
             return
         failed, self.failed_queue = self.failed_queue, {}
         self._fail_servers(sorted(failed), first, now)
@@ -290,43 +244,41 @@ class Orchestrator(Operations, WarmBackups):
         for server in failed:
             heard = self.last_heard.pop(server, detected_at)
             for app, where in hit[server]:
-                self._emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard)
+                self.fx.emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard)
             if not hit[server]:
-                self._emit(
+                self.fx.emit(
                     "failure", None, None, server=server, detected_at=detected_at, last_heartbeat_at=heard
                 )
-        self._publish(force=True)  # clients hear of the failure, then of the new routes
+        self.fx.publish(force=True)  # clients hear of the failure, then of the new routes
         for action in switched:
-            self._failover_event(action.app, "warm", detected_at, now)
+            self.fx.failover_event(action.app, "warm", detected_at, now)
 
     def _unroute(
         self, failed: set[str], detected_at: float, now: float
     ) -> dict[str, list[tuple[str, Placement]]]:
-        self._changes += 1
+        self.fx.changes += 1
         for name in failed:
             rec = self.state.servers[name]
             rec.state, rec.failed_at = ServerState.FAILED, detected_at
             rec.holdings = set()
-            self.upgrading.pop(name, None)
-            for load_id in self.loads.clear(name):
-                job = self._jobs.pop(load_id, None)
-                if job is not None and job.warm and self.warm_task is not None:
-                    self.warm_task.loads.pop(load_id, None)
+            self.operations.server_failed(name)
+            for job in self.fx.clear_loads(name):
+                if job.warm:
+                    self.warm.forget_load(job.load_id)
         for key in [k for k in self.state.warm if k[1] in failed]:
             del self.state.warm[key]
-            self.warm_dirty = True
+            self.warm.dirty = True
         hit: dict[str, list[tuple[str, Placement]]] = {s: [] for s in failed}
         for name, rec in self.state.apps.items():
-            op = self.ops.get(name)
-            if (op is not None and op.servers & failed) or (rec.final and rec.final.server in failed):
-                self._cancel_op(name, now)
+            if self.operations.works_with(name, failed) or (rec.final and rec.final.server in failed):
+                self.operations.cancel(name, now)
                 rec.final = None
             if rec.route is not None and rec.route.server in failed:
                 hit[rec.route.server].append((name, rec.route))
-                self._set_route(rec, None, rec.kind, rec.detected_at, now)
+                self.fx.set_route(rec, None, rec.kind, rec.detected_at, now)
                 rec.final = None
-                self._cancel_op(name, now)
-        self._finish_warm_if_done()
+                self.operations.cancel(name, now)
+        self.warm.finish_if_done()
         return hit
 
     def _switch_to_warm(self, detected_at: float, now: float) -> list[FailoverAction]:
@@ -339,8 +291,8 @@ class Orchestrator(Operations, WarmBackups):
                 backups[app] = backups.get(app, 0) + 1
         waiting = [
             a
-            for a in self.unrouted
-            if a in backups and a not in self.ops and self.state.apps[a].final is None
+            for a in self.fx.unrouted
+            if a in backups and a not in self.operations and self.state.apps[a].final is None
         ]  # affected apps (no route, capacity reserved at a down home) with a live backup
         if not waiting:
             return []
@@ -351,12 +303,12 @@ class Orchestrator(Operations, WarmBackups):
         actions, _ = warm_switches(scenario, affected, down, ledger)
         for action in actions:
             rec = self.state.apps[action.app]
-            self._set_route(
+            self.fx.set_route(
                 rec, Placement(action.server, action.final_variant), RouteKind.WARM, detected_at, now
             )
             self.state.warm.pop((action.app, action.server), None)
         if actions:
-            self.warm_dirty = True
+            self.warm.dirty = True
         return actions
 
     # planning --------------------------------------------------------------------------------------
@@ -372,14 +324,13 @@ class Orchestrator(Operations, WarmBackups):
         pending = {
             a.name: a.primary.server
             for a in scenario.apps
-            if a.primary is not None and a.primary.server in down and a.name not in self.ops
+            if a.primary is not None and a.primary.server in down and a.name not in self.operations
         }
-        self._planned_changes = self._changes
+        self._planned_changes = self.fx.changes
         if not pending:
             return
-        self._plan_ids += 1
-        self.planning, self._plan_pending = self._plan_ids, pending
-        self._out.append(PlanFailover(self._plan_ids, scenario, tuple(sorted(down))))
+        self.planning, self._plan_pending = self.fx.next_plan_id(), pending
+        self.fx.send(PlanFailover(self.planning, scenario, tuple(sorted(down))))
 
     def failover_planned(
         self, plan_id: int, plan: FailoverPlan | None, now: float, error: str | None = None
@@ -391,7 +342,7 @@ class Orchestrator(Operations, WarmBackups):
         if plan is None:
             log.warning("failover planning failed: %s (planned again)", error)
             self._planned_changes = -1
-            self._wake_at(now + self.settings.backoff_base_s, ("replan", None))
+            self.fx.wake_at(now + self.settings.backoff_base_s, ("replan", None))
         else:
             self.last_plan = plan.to_dict()
             failed_at = {
@@ -403,13 +354,20 @@ class Orchestrator(Operations, WarmBackups):
             self._plan(now)
         return self._flush(now)
 
+    def proactive_planned(
+        self, plan_id: int, plan: ProactivePlan | None, now: float, error: str | None = None
+    ) -> list[Command]:
+        """The driver ran the proactive policy (``plan`` None: it failed, ``error`` says why)."""
+        self.warm.planned(plan_id, plan, now, error)
+        return self._flush(now)
+
     def _applicable(self, action: FailoverAction, failed_at: dict[str, float]) -> bool:
         """An action still applies when its app waits for it and its servers are still live."""
         rec = self.state.apps[action.app]
         servers = {action.server, action.stand_in_server}
         return (
             action.app in failed_at
-            and action.app not in self.ops
+            and action.app not in self.operations
             and rec.route is None
             and all(self.state.live(s) for s in servers)
             and (action.kind is not ActionKind.WARM or (action.app, action.server) in self.state.warm)
@@ -417,56 +375,54 @@ class Orchestrator(Operations, WarmBackups):
 
     def _execute(self, plan: FailoverPlan, failed_at: dict[str, float], now: float) -> None:
         actions = [a for a in plan.actions if self._applicable(a, failed_at)]
-        self._out.append(Planned(plan, now, tuple(actions)))
+        self.fx.send(Planned(plan, now, tuple(actions)))
         warm = [a for a in actions if a.kind is ActionKind.WARM]
         for action in warm:
             rec = self.state.apps[action.app]
             where = Placement(action.server, action.final_variant)
-            self._set_route(rec, where, RouteKind.WARM, failed_at[action.app], now)
+            self.fx.set_route(rec, where, RouteKind.WARM, failed_at[action.app], now)
             self.state.warm.pop((action.app, action.server), None)
         if warm:
-            self._publish()
+            self.fx.publish()
         for action in warm:
-            self._failover_event(action.app, "warm", failed_at[action.app], now)
+            self.fx.failover_event(action.app, "warm", failed_at[action.app], now)
         for backup in plan.released:  # before any load: the loads need that memory
             rec = self.state.warm.get((backup.app, backup.server))
             if rec is not None and rec.backup == backup:
                 del self.state.warm[(backup.app, backup.server)]
-                if not self._needed(backup.app, backup.server, backup.variant):
-                    self._unload(backup.server, backup.app, backup.variant)
+                if not self.fx.needed(backup.app, backup.server, backup.variant):
+                    self.fx.unload(backup.server, backup.app, backup.variant)
         loads = [a for a in actions if a.kind is not ActionKind.WARM]
         group = Group({a.app for a in loads})
         for action in loads:
-            self.recover(action, failed_at[action.app], group, now)
+            self.operations.recover(action, failed_at[action.app], group, now)
         for app in plan.unrecovered:
-            if app in failed_at and app not in self.unrecovered:
-                self.unrecovered.add(app)  # said once per outage, not at every retry
-                self._emit("unrecovered", app, None)
-        self.warm_dirty = True
+            if app in failed_at and app not in self.fx.unrecovered:
+                self.fx.unrecovered.add(app)  # said once per outage, not at every retry
+                self.fx.emit("unrecovered", app, None)
+        self.warm.dirty = True
 
     # inputs: loads and inspections -------------------------------------------------------------------
     def load_done(
         self, load_id: int, ok: bool, now: float, info: dict[str, Any] | None = None, error: str | None = None
     ) -> list[Command]:
         """A :class:`Load` finished (``ok``) or failed (``error`` says why)."""
-        job = self._jobs.pop(load_id, None)
-        for started in self.loads.finish(load_id):
-            self._emit_load(self._jobs[started])
+        job = self.fx.finish_load(load_id)
         if job is None:  # its server failed meanwhile: nothing it did counts
             return self._flush(now)
         if ok:
             self.state.servers[job.server].holdings.add((job.app, job.variant))
         else:
             log.warning("load of %s/%s on %s failed: %s", job.app, job.variant, job.server, error)
-        op = self.ops.get(job.app)
-        if job.orphan or (not job.warm and (op is None or op.load_id != load_id)):
-            if ok and not self._needed(job.app, job.server, job.variant):
-                self._unload(job.server, job.app, job.variant)
+        op = self.operations.waiting_for(job.app, load_id)
+        if job.orphan or (not job.warm and op is None):
+            if ok and not self.fx.needed(job.app, job.server, job.variant):
+                self.fx.unload(job.server, job.app, job.variant)
         elif job.warm:
-            self._warm_loaded(load_id, ok, job.app, job.server, job.variant)
+            self.warm.loaded(load_id, ok, job.app, job.server, job.variant)
         else:
             assert op is not None
-            self._op_loaded(op, ok, info or {}, now)
+            self.operations.loaded(op, ok, info or {}, now)
         return self._flush(now)
 
     def inspected(
@@ -507,13 +463,15 @@ class Orchestrator(Operations, WarmBackups):
         held = self._note_report(server, report)
         keep = {(a, r.home.variant) for a, r in self.state.apps.items() if r.home.server == server}
         for app, variant in sorted(held - keep):
-            self._unload(server, app, variant)
+            self.fx.unload(server, app, variant)
         self.detector.mark_up(server, now)
         rec.state = ServerState.UP
-        self.warm_dirty = True
-        self._changes += 1
-        self._emit("server_up", None, None, server=server, heard_again_at=self.heard_again.pop(server, None))
-        self._attention.update(a for a, r in self.state.apps.items() if r.home.server == server)
+        self.warm.dirty = True
+        self.fx.changes += 1
+        self.fx.emit(
+            "server_up", None, None, server=server, heard_again_at=self.heard_again.pop(server, None)
+        )
+        self.fx.attention.update(a for a, r in self.state.apps.items() if r.home.server == server)
 
     def _gc_report(self, server: str, report: dict[str, Any] | None, now: float) -> None:
         self._gc_pending.discard(server)
@@ -522,13 +480,13 @@ class Orchestrator(Operations, WarmBackups):
         held = self._note_report(server, report)
         needed = self.state.needed_on(server)
         for app, variant in sorted(held - needed):
-            if app not in self.ops and not self._warm_loading(app) and not dispatcher_owned(app):
-                self._unload(server, app, variant)
+            if app not in self.operations and not self.warm.loading(app) and not dispatcher_owned(app):
+                self.fx.unload(server, app, variant)
         for app, variant in sorted(needed - held):
             route = self.state.apps[app].route
-            if app not in self.ops and route == Placement(server, variant):
+            if app not in self.operations and route == Placement(server, variant):
                 log.warning("server %s lost %s/%s: reloading it", server, app, variant)
-                self.repair(app, route, now)
+                self.operations.repair(app, route, now)
 
     def _finish_verify(self, now: float) -> None:
         if self.phase is not Phase.VERIFYING or self._verify_pending:
@@ -540,18 +498,17 @@ class Orchestrator(Operations, WarmBackups):
                 and self.state.live(r.server)
                 and (name, r.variant) not in self.state.servers[r.server].holdings
             ):
-                self._set_route(app, None, app.kind, app.detected_at, now)
+                self.fx.set_route(app, None, app.kind, app.detected_at, now)
         for key, w in list(self.state.warm.items()):
             if (w.backup.app, w.backup.variant) not in self.state.servers[w.backup.server].holdings:
                 del self.state.warm[key]
-                self.warm_dirty = True
+                self.warm.dirty = True
         self._become_ready(now, resumed=True)
 
     # the step run after every input ---------------------------------------------------------------
     def _flush(self, now: float) -> list[Command]:
         self._step(now)
-        out, self._out = self._out, []
-        return out
+        return self.fx.take()
 
     def _step(self, now: float) -> None:
         self._fire_timers(now)
@@ -560,7 +517,7 @@ class Orchestrator(Operations, WarmBackups):
         if self.ready:
             self._reconcile(now)
             self._collect_garbage(now)
-        self._publish()
+        self.fx.publish()
 
     def _progress_deploy(self, now: float) -> None:
         if self.phase is Phase.WAITING:
@@ -573,49 +530,53 @@ class Orchestrator(Operations, WarmBackups):
                     self.detector.register(name, now - LONG_AGO_S)
             for name, rec in self.state.apps.items():
                 if self.state.live(rec.home.server):
-                    self.return_home(name, now, event=None)
+                    self.operations.return_home(name, now, event=None)
             self.phase = Phase.DEPLOYING
-        if self.phase is Phase.DEPLOYING and not self.ops and self.planning is None:
+        if self.phase is Phase.DEPLOYING and not self.operations and self.planning is None:
             self.phase = Phase.WARMING
             if self.settings.replan_warm:
-                self._start_warm_replan(now)
-        if self.phase is Phase.WARMING and self.warm_task is None:
-            self.warm_dirty = False
+                self.warm.start()
+        if self.phase is Phase.WARMING and not self.warm.busy:
+            self.warm.dirty = False
             self._become_ready(now, resumed=False)
 
     def _become_ready(self, now: float, resumed: bool) -> None:
         self.phase, self.ready = Phase.RUNNING, True
-        self._publish(force=True)
-        self._emit("ready", None, None, resumed=resumed)
+        self.fx.publish(force=True)
+        self.fx.emit("ready", None, None, resumed=resumed)
 
     def _reconcile(self, now: float) -> None:
         """Start what the state calls for: upgrades left half done, returns home, failover plans for
         apps left without a route, and (once all is quiet) new warm backups."""
         s = self.settings
-        if not (self._attention or self.unrouted or (s.replan_warm and self.warm_dirty) or s.reconcile_s):
+        if not (
+            self.fx.attention or self.fx.unrouted or (s.replan_warm and self.warm.dirty) or s.reconcile_s
+        ):
             return  # nothing to look at: the common case between a simulated event's inputs
         if s.reconcile_s is not None and now >= self._next_sweep:
-            self._attention.update(self.state.apps)
+            self.fx.attention.update(self.state.apps)
             self._next_sweep = now + s.reconcile_s
-        attention, self._attention = self._attention, set()
+        attention, self.fx.attention = self.fx.attention, set()
         for name in sorted(attention):
-            if name in self.ops or self._backing_off(name, now):
+            if name in self.operations or self.operations.backing_off(name, now):
                 continue
             rec = self.state.apps[name]
             home_up = self.state.servers[rec.home.server].state is ServerState.UP
             if rec.final is not None:
-                self.resume_upgrade(name, now)
+                self.operations.resume_upgrade(name, now)
             elif rec.route != rec.home and home_up:
-                self.return_home(name, now)
-        needs_plan = any(a not in self.ops and not self._backing_off(a, now) for a in self.unrouted)
-        if needs_plan and not self.failed_queue and self._changes != self._planned_changes:
+                self.operations.return_home(name, now)
+        needs_plan = any(
+            a not in self.operations and not self.operations.backing_off(a, now) for a in self.fx.unrouted
+        )
+        if needs_plan and not self.failed_queue and self.fx.changes != self._planned_changes:
             self._plan(now)
-        if s.replan_warm and self.warm_dirty and not needs_plan and not self.busy:
-            due = self.last_change + s.replan_delay_s
+        if s.replan_warm and self.warm.dirty and not needs_plan and not self.busy:
+            due = self.fx.last_change + s.replan_delay_s
             if now >= due:
-                self._start_warm_replan(now)
+                self.warm.start()
             else:
-                self._wake_at(due)
+                self.fx.wake_at(due)
 
     def _collect_garbage(self, now: float) -> None:
         gc_s = self.settings.gc_s
@@ -625,104 +586,33 @@ class Orchestrator(Operations, WarmBackups):
         for name, rec in self.state.servers.items():
             if rec.state is ServerState.UP:
                 self._gc_pending.add(name)
-                self._out.append(Inspect(name, InspectPurpose.GC))
+                self.fx.send(Inspect(name, InspectPurpose.GC))
 
     # timers -----------------------------------------------------------------------------------------
-    def _wake_at(self, at: float, item: tuple[str, Any] = ("wake", None)) -> None:
-        heapq.heappush(self._timers, (at, next(self._timer_seq), item[0], item[1]))
-
     def _fire_timers(self, now: float) -> None:
-        while self._timers and self._timers[0][0] <= now + 1e-12:
-            _, _, kind, payload = heapq.heappop(self._timers)
+        while (due := self.fx.pop_due(now)) is not None:
+            kind, payload = due
             if kind == "drain":
                 app, server, variant = payload
-                if self.state.live(server) and not self._needed(app, server, variant):
-                    self._unload(server, app, variant)
+                if self.state.live(server) and not self.fx.needed(app, server, variant):
+                    self.fx.unload(server, app, variant)
             elif kind == "attend":
-                self._attention.add(payload)
-                self._changes += 1
+                self.fx.attention.add(payload)
+                self.fx.changes += 1
             elif kind == "replan":
-                self._changes += 1
+                self.fx.changes += 1
 
     def next_wakeup(self) -> float | None:
         """When the core next needs :meth:`advance` (None: only when an input arrives)."""
-        return self._timers[0][0] if self._timers else None
+        return self.fx.next_wakeup()
 
     # queries ----------------------------------------------------------------------------------------
     @property
     def busy(self) -> bool:
         """Operations, a plan or a warm-backup re-plan under way."""
-        return bool(self.ops) or self.warm_task is not None or self.planning is not None
+        return bool(self.operations) or self.warm.busy or self.planning is not None
 
     @property
     def idle(self) -> bool:
         """Nothing under way and nothing waiting: no failure queued, no timer set."""
-        return not self.busy and not self.failed_queue and not self._timers and not self._jobs
-
-    # shared helpers (used by the operation and warm mixins) -------------------------------------------
-    def _load(self, app: str, server: str, variant: str, priority: Priority, warm: bool = False) -> int:
-        load_id = next(self._load_ids)
-        job = _LoadJob(load_id, server, app, variant, priority, warm)
-        self._jobs[load_id] = job
-        if self.loads.submit(server, load_id, priority):
-            self._emit_load(job)
-        return load_id
-
-    def _emit_load(self, job: _LoadJob) -> None:
-        job.started = True
-        family = self.state.apps[job.app].app.family
-        self._out.append(Load(job.load_id, job.server, job.app, family, job.variant, job.priority))
-
-    def _orphan(self, load_id: int) -> None:
-        """The operation waiting for this load is gone: withdraw it, or let it finish unwanted."""
-        job = self._jobs.get(load_id)
-        if job is None:
-            return
-        if job.started:
-            job.orphan = True
-        else:
-            del self._jobs[load_id]
-            self.loads.finish(load_id)
-
-    def _unload(self, server: str, app: str, variant: str) -> None:
-        self.state.servers[server].holdings.discard((app, variant))
-        self._changes += 1
-        self._out.append(Unload(server, app, variant))
-
-    def _needed(self, app: str, server: str, variant: str) -> bool:
-        """Whether ``app``'s ``variant`` on ``server`` serves, is being upgraded to, or is a backup."""
-        rec = self.state.apps[app]
-        where = Placement(server, variant)
-        if rec.route == where or rec.final == where:
-            return True
-        warm = self.state.warm.get((app, server))
-        return warm is not None and warm.backup.variant == variant
-
-    def _set_route(
-        self, rec: AppRecord, where: Placement | None, kind: RouteKind, detected_at: float | None, now: float
-    ) -> None:
-        name = rec.app.name
-        rec.route, rec.kind, rec.detected_at = where, kind, detected_at
-        if where is None:
-            self.unrouted.add(name)
-        else:
-            rec.route_at = now
-            self.last_change = now
-            self.unrouted.discard(name)
-            self.unrecovered.discard(name)
-        self._changed_routes.append(name)
-
-    def _publish(self, force: bool = False) -> None:
-        if self._changed_routes or force:
-            self._out.append(Publish(tuple(dict.fromkeys(self._changed_routes))))
-            self._changed_routes = []
-
-    def _emit(self, event: str, app: str | None, where: Placement | None, **extra: Any) -> None:
-        accuracy = None if where is None or app is None else self.state.variant(app, where.variant).accuracy
-        fields = {
-            "app": app,
-            "server": None if where is None else where.server,
-            "variant": None if where is None else where.variant,
-            "accuracy": accuracy,
-        }
-        self._out.append(Emit(event, fields | extra))
+        return not self.busy and not self.failed_queue and self.fx.next_wakeup() is None and not self.fx.jobs

@@ -17,16 +17,16 @@ before it is planned again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from failsoft.domain import ActionKind, FailoverAction, Placement
+from failsoft.orchestration.effects import Effects
 from failsoft.orchestration.loads import Priority
+from failsoft.orchestration.settings import OrchestrationSettings
 from failsoft.orchestration.state import RouteKind
-
-if TYPE_CHECKING:
-    from failsoft.orchestration.core import Orchestrator
 
 
 class OpKind(StrEnum):
@@ -60,13 +60,50 @@ class Op:
 
 
 class Operations:
-    """The per-app operations of :class:`~failsoft.orchestration.core.Orchestrator` (a mixin)."""
+    """The per-app operations of the :class:`~failsoft.orchestration.core.Orchestrator`.
 
-    warm_dirty: bool  # set by Orchestrator.__init__; declared here because this mixin assigns it
+    It owns the operations under way (``ops``: at most one per app), each server's upgrade turn
+    (``upgrading``) and the queue waiting for it, and the apps backing off after a failed load
+    (``backoff``). It acts through the core's :class:`~failsoft.orchestration.effects.Effects`, and
+    calls ``routes_moved_home`` when a return home moved an app's traffic (warm backups are then
+    re-planned). The core starts operations, hands them their finished loads (:meth:`loaded`) and
+    cancels those a failure touches (:meth:`cancel`).
+    """
+
+    def __init__(
+        self, effects: Effects, settings: OrchestrationSettings, routes_moved_home: Callable[[], None]
+    ) -> None:
+        self.fx, self.settings, self._moved_home = effects, settings, routes_moved_home
+        self.state = effects.state
+        self.ops: dict[str, Op] = {}
+        self.upgrading: dict[str, str] = {}  # server -> app holding its upgrade turn
+        self.upgrade_queue: dict[str, list[Op]] = {}
+        self.backoff: dict[str, tuple[float, int]] = {}  # app -> (retry not before, failures)
+
+    def __contains__(self, app: object) -> bool:
+        """Whether an operation of ``app`` is under way."""
+        return app in self.ops
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def waiting_for(self, app: str, load_id: int) -> Op | None:
+        """The operation of ``app`` whose load is ``load_id`` (None: no operation waits for it)."""
+        op = self.ops.get(app)
+        return op if op is not None and op.load_id == load_id else None
+
+    def works_with(self, app: str, servers: set[str]) -> bool:
+        """Whether the operation of ``app`` (if any) works with one of ``servers``."""
+        op = self.ops.get(app)
+        return op is not None and bool(op.servers & servers)
+
+    def server_failed(self, server: str) -> None:
+        """``server`` failed: nobody holds its upgrade turn any more (its operations are cancelled)."""
+        self.upgrading.pop(server, None)
 
     # starting ----------------------------------------------------------------------------------
-    def _start(self: Orchestrator, op: Op, now: float) -> None:
-        self._cancel_op(op.app, now)
+    def _start(self, op: Op, now: float) -> None:
+        self.cancel(op.app, now)
         self.ops[op.app] = op
         if op.kind is OpKind.RECOVER:
             self._recover_first(op)
@@ -75,11 +112,9 @@ class Operations:
         else:
             assert op.goal is not None
             priority = Priority.PRIMARY if op.kind is OpKind.HOME else Priority.FAILOVER
-            op.load_id = self._load(op.app, op.goal.server, op.goal.variant, priority)
+            op.load_id = self.fx.load(op.app, op.goal.server, op.goal.variant, priority)
 
-    def recover(
-        self: Orchestrator, action: FailoverAction, detected_at: float, group: Group, now: float
-    ) -> None:
+    def recover(self, action: FailoverAction, detected_at: float, group: Group, now: float) -> None:
         rec = self.state.apps[action.app]
         # the app's capacity is reserved where it is heading from now on: a plan made while its first
         # load runs must neither count it as affected again nor give that memory to another app
@@ -89,7 +124,7 @@ class Operations:
             Op(action.app, OpKind.RECOVER, servers, action=action, detected_at=detected_at, group=group), now
         )
 
-    def resume_upgrade(self: Orchestrator, app: str, now: float) -> None:
+    def resume_upgrade(self, app: str, now: float) -> None:
         """An upgrade not under way (a previous controller left it half done): start it."""
         rec = self.state.apps[app]
         if rec.final is None or rec.route is None or not self.state.live(rec.final.server):
@@ -104,31 +139,33 @@ class Operations:
         )
         self._start(op, now)
 
-    def return_home(self: Orchestrator, app: str, now: float, event: str | None = "restore") -> None:
+    def return_home(self, app: str, now: float, event: str | None = "restore") -> None:
         home = self.state.apps[app].home
         self._start(Op(app, OpKind.HOME, frozenset({home.server}), goal=home, event=event), now)
 
-    def repair(self: Orchestrator, app: str, where: Placement, now: float) -> None:
+    def repair(self, app: str, where: Placement, now: float) -> None:
         self._start(Op(app, OpKind.REPAIR, frozenset({where.server}), goal=where), now)
 
     # cancelling ---------------------------------------------------------------------------------
-    def _cancel_op(self: Orchestrator, app: str, now: float) -> None:
+    def cancel(self, app: str, now: float) -> None:
+        """Cancel the operation of ``app``, if any: its load is orphaned, its turn and group left."""
         op = self.ops.pop(app, None)
         if op is None:
             return
         if op.load_id is not None:
-            self._orphan(op.load_id)
+            self.fx.orphan(op.load_id)
         self._release_turn(op, now)
         self._leave_group(op, now)
-        self._attention.add(app)
+        self.fx.attention.add(app)
 
-    def _end(self: Orchestrator, op: Op) -> None:
+    def _end(self, op: Op) -> None:
         if self.ops.get(op.app) is op:
             del self.ops[op.app]
-        self._attention.add(op.app)
+        self.fx.attention.add(op.app)
 
     # loads finishing ----------------------------------------------------------------------------
-    def _op_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+    def loaded(self, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+        """The load ``op`` waited for finished (``ok``) or failed: take its next step."""
         op.load_id = None
         if op.kind is OpKind.RECOVER:
             self._first_loaded(op, ok, info, now)
@@ -140,14 +177,14 @@ class Operations:
             self._repaired(op, ok, now)
 
     # recover ------------------------------------------------------------------------------------
-    def _recover_first(self: Orchestrator, op: Op) -> None:
+    def _recover_first(self, op: Op) -> None:
         action = op.action
         assert action is not None
         critical = self.state.apps[op.app].app.critical
         priority = Priority.CRITICAL if critical else Priority.FAILOVER
-        op.load_id = self._load(op.app, action.stand_in_server, action.first_variant, priority)
+        op.load_id = self.fx.load(op.app, action.stand_in_server, action.first_variant, priority)
 
-    def _first_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+    def _first_loaded(self, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
         action, rec = op.action, self.state.apps[op.app]
         assert action is not None and op.detected_at is not None
         if not ok:
@@ -159,9 +196,9 @@ class Operations:
         self.backoff.pop(op.app, None)
         kind = RouteKind.PROGRESSIVE if action.kind is ActionKind.PROGRESSIVE else RouteKind.COLD
         stand_in = Placement(action.stand_in_server, action.first_variant)
-        self._set_route(rec, stand_in, kind, op.detected_at, now)
-        self._publish()
-        self._failover_event(
+        self.fx.set_route(rec, stand_in, kind, op.detected_at, now)
+        self.fx.publish()
+        self.fx.failover_event(
             op.app, kind.value, op.detected_at, now,
             load_ms=info.get("load_ms"), load_cpu_ms=info.get("load_cpu_ms"),
             final_variant=action.final_variant, final_server=action.server,
@@ -178,7 +215,7 @@ class Operations:
         else:
             self._take_turn(op, now)
 
-    def _leave_group(self: Orchestrator, op: Op, now: float) -> None:
+    def _leave_group(self, op: Op, now: float) -> None:
         group = op.group
         if group is None or op.app not in group.waiting:
             return
@@ -191,7 +228,7 @@ class Operations:
                 self._take_turn(waiting, now)
 
     # upgrade -------------------------------------------------------------------------------------
-    def _take_turn(self: Orchestrator, op: Op, now: float) -> None:
+    def _take_turn(self, op: Op, now: float) -> None:
         assert op.goal is not None
         server = op.goal.server
         if server in self.upgrading:
@@ -199,9 +236,9 @@ class Operations:
             return
         self.upgrading[server] = op.app
         op.has_turn = True
-        op.load_id = self._load(op.app, server, op.goal.variant, Priority.UPGRADE)
+        op.load_id = self.fx.load(op.app, server, op.goal.variant, Priority.UPGRADE)
 
-    def _release_turn(self: Orchestrator, op: Op, now: float) -> None:
+    def _release_turn(self, op: Op, now: float) -> None:
         if op.goal is None:
             return
         server = op.goal.server
@@ -219,7 +256,7 @@ class Operations:
                 self._take_turn(nxt, now)
                 return
 
-    def _final_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+    def _final_loaded(self, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
         rec = self.state.apps[op.app]
         self._release_turn(op, now)
         assert op.goal is not None and op.current is not None
@@ -227,10 +264,10 @@ class Operations:
             rec.final = None  # stays on what serves it now
             self._end(op)
             return
-        self._set_route(rec, op.goal, rec.kind, rec.detected_at, now)
+        self.fx.set_route(rec, op.goal, rec.kind, rec.detected_at, now)
         rec.final = None
-        self._publish()
-        self._emit(
+        self.fx.publish()
+        self.fx.emit(
             "upgrade", op.app, op.goal,
             previous={"server": op.current.server, "variant": op.current.variant},
             previous_variant=op.current.variant, load_ms=info.get("load_ms"),
@@ -239,7 +276,7 @@ class Operations:
         self._end(op)
 
     # home and repair -----------------------------------------------------------------------------
-    def _home_loaded(self: Orchestrator, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+    def _home_loaded(self, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
         rec = self.state.apps[op.app]
         if not ok:
             self._back_off(op.app, now)
@@ -247,61 +284,41 @@ class Operations:
             return
         self.backoff.pop(op.app, None)
         old, home = rec.route, rec.home
-        self._set_route(rec, home, RouteKind.PRIMARY, None, now)
+        self.fx.set_route(rec, home, RouteKind.PRIMARY, None, now)
         rec.final = None
-        self._publish()
+        self.fx.publish()
         if op.event:
-            self._emit(
+            self.fx.emit(
                 op.event, op.app, home,
                 previous=None if old is None else {"server": old.server, "variant": old.variant},
                 reloaded=not info.get("cached", False), load_ms=info.get("load_ms"),
             )  # fmt: skip
-        self.warm_dirty = True
+        self._moved_home()
         if old is not None and old != home and (op.app, old.server) not in self.state.warm:
             self._drain(op.app, old, now)
         self._end(op)
 
-    def _repaired(self: Orchestrator, op: Op, ok: bool, now: float) -> None:
+    def _repaired(self, op: Op, ok: bool, now: float) -> None:
         rec = self.state.apps[op.app]
         if not ok and rec.route == op.goal:
-            self._set_route(rec, None, rec.kind, rec.detected_at, now)
-            self._publish()
+            self.fx.set_route(rec, None, rec.kind, rec.detected_at, now)
+            self.fx.publish()
         self._end(op)
 
     # helpers ------------------------------------------------------------------------------------
-    def _back_off(self: Orchestrator, app: str, now: float) -> None:
+    def _back_off(self, app: str, now: float) -> None:
         """An operation of ``app`` failed: plan it again later, backing off up to the maximum."""
         _, failures = self.backoff.get(app, (0.0, 0))
         s = self.settings
         until = now + min(s.backoff_max_s, s.backoff_base_s * 2**failures)
         self.backoff[app] = (until, failures + 1)
-        self._wake_at(until, ("attend", app))
+        self.fx.wake_at(until, ("attend", app))
 
-    def _backing_off(self: Orchestrator, app: str, now: float) -> bool:
+    def backing_off(self, app: str, now: float) -> bool:
+        """Whether ``app`` is still backing off at ``now`` (a load of it failed): not planned yet."""
         until, _ = self.backoff.get(app, (0.0, 0))
         return now < until
 
-    def _drain(self: Orchestrator, app: str, where: Placement, now: float) -> None:
+    def _drain(self, app: str, where: Placement, now: float) -> None:
         """Unload ``where`` once the requests still on their way to it are answered (drain period)."""
-        self._wake_at(now + self.settings.drain_s, ("drain", (app, where.server, where.variant)))
-
-    def _failover_event(
-        self: Orchestrator, app: str, kind: str, detected_at: float, now: float, **extra: Any
-    ) -> None:
-        rec = self.state.apps[app]
-        where = rec.route
-        self._emit(
-            "failover",
-            app,
-            where,
-            kind=kind,
-            detected_at=detected_at,
-            route_ms=_ms(now - detected_at),
-            **extra,
-        )
-        if where is not None:
-            rec.last_failover = {"at": now, "kind": kind, "server": where.server, "variant": where.variant}
-
-
-def _ms(seconds: float) -> float:
-    return round(seconds * 1000.0, 3)
+        self.fx.wake_at(now + self.settings.drain_s, ("drain", (app, where.server, where.variant)))

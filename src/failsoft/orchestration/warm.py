@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from failsoft.domain import BackupState, ProactivePlan
 from failsoft.orchestration.commands import PlanProactive
+from failsoft.orchestration.effects import Effects
 from failsoft.orchestration.loads import Priority
 from failsoft.orchestration.state import WarmRecord
-
-if TYPE_CHECKING:
-    from failsoft.orchestration.core import Orchestrator
 
 log = logging.getLogger(__name__)
 
@@ -34,54 +31,68 @@ class WarmTask:
 
 
 class WarmBackups:
-    """The warm-backup side of :class:`~failsoft.orchestration.core.Orchestrator` (a mixin)."""
+    """The warm-backup side of the :class:`~failsoft.orchestration.core.Orchestrator`.
 
-    # set by Orchestrator.__init__; declared here because this mixin assigns them
-    warm_task: WarmTask | None
-    warm_dirty: bool
-    _plan_ids: int
+    It owns ``dirty`` (the backups may no longer fit the cluster: re-plan them once quiet) and
+    ``task`` (the re-plan under way: its plan id and the backup loads it still waits for), and acts
+    through the core's :class:`~failsoft.orchestration.effects.Effects`. The core decides *when* to
+    re-plan (:meth:`start`), hands it the plan (:meth:`planned`) and the backups' finished loads
+    (:meth:`loaded`), and marks it dirty when capacity moved.
+    """
 
-    def _start_warm_replan(self: Orchestrator, now: float) -> None:
-        if self.warm_task is not None:
+    def __init__(self, effects: Effects) -> None:
+        self.fx, self.state = effects, effects.state
+        self.task: WarmTask | None = None
+        self.dirty = True
+
+    def mark_dirty(self) -> None:
+        """Capacity moved (a failure, a return home, a server back): re-plan once all is quiet."""
+        self.dirty = True
+
+    @property
+    def busy(self) -> bool:
+        """A re-plan is under way (asked for, or its backups still loading)."""
+        return self.task is not None
+
+    def start(self) -> None:
+        """Ask for a proactive plan of the live cluster (unless one is under way)."""
+        if self.task is not None:
             return
-        self.warm_dirty = False
-        self._plan_ids += 1
-        self.warm_task = WarmTask(self._plan_ids)
+        self.dirty = False
+        self.task = WarmTask(self.fx.next_plan_id())
         scenario = self.state.snapshot(with_warm=False, live_only=True)
-        self._out.append(PlanProactive(self._plan_ids, scenario))
+        self.fx.send(PlanProactive(self.task.plan_id, scenario))
 
-    def proactive_planned(
-        self: Orchestrator, plan_id: int, plan: ProactivePlan | None, now: float, error: str | None = None
-    ) -> list[Any]:
+    def planned(self, plan_id: int, plan: ProactivePlan | None, now: float, error: str | None = None) -> None:
         """The driver ran the proactive policy (``plan`` None: it failed, ``error`` says why)."""
-        task = self.warm_task
+        task = self.task
         if task is None or task.plan_id != plan_id:
-            return self._flush(now)
+            return
         if plan is None:
-            self.warm_task, self.warm_dirty = None, True
-            self.last_change = now  # try again once things have been quiet again
+            self.task, self.dirty = None, True
+            self.fx.last_change = now  # try again once things have been quiet again
             log.warning("proactive planning failed: %s (planned again once quiet)", error)
-            return self._flush(now)
+            return
         task.planned = True
         desired = {(w.app, w.server): w for w in plan.warm}
         for key, rec in list(self.state.warm.items()):
             if desired.get(key) != rec.backup and not rec.backup.pinned:
                 del self.state.warm[key]
                 b = rec.backup
-                if not self._needed(b.app, b.server, b.variant):
-                    self._unload(b.server, b.app, b.variant)
+                if not self.fx.needed(b.app, b.server, b.variant):
+                    self.fx.unload(b.server, b.app, b.variant)
         for key, backup in desired.items():
             if key in self.state.warm:
                 continue
             self.state.warm[key] = WarmRecord(backup, BackupState.LOADING)
-            load_id = self._load(backup.app, backup.server, backup.variant, Priority.WARM, warm=True)
+            load_id = self.fx.load(backup.app, backup.server, backup.variant, Priority.WARM, warm=True)
             task.loads[load_id] = key
-        self._publish(force=True)
-        self._finish_warm_if_done()
-        return self._flush(now)
+        self.fx.publish(force=True)
+        self.finish_if_done()
 
-    def _warm_loaded(self: Orchestrator, load_id: int, ok: bool, app: str, server: str, variant: str) -> None:
-        task = self.warm_task
+    def loaded(self, load_id: int, ok: bool, app: str, server: str, variant: str) -> None:
+        """A backup's load finished (``ok``) or failed."""
+        task = self.task
         if task is not None:
             task.loads.pop(load_id, None)
         rec = self.state.warm.get((app, server))
@@ -90,16 +101,22 @@ class WarmBackups:
         elif not ok:
             if rec is not None and rec.backup.variant == variant and rec.state is BackupState.LOADING:
                 del self.state.warm[(app, server)]
-        elif not self._needed(app, server, variant):
-            self._unload(server, app, variant)
-        self._finish_warm_if_done()
+        elif not self.fx.needed(app, server, variant):
+            self.fx.unload(server, app, variant)
+        self.finish_if_done()
 
-    def _finish_warm_if_done(self: Orchestrator) -> None:
-        task = self.warm_task
+    def forget_load(self, load_id: int) -> None:
+        """A backup's load will never finish (its server failed): the re-plan stops waiting for it."""
+        if self.task is not None:
+            self.task.loads.pop(load_id, None)
+
+    def finish_if_done(self) -> None:
+        task = self.task
         if task is not None and task.planned and not task.loads:
-            self.warm_task = None
-            self._publish(force=True)
+            self.task = None
+            self.fx.publish(force=True)
 
-    def _warm_loading(self: Orchestrator, app: str) -> bool:
-        task = self.warm_task
+    def loading(self, app: str) -> bool:
+        """Whether a backup of ``app`` is loading for the re-plan under way."""
+        task = self.task
         return task is not None and any(a == app for a, _ in task.loads.values())

@@ -345,7 +345,7 @@ def _check_graph_state(
     backup needs ``state()``/``apply_state()``), the node's variant or else its app's (any of the
     family's when the deployment picks it); refused here, before anything is deployed."""
     from failsoft.graphs import check_stateful_variants
-    from failsoft.zoo.stateful import exposes_state
+    from failsoft.zoo.catalog import exposes_state
 
     def exposes(node: GraphNode) -> bool:
         app = apps[node.app]

@@ -211,7 +211,7 @@ class Controller:
             "heartbeats_rejected": self.receiver.rejected,
             "heartbeat_max_gap_ms": {s: round(g * 1000, 1) for s, g in self.receiver.max_gap_s.items()},
             "late_ticks": self.late_ticks,
-            "operations_running": len(self.core.ops),
+            "operations_running": len(self.core.operations),
             "route_version": self.routes.version,
             "restarted": self.restarted,
         }

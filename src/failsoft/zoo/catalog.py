@@ -27,25 +27,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from failsoft.errors import ConfigError
+from failsoft.errors import ConfigError, RepositoryError
 from failsoft.zoo import hf
 from failsoft.zoo.layout import STATEFUL_ARCHES, Arch
+from failsoft.zoo.repository import ModelRepository
+from failsoft.zoo.stateful import sp500_architecture
+from failsoft.zoo.train import Training
 
 ACCURACY_CSV = "torchvision_imagenet_accuracy.csv"
 ACCURACY_SOURCE = (
     "torchvision 0.29.2 weight metadata (ImageNet-1K top-1), "
     "failsoft/data/profiles/torchvision_imagenet_accuracy.csv"
 )
-
-
-@dataclass(frozen=True)
-class Training:
-    """How a digits variant is trained: Adam on the fixed split, fixed seed, fixed epochs."""
-
-    epochs: int = 15
-    batch_size: int = 64
-    lr: float = 2e-3
-    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,8 +85,6 @@ def _cnn(name: str, channels: list[int], fc: int, epochs: int) -> VariantSpec:
 
 
 def _gru(name: str, hidden: int, inputs: int = 1) -> VariantSpec:
-    from failsoft.zoo.stateful import sp500_architecture
-
     make = partial(sp500_architecture, hidden, inputs)
     return VariantSpec(name, "sp500_gru", make, Training(epochs=20, lr=1e-2))
 
@@ -228,6 +219,29 @@ def family_spec(name: str) -> FamilySpec:
             return fam
     known = ", ".join(f.name for f in FAMILIES)
     raise ConfigError(f"unknown zoo family {name!r} (known: {known})")
+
+
+def exposes_state(family: str, variant: str | None, repository: Path | None = None) -> bool:
+    """Whether ``family/variant`` is a stateful model (``state()``/``apply_state()``).
+
+    With no variant (the deployment picks one), every variant of the family must be. A variant built
+    in ``repository`` answers from its ``config.json``; otherwise the zoo's catalog answers, and a
+    family it does not know exposes no state.
+    """
+    if repository is not None:
+        repo = ModelRepository(repository)
+        try:
+            built = [variant] if variant else repo.variant_names(family)
+            if built and all(repo.config(family, v).stateful for v in built):
+                return True
+        except RepositoryError:
+            pass
+    try:
+        spec = family_spec(family)
+        chosen = [spec.variant(variant)] if variant else list(spec.variants)
+    except ConfigError:
+        return False
+    return all(v.stateful for v in chosen)
 
 
 def select(selectors: Iterable[str] | None = None) -> list[tuple[FamilySpec, VariantSpec]]:

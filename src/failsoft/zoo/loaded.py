@@ -9,6 +9,7 @@ warm backup means in FailLite (section 3.3: warm backups are released to make ro
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from failsoft.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from failsoft.zoo.network import Forward
+Forward = Callable[["torch.Tensor"], "torch.Tensor"]  # a network's logits function
 
 
 class LoadedModel:

@@ -11,17 +11,15 @@ variant costs reading its weights once, straight onto the target device, and not
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from failsoft.errors import CorruptModelError, ModelNotFoundError
 from failsoft.zoo.layout import VariantConfig
+from failsoft.zoo.loaded import Forward
 
 if TYPE_CHECKING:
     import torch
-
-Forward = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
 def build_network(config: VariantConfig, on_meta: bool = False) -> tuple[torch.nn.Module, Forward]:

@@ -52,20 +52,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from failsoft.errors import ConfigError, StateMismatchError
-from failsoft.zoo.digits import DIGITS_CLASSES, DIGITS_INPUT_SHAPE, DigitsSplit, build_digits_module
+from failsoft.zoo.digits import (
+    DIGITS_CLASSES,
+    DIGITS_INPUT_SHAPE,
+    DigitsSplit,
+    build_digits_module,
+    load_digits_split,
+)
 from failsoft.zoo.layout import STATEFUL_ARCHES, Accuracy, VariantConfig
 from failsoft.zoo.loaded import LoadedModel
+from failsoft.zoo.train import Training, measure_accuracy, train_digits
 
 if TYPE_CHECKING:
     import torch
-
-    from failsoft.zoo.catalog import Training
 
 STATE_FORMAT = "failsoft-state/1"
 SP500_CSV = "SP500_Trends.csv"
@@ -290,8 +294,6 @@ class OnlineDigits(StatefulModel):
 
     def example_batch(self, batch_size: int) -> np.ndarray:
         """Labelled training images (each request then also takes its SGD step: the costlier case)."""
-        from failsoft.zoo.digits import load_digits_split
-
         split = load_digits_split()
         labels = split.y_train[:batch_size, None].astype(np.float32)
         return np.concatenate([split.x_train[:batch_size], labels], axis=1)
@@ -460,9 +462,6 @@ def _train_online(
     top-1 at that point (what the model starts serving with). The detail adds the top-1 after the
     rest of the training split has been streamed through it once as labelled requests (the online
     learning the state carries)."""
-    from failsoft.zoo.digits import load_digits_split
-    from failsoft.zoo.train import measure_accuracy, train_digits
-
     split = load_digits_split()
     n = int(architecture["pretrain_images"])
     train_digits(
@@ -483,81 +482,3 @@ def _train_online(
 
 
 _NONE = Accuracy(0.0, "declared")
-
-
-def exposes_state(family: str, variant: str | None, repository: Path | None = None) -> bool:
-    """Whether ``family/variant`` is a stateful model (``state()``/``apply_state()``).
-
-    With no variant (the deployment picks one), every variant of the family must be. A variant built
-    in ``repository`` answers from its ``config.json``; otherwise the zoo's catalog answers, and a
-    family it does not know exposes no state.
-    """
-    from failsoft.errors import RepositoryError
-    from failsoft.zoo.catalog import family_spec
-    from failsoft.zoo.repository import ModelRepository
-
-    if repository is not None:
-        repo = ModelRepository(repository)
-        try:
-            built = [variant] if variant else repo.variant_names(family)
-            if built and all(repo.config(family, v).stateful for v in built):
-                return True
-        except RepositoryError:
-            pass
-    try:
-        spec = family_spec(family)
-        chosen = [spec.variant(variant)] if variant else list(spec.variants)
-    except ConfigError:
-        return False
-    return all(v.stateful for v in chosen)
-
-
-def transfer_cost(model: StatefulModel, repeats: int = 200) -> dict[str, Any]:
-    """What moving ``model``'s state costs: bytes on the wire, and the median time of ``state()`` +
-    ``to_bytes()`` on the sender and ``apply_state(bytes)`` on the receiver (the network aside)."""
-    import time
-
-    def median_ms(work: Any) -> float:
-        samples = []
-        for _ in range(repeats):
-            began = time.perf_counter()
-            work()
-            samples.append((time.perf_counter() - began) * 1000.0)
-        return round(float(np.median(samples)), 4)
-
-    blob = model.state().to_bytes()
-    return {
-        "model": model.model_id,
-        "state_arrays": {k: list(v.shape) for k, v in model.state().arrays.items()},
-        "state_bytes": model.state().nbytes,
-        "wire_bytes": len(blob),
-        "state_ms": median_ms(lambda: model.state().to_bytes()),
-        "apply_ms": median_ms(lambda: model.apply_state(blob)),
-        "compute_ms": median_ms(lambda: model.compute(np.zeros((1, *model.input_shape), np.float32))),
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m failsoft.zoo.stateful [ROOT]``: the transfer cost of every stateful variant built
-    in the repository (``$FAILSOFT_ZOO`` by default), as JSON lines (CPU, one torch thread)."""
-    import sys
-
-    import torch
-
-    from failsoft.zoo import stateful  # not this module's classes when run as __main__
-    from failsoft.zoo.repository import ModelRepository, default_zoo_path
-
-    args = sys.argv[1:] if argv is None else argv
-    repo = ModelRepository(args[0] if args else default_zoo_path())
-    torch.set_num_threads(1)
-    for family in repo.family_names():
-        for variant in repo.variant_names(family):
-            if repo.config(family, variant).stateful:
-                model = repo.load(family, variant, "cpu")
-                assert isinstance(model, stateful.StatefulModel)
-                print(json.dumps({"family": family, "variant": variant} | stateful.transfer_cost(model)))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

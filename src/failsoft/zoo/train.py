@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from failsoft.zoo.catalog import Training
 from failsoft.zoo.digits import DigitsSplit, load_digits_split
 
 if TYPE_CHECKING:
     import torch
+
+
+@dataclass(frozen=True)
+class Training:
+    """How a digits variant is trained: Adam on the fixed split, fixed seed, fixed epochs."""
+
+    epochs: int = 15
+    batch_size: int = 64
+    lr: float = 2e-3
+    seed: int = 0
 
 
 @contextlib.contextmanager

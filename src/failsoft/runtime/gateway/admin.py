@@ -5,6 +5,10 @@ inject failures. Every request must carry ``Authorization: Bearer <token>`` (com
 time); a refused one is logged at WARNING with the peer's address, an accepted action at INFO with
 who (the peer) and what (the path and its request), reads at DEBUG. Bodies are JSON objects of at
 most :data:`ADMIN_BODY_BYTES`.
+
+The routes reach the gateway through :class:`AdminHost`, the few parts of it they use, so that this
+module does not import the gateway that installs it (:class:`~failsoft.runtime.gateway.app.Gateway`
+is one).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,10 +25,36 @@ from failsoft.errors import InvalidRequestError
 from failsoft.runtime.gateway.protocol import show
 
 if TYPE_CHECKING:
-    from failsoft.runtime.gateway.app import Gateway
+    from failsoft.runtime.chaos import Chaos
+    from failsoft.runtime.cluster import ControllerRef
+    from failsoft.runtime.gateway.events import EventHub
+    from failsoft.runtime.gateway.link import ControllerLink
+    from failsoft.runtime.gateway.metrics import GatewayMetrics
+    from failsoft.runtime.gateway.routes import RouteMirror
 
 log = logging.getLogger(__name__)
 ADMIN_BODY_BYTES = 16 * 1024
+
+
+class AdminHost(Protocol):
+    """What the admin routes use of the gateway: its token, body reader, controller and chaos, and the
+    parts ``GET /admin/status`` and ``GET /admin/recoveries`` report on."""
+
+    @property
+    def admin_token(self) -> str: ...
+    @property
+    def controller(self) -> ControllerRef: ...
+    @property
+    def chaos(self) -> Chaos: ...
+    @property
+    def mirror(self) -> RouteMirror: ...
+    @property
+    def link(self) -> ControllerLink: ...
+    @property
+    def hub(self) -> EventHub: ...
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+    async def read_body(self, request: Request, limit: int) -> bytes: ...
 
 
 class KillBody(BaseModel):
@@ -73,7 +103,7 @@ def check_token(request: Request, token: str) -> None:
         raise InvalidRequestError("admin endpoints need 'Authorization: Bearer <token>'", 401)
 
 
-def install(api: FastAPI, gateway: Gateway) -> None:
+def install(api: FastAPI, gateway: AdminHost) -> None:
     """Add the admin routes of ``gateway`` to ``api``."""
 
     def guarded(path: str, method: str = "POST") -> Callable[[Any], Any]:
