@@ -37,6 +37,7 @@ dropped). :func:`failsoft.llm.speculative.speculative_generate` composes them on
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import time
@@ -47,12 +48,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from failsoft.errors import ConfigError, InvalidRequestError
 from failsoft.llm.checkpoint import CheckpointBuffer, KvChunk
-from failsoft.llm.corpus import EOS, VOCAB_SIZE, decode, encode
+from failsoft.llm.tokens import BYTES
 
 if TYPE_CHECKING:
     import torch
 
     from failsoft.llm.models import LoadedLm
+    from failsoft.llm.tokens import Tokenizer
 
 MAX_TOKENS_BOUND = 4096
 MAX_TEMPERATURE = 10.0
@@ -126,6 +128,8 @@ class Request:
     submitted_at: float = 0.0
     token_times: list[float] = field(default_factory=list)
     generator: Any = None
+    slots: Any = field(default=None, repr=False)  # the pool row of each position it may fill
+    detokenize: Callable[[Sequence[int]], str] = field(default=BYTES.decode, repr=False)
 
     @property
     def output(self) -> list[int]:
@@ -133,7 +137,7 @@ class Request:
 
     @property
     def text(self) -> str:
-        return decode(self.output)
+        return self.detokenize(self.output)
 
     @property
     def finished(self) -> bool:
@@ -175,8 +179,13 @@ class Engine:
         self.max_batch = max_batch
         self.pool = PagePool(kv_pages)
         shape = (lm.layers, kv_pages, page_size, lm.kv_heads, lm.head_dim)
-        self._k = torch.zeros(shape, dtype=torch.float32, device=lm.device)
-        self._v = torch.zeros(shape, dtype=torch.float32, device=lm.device)
+        dtype = next(lm.module.parameters()).dtype  # the KV the model computes, kept as it is
+        self._k = torch.zeros(shape, dtype=dtype, device=lm.device)
+        self._v = torch.zeros(shape, dtype=dtype, device=lm.device)
+        flat = (lm.layers, kv_pages * page_size, lm.kv_heads, lm.head_dim)
+        self._kf, self._vf = self._k.view(flat), self._v.view(flat)  # a row per (page, slot)
+        forward = inspect.signature(type(lm.module).forward).parameters
+        self._cache_kw = "cache" if "cache" in forward else "past_key_values"
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._requests: dict[str, Request] = {}
@@ -191,13 +200,20 @@ class Engine:
     def kv_mb_per_token(self) -> float:
         return self.lm.kv_mb_per_token
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer: ``encode``, ``decode`` and ``chat`` (its chat template)."""
+        return self.lm.tokenizer
+
     def _tokens(self, prompt: str | bytes | Sequence[int]) -> list[int]:
-        tokens = encode(prompt) if isinstance(prompt, str | bytes) else [int(t) for t in prompt]
+        tokens = (
+            self.lm.tokenizer.encode(prompt) if isinstance(prompt, str | bytes) else [int(t) for t in prompt]
+        )
         if not tokens:
             raise InvalidRequestError("the prompt is empty")
-        bad = [t for t in tokens if not 0 <= t < VOCAB_SIZE]
+        bad = [t for t in tokens if not 0 <= t < self.lm.vocab_size]
         if bad:
-            raise InvalidRequestError(f"token {bad[0]} is outside the vocabulary [0, {VOCAB_SIZE})")
+            raise InvalidRequestError(f"token {bad[0]} is outside the vocabulary [0, {self.lm.vocab_size})")
         return tokens
 
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
@@ -229,6 +245,7 @@ class Engine:
         if rid in self._requests:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
         req = Request(rid, prompt_len, tokens, params, on_token, scheduled, submitted_at=time.perf_counter())
+        req.detokenize = self.lm.tokenizer.decode
         req.settled = len(tokens)
         if self._pages_for(req) > self.pool.total:
             raise InvalidRequestError(
@@ -288,7 +305,11 @@ class Engine:
             raise InvalidRequestError(
                 f"request {req.id!r} needs {self._pages_for(req)} KV pages; {self.pool.free} are free"
             )
+        import torch
+
         req.pages, req.state = pages, "running"
+        page_rows = torch.tensor(pages, dtype=torch.long) * self.page_size
+        req.slots = (page_rows[:, None] + torch.arange(self.page_size)).flatten().to(self._k.device)
         self._running.append(req)
 
     def get(self, request_id: str) -> Request:
@@ -380,97 +401,88 @@ class Engine:
                 self.cancel(req.id)
 
     # ------------------------------------------------------------------ model calls
-    def _gather(self, req: Request) -> tuple[list[Any], list[Any]]:
-        """Per layer, the request's cached K and V as (kv_heads, cached, head_dim)."""
-        n = req.cached
-        used = math.ceil(n / self.page_size)
-        idx = req.pages[:used]
-        ks, vs = [], []
-        for layer in range(self.lm.layers):
-            k = self._k[layer, idx].reshape(used * self.page_size, self.lm.kv_heads, self.lm.head_dim)[:n]
-            v = self._v[layer, idx].reshape(used * self.page_size, self.lm.kv_heads, self.lm.head_dim)[:n]
-            ks.append(k.transpose(0, 1))
-            vs.append(v.transpose(0, 1))
-        return ks, vs
+    def _past(self, rows: torch.Tensor) -> Any:
+        """A ``transformers`` cache holding the pool rows ``rows`` ((batch, n) pool row indices)
+        of every layer, as (batch, kv_heads, n, head_dim): one gather per K and V for all layers."""
+        from transformers import DynamicCache
 
-    def _scatter(self, req: Request, layer_kv: list[tuple[Any, Any]], keep: int) -> None:
-        """Write the first ``keep`` new positions (K, V as (kv_heads, n, head_dim)) into the pages."""
+        if rows.shape[1] == 0:
+            return DynamicCache()
+        k = self._kf[:, rows].transpose(2, 3)  # (layers, batch, kv_heads, n, head_dim)
+        v = self._vf[:, rows].transpose(2, 3)
+        return DynamicCache(list(zip(k.unbind(0), v.unbind(0), strict=True)))
+
+    def _scatter(self, rows: torch.Tensor, past: Any, start: int, keep: int) -> None:
+        """Write the cache's positions ``[start, start + keep)`` of every layer and batch row into the
+        pool rows ``rows`` ((batch, keep))."""
         import torch
 
         if keep <= 0:
             return
-        pos = torch.arange(req.cached, req.cached + keep)
-        pages = torch.tensor(req.pages, dtype=torch.long)[pos // self.page_size].to(self._k.device)
-        slots = (pos % self.page_size).to(self._k.device)
-        for layer, (k, v) in enumerate(layer_kv):
-            self._k[layer, pages, slots] = k[:, :keep].transpose(0, 1)
-            self._v[layer, pages, slots] = v[:, :keep].transpose(0, 1)
-        req.cached += keep
+        layers = past.layers
+        k = torch.stack([layer.keys[:, :, start : start + keep] for layer in layers])
+        v = torch.stack([layer.values[:, :, start : start + keep] for layer in layers])
+        self._kf[:, rows] = k.transpose(2, 3)  # (layers, batch, keep, kv_heads, head_dim)
+        self._vf[:, rows] = v.transpose(2, 3)
 
-    def _extend(self, req: Request, feed: list[int], keep: int) -> torch.Tensor:
+    def _extend(self, req: Request, feed: list[int], keep: int, last_only: bool = True) -> torch.Tensor:
         """One forward of ``feed`` after the request's cached tokens; keeps the first ``keep`` new
         KV entries; returns the logits of every fed position."""
-        logits, new = self._forward(req, feed)
-        self._scatter(req, new, keep)
+        logits, past = self._forward(req, feed, last_only)
+        self._keep(req, past, keep)
         return logits
 
-    def _forward(self, req: Request, feed: list[int]) -> tuple[torch.Tensor, list[tuple[Any, Any]]]:
+    def _keep(self, req: Request, past: Any, keep: int) -> None:
+        """Store the first ``keep`` positions a forward added after the request's cached tokens."""
+        self._scatter(req.slots[None, req.cached : req.cached + keep], past, req.cached, keep)
+        req.cached += max(keep, 0)
+
+    def _forward(self, req: Request, feed: list[int], last_only: bool = False) -> tuple[torch.Tensor, Any]:
+        """One forward of ``feed`` after the request's cached tokens: the logits of every fed
+        position (of the last only, when that is all the caller reads: a prefill's vocabulary
+        projection is then one row) and the cache (cached tokens, then the fed ones)."""
         import torch
-        from transformers import DynamicCache
 
         dev = self.lm.device
-        if req.cached:
-            ks, vs = self._gather(req)
-            cache = DynamicCache([(k[None], v[None]) for k, v in zip(ks, vs, strict=True)])
-        else:
-            cache = DynamicCache()
+        cache = self._past(req.slots[None, : req.cached])
         ids = torch.tensor([feed], dtype=torch.long, device=dev)
         positions = torch.arange(req.cached, req.cached + len(feed), device=dev)[None]
-        with torch.inference_mode():
-            out = self.lm.module(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
-        n = req.cached
-        return out.logits[0], [
-            (layer.keys[0, :, n:], layer.values[0, :, n:]) for layer in out.past_key_values.layers
-        ]
+        logits, past = self._call(ids, cache, positions, None, 1 if last_only else 0)
+        return logits[0], past
 
     def _decode_batch(self, reqs: list[Request]) -> torch.Tensor:
-        """One batched forward of each request's last token; returns (batch, vocab) logits."""
+        """One batched forward of each request's last token, its cache left-padded to the longest
+        (masked); returns (batch, vocab) logits."""
         import torch
-        from transformers import DynamicCache
 
         dev = self.lm.device
         longest = max(r.cached for r in reqs)
-        b, h, d = len(reqs), self.lm.kv_heads, self.lm.head_dim
-        mask = torch.zeros((b, longest + 1), dtype=torch.long, device=dev)
-        data = []
-        gathered = [self._gather(r) for r in reqs]
-        for layer in range(self.lm.layers):
-            k = torch.zeros((b, h, longest, d), dtype=torch.float32, device=dev)
-            v = torch.zeros((b, h, longest, d), dtype=torch.float32, device=dev)
-            for i, r in enumerate(reqs):
-                if r.cached:
-                    k[i, :, longest - r.cached :] = gathered[i][0][layer]
-                    v[i, :, longest - r.cached :] = gathered[i][1][layer]
-            data.append((k, v))
-        for i, r in enumerate(reqs):
-            mask[i, longest - r.cached :] = 1
+        pad = torch.zeros(longest, dtype=torch.long, device=dev)  # any row: masked out
+        rows = torch.stack([torch.cat((pad[: longest - r.cached], r.slots[: r.cached])) for r in reqs])
+        lengths = torch.tensor([r.cached for r in reqs], device=dev)
+        mask = (torch.arange(longest + 1, device=dev)[None] >= (longest - lengths)[:, None]).long()
         ids = torch.tensor([[r.tokens[-1]] for r in reqs], dtype=torch.long, device=dev)
-        positions = torch.tensor([[r.cached] for r in reqs], dtype=torch.long, device=dev)
-        cache = DynamicCache(data) if longest else DynamicCache()
+        logits, past = self._call(ids, self._past(rows), lengths[:, None], mask, 1)
+        new_rows = torch.stack([r.slots[r.cached : r.cached + 1] for r in reqs])
+        self._scatter(new_rows, past, longest, 1)
+        for r in reqs:
+            r.cached += 1
+        return logits[:, -1]
+
+    def _call(
+        self, ids: torch.Tensor, cache: Any, positions: torch.Tensor, mask: Any, keep: int
+    ) -> tuple[Any, Any]:
+        """The model's forward; (batch, fed or ``keep`` last, vocab) logits and the cache it filled.
+        ``transformers`` renamed ``past_key_values`` to ``cache`` (5.x); both are served."""
+        import torch
+
+        kwargs = {self._cache_kw: cache, "logits_to_keep": keep}
         with torch.inference_mode():
             out = self.lm.module(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs
             )
-        layers = out.past_key_values.layers
-        for i, r in enumerate(reqs):
-            self._scatter(
-                r, [(layer.keys[i, :, longest:], layer.values[i, :, longest:]) for layer in layers], 1
-            )
-        return out.logits[:, -1]
+        past = getattr(out, "cache", None)
+        return out.logits, past if past is not None else out.past_key_values
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
         import torch
@@ -492,7 +504,7 @@ class Engine:
             if len(req.output) >= req.params.max_tokens:
                 self._finish(req, "length")
                 break
-            if token == EOS and req.params.stop_at_eos:
+            if req.params.stop_at_eos and token in self.lm.eos_ids:
                 self._finish(req, "eos")
                 break
         return n
@@ -522,8 +534,9 @@ class Engine:
             req.exported_pages,
             req.prompt_len,
             _numpy(req.tokens),
-            self._k[:, idx].cpu().numpy(),
-            self._v[:, idx].cpu().numpy(),
+            _to_numpy(self._k[:, idx]),
+            _to_numpy(self._v[:, idx]),
+            _dtype_name(self._k.dtype),
         )
         req.exported_pages = full
         return chunk.to_bytes()
@@ -545,6 +558,10 @@ class Engine:
             raise InvalidRequestError(
                 f"the checkpoint is of model {checkpoint.model!r}; this engine serves {self.lm.fingerprint!r}"
             )
+        if checkpoint.kv_dtype != _dtype_name(self._k.dtype):
+            raise InvalidRequestError(
+                f"the checkpoint's KV is {checkpoint.kv_dtype}; this engine's {_dtype_name(self._k.dtype)}"
+            )
         if checkpoint.page_size != self.page_size:
             raise InvalidRequestError(
                 f"the checkpoint has pages of {checkpoint.page_size} tokens; this engine {self.page_size}"
@@ -562,8 +579,8 @@ class Engine:
 
         k, v = checkpoint.arrays()
         idx = req.pages[: checkpoint.pages]
-        self._k[:, idx] = torch.from_numpy(k).to(self._k.device)
-        self._v[:, idx] = torch.from_numpy(v).to(self._v.device)
+        self._k[:, idx] = torch.from_numpy(k).view(self._k.dtype).to(self._k.device)
+        self._v[:, idx] = torch.from_numpy(v).view(self._v.dtype).to(self._v.device)
         req.cached = covered
         req.exported_pages = 0
         if len(req.output) >= params.max_tokens:
@@ -615,16 +632,17 @@ class Engine:
         req = self._driveable(request_id)
         drafts = [int(t) for t in drafts]
         pending = req.tokens[req.cached :]
-        logits, new = self._forward(req, pending + drafts)
+        logits, past = self._forward(req, pending + drafts)
         choice = logits[len(pending) - 1 :].argmax(-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
             accepted += 1
         committed = [*drafts[:accepted], choice[accepted]][: req.params.max_tokens - len(req.output)]
-        if req.params.stop_at_eos and EOS in committed:
-            committed = committed[: committed.index(EOS) + 1]
+        if req.params.stop_at_eos:
+            ends = [i for i, t in enumerate(committed) if t in self.lm.eos_ids]
+            committed = committed[: ends[0] + 1] if ends else committed
         # keep the KV of the pending tokens and of the committed tokens but the newest
-        self._scatter(req, new, len(pending) + len(committed) - 1)
+        self._keep(req, past, len(pending) + len(committed) - 1)
         self._emit(req, committed)
         req.settled = len(req.tokens)
         return Verdict(len(drafts), accepted, tuple(committed))
@@ -634,3 +652,15 @@ def _numpy(tokens: list[int]) -> Any:
     import numpy as np
 
     return np.asarray(tokens, dtype=np.int64)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _to_numpy(kv: torch.Tensor) -> Any:
+    """KV pages as numpy; bfloat16 (which numpy lacks) as its int16 bit pattern."""
+    import torch
+
+    kv = kv.cpu()
+    return (kv.view(torch.int16) if kv.dtype == torch.bfloat16 else kv).numpy()
