@@ -368,8 +368,11 @@ class Engine:
             logits = self._extend(req, req.tokens[req.cached :], keep=len(req.tokens) - req.cached)
             emitted += self._emit(req, [self._sample(req, logits[-1])])
         if singles:
-            for req, row in zip(singles, self._decode_batch(singles), strict=True):
-                emitted += self._emit(req, [self._sample(req, row)])
+            logits = self._decode_batch(singles)
+            greedy = logits.argmax(-1).tolist()  # one call for the whole batch
+            for i, req in enumerate(singles):
+                token = greedy[i] if req.params.temperature == 0 else self._sample(req, logits[i])
+                emitted += self._emit(req, [token])
         return emitted
 
     def run(self) -> None:
@@ -457,10 +460,14 @@ class Engine:
 
         dev = self.lm.device
         longest = max(r.cached for r in reqs)
-        pad = torch.zeros(longest, dtype=torch.long, device=dev)  # any row: masked out
-        rows = torch.stack([torch.cat((pad[: longest - r.cached], r.slots[: r.cached])) for r in reqs])
         lengths = torch.tensor([r.cached for r in reqs], device=dev)
-        mask = (torch.arange(longest + 1, device=dev)[None] >= (longest - lengths)[:, None]).long()
+        if all(r.cached == longest for r in reqs):  # no padding: no mask to build (nor to apply)
+            rows = torch.stack([r.slots[:longest] for r in reqs])
+            mask = None
+        else:
+            pad = torch.zeros(longest, dtype=torch.long, device=dev)  # any row: masked out
+            rows = torch.stack([torch.cat((pad[: longest - r.cached], r.slots[: r.cached])) for r in reqs])
+            mask = (torch.arange(longest + 1, device=dev)[None] >= (longest - lengths)[:, None]).long()
         ids = torch.tensor([[r.tokens[-1]] for r in reqs], dtype=torch.long, device=dev)
         logits, past = self._call(ids, self._past(rows), lengths[:, None], mask, 1)
         new_rows = torch.stack([r.slots[r.cached : r.cached + 1] for r in reqs])
