@@ -230,3 +230,21 @@ def test_bfloat16_kv_pages_travel_bit_for_bit(tmp_path, tokenizer):
             kv_pages=16,
             page_size=4,
         ).restore(held, req.params)
+
+
+def test_record_measures_sizes_load_and_per_batch_speeds(tmp_path, tokenizer):
+    from failsoft.llm.record import hf_record
+
+    where = _save(tmp_path, "qwen2", tokenizer, 32, 1, seed=4)
+    rec = hf_record(where, device="cpu", batch_sizes=(1, 3), prompt_tokens=8, new_tokens=4)
+    shard = where / "model.safetensors"
+    assert rec["weights"]["files"] == ["model.safetensors"]
+    assert rec["weights"]["file_bytes"] == shard.stat().st_size
+    assert rec["weights"]["parameter_bytes"] == 4 * rec["weights"]["parameters"]  # float32
+    assert rec["kv_bytes_per_token"] == rec["kv_bytes_per_token_forward"] == 2 * 1 * 2 * 8 * 4
+    assert rec["architecture"]["model_type"] == "qwen2" and rec["tokenizer"]["chat_template"] is True
+    assert [b["batch"] for b in rec["batches"]] == [1, 3]
+    assert all(b["ttft_ms"] > 0 and b["tpot_ms"] > 0 and b["tokens_per_s"] > 0 for b in rec["batches"])
+    assert rec["load_ms"] > 0
+    with pytest.raises(ConfigError, match="exceed the model's context 128"):
+        hf_record(where, device="cpu", batch_sizes=(1,), prompt_tokens=120, new_tokens=16)
