@@ -248,3 +248,26 @@ def test_record_measures_sizes_load_and_per_batch_speeds(tmp_path, tokenizer):
     assert rec["load_ms"] > 0
     with pytest.raises(ConfigError, match="exceed the model's context 128"):
         hf_record(where, device="cpu", batch_sizes=(1,), prompt_tokens=120, new_tokens=16)
+
+
+def test_cli_generates_from_a_model_directory_through_its_chat_template(tmp_path, tokenizer):
+    import json
+
+    from typer.testing import CliRunner
+
+    from failsoft.cli import app
+
+    target = _save(tmp_path, "llama", tokenizer, 32, 1, seed=5)
+    draft = _save(tmp_path / "d", "llama", tokenizer, 16, 1, seed=6)
+    base = ["llm", "generate", "recover the node", "--model", str(target), "--device", "cpu"]
+    res = CliRunner().invoke(app, [*base, "--chat", "--max-tokens", "5"])
+    assert res.exit_code == 0, res.output
+    plain = json.loads(res.stdout[res.stdout.index("{") :])
+    assert 1 <= plain["tokens"] <= 5 and plain["finish_reason"] in ("length", "eos")
+    res = CliRunner().invoke(
+        app, [*base, "--draft-model", str(draft), "--draft-tokens", "2", "--max-tokens", "5"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout[res.stdout.index("{") :])["steps"] >= 1
+    res = CliRunner().invoke(app, [*base, "--draft-tokens", "2"])
+    assert isinstance(res.exception, ConfigError) and "needs --draft-model" in str(res.exception)
