@@ -1,22 +1,29 @@
 """A continuous-batching LLM engine with a paged KV cache, KV checkpoints and speculative calls.
 
-The engine serves one :class:`~failsoft.llm.models.LoadedLm` (a ``transformers`` causal LM). It is
-single-threaded: a runtime worker calls :meth:`Engine.step` in its loop and the other methods
+The engine serves one :class:`~failsoft.llm.models.LoadedLm`: a ``transformers`` causal LM with the
+standard KV layout (the byte-level pair trained here, or a Hugging Face model directory loaded by
+:func:`failsoft.llm.hf.load_hf`) and its tokenizer (a text prompt is encoded with it; token ids
+are taken as they are, bounded by the model's vocabulary; the model's EOS ids end a request). It
+is single-threaded: a runtime worker calls :meth:`Engine.step` in its loop and the other methods
 between steps.
 
 **Paged KV cache.** The KV of every request lives in fixed-size pages (``page_size`` tokens) of one
-preallocated pool per engine, ``(layers, pages, page_size, kv_heads, head_dim)`` for K and for V.
+preallocated pool per engine, ``(layers, pages, page_size, kv_heads, head_dim)`` for K and for V,
+in the model's own dtype.
 A request is admitted only when the pool has the pages it can ever need
 (``ceil((prompt + max_tokens - 1) / page_size)``: the last token's KV is never computed), so a
 running request never waits for memory and no preemption is needed; its pages return to the pool
-when it finishes, is cancelled or is closed. Attention gathers a request's pages into a contiguous
-cache for the forward pass (``transformers``' eager attention; a fused paged kernel is what vLLM
-adds) and the new KV is scattered back into the pages, so the pages are the only KV state.
+when it finishes, is cancelled or is closed. Before a forward pass the requests' pages are
+gathered into a contiguous cache (one indexing of the pool for every layer and request: each
+request knows the pool row of each of its positions), the model runs with ``transformers``' own
+attention (a fused paged kernel is what vLLM adds), and the new KV is scattered back into the
+pages in one indexing too, so the pages are the only KV state.
 
 **Continuous batching.** Requests wait FIFO and join between steps as pages free up. A step first
 runs the forward of each request that has more than one token to feed (a prefill, or a restore's
 uncovered tail), then one batched decode forward over every running request with one token to
-feed (left-padded, masked, explicit positions). Requests leave as soon as they finish.
+feed (left-padded and masked when their lengths differ, explicit positions). Requests leave as
+soon as they finish.
 
 **Sampling.** Greedy (``temperature = 0``) or temperature sampling from a per-request seeded
 generator. Each new token goes to the request's callback and its stream; TTFT (submit to first
