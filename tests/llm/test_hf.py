@@ -50,7 +50,8 @@ CHAT_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """A byte-level BPE of 320 tokens trained on generated text, as a PreTrainedTokenizerFast."""
+    """A byte-level BPE trained on generated text (319 tokens: the merges run out before the 320
+    asked), as a PreTrainedTokenizerFast with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
