@@ -72,12 +72,12 @@ def tokenizer():
     return tok
 
 
-def _config(arch: str, tok, hidden: int, layers: int):
+def _config(arch: str, tok, hidden: int, layers: int, vocab_pad: int = 0):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch]
     return cls(
-        vocab_size=len(tok),
+        vocab_size=len(tok) + vocab_pad,
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
@@ -91,11 +91,11 @@ def _config(arch: str, tok, hidden: int, layers: int):
     )
 
 
-def _save(tmp, arch: str, tok, hidden: int, layers: int, seed: int):
+def _save(tmp, arch: str, tok, hidden: int, layers: int, seed: int, vocab_pad: int = 0):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(arch, tok, hidden, layers)).eval()
+    model = AutoModelForCausalLM.from_config(_config(arch, tok, hidden, layers, vocab_pad)).eval()
     where = tmp / f"{arch}-{hidden}"
     model.save_pretrained(where)
     tok.save_pretrained(where)
@@ -107,7 +107,9 @@ def models(request, tokenizer, tmp_path_factory):
     """(target, draft, greedy references of PROMPTS by ``generate``) for one architecture."""
     tmp = tmp_path_factory.mktemp(request.param)
     target = load_hf(_save(tmp, request.param, tokenizer, 64, 2, seed=1), device="cpu")
-    draft = load_hf(_save(tmp, request.param, tokenizer, 32, 1, seed=2), device="cpu")
+    # the draft's embeddings are padded wider than the tokenizer (as Qwen2 sizes differ): its ids
+    # past the target's vocabulary are proposed, and never accepted
+    draft = load_hf(_save(tmp, request.param, tokenizer, 32, 1, seed=2, vocab_pad=64), device="cpu")
     refs = []
     for prompt in PROMPTS:
         ids = torch.tensor([tokenizer.encode(prompt)])
@@ -129,7 +131,7 @@ def test_loaded_model_keeps_its_tokenizer_template_and_config(models, tokenizer)
     target, draft, _ = models
     assert target.vocab_size == len(tokenizer) and target.eos_ids == {tokenizer.eos_token_id}
     assert (target.layers, target.kv_heads, target.head_dim, target.context) == (2, 2, 16, 128)
-    assert target.fingerprint != draft.fingerprint
+    assert target.fingerprint != draft.fingerprint and draft.vocab_size == len(tokenizer) + 64
     messages = [{"role": "user", "content": "recover the node"}]
     want = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -195,6 +197,20 @@ def test_speculative_output_equals_target_greedy(models):
     selfdraft = speculative_generate(t, Engine(target, kv_pages=32, page_size=8), PROMPTS[1], GREEDY, 3)
     assert list(selfdraft.tokens) == refs[1] and selfdraft.acceptance == 1.0  # multi-token commits
     assert t.pool.free == t.pool.total and d.pool.free == d.pool.total
+
+
+def test_a_draft_id_outside_the_targets_vocabulary_is_proposed_and_rejected(models):
+    target, _, refs = models
+    engine = Engine(target, kv_pages=8, page_size=8)
+    req = engine.open(PROMPTS[0], GREEDY)
+    verdict = engine.verify(req.id, [target.vocab_size + 3, refs[0][1]])
+    assert (verdict.proposed, verdict.accepted, verdict.tokens) == (2, 0, (refs[0][0],))
+
+
+def test_a_draft_with_another_tokenizer_is_refused(models, pair):
+    target, _, _ = models
+    with pytest.raises(InvalidRequestError, match="does not share the tokenizer of the target"):
+        speculative_generate(Engine(target, kv_pages=8), Engine(pair[1], kv_pages=8), "the", GREEDY)
 
 
 def test_token_ids_outside_the_models_vocabulary_are_refused(models):

@@ -644,7 +644,11 @@ class Engine:
         """Check ``drafts`` against this (target) model in one forward pass; commit the accepted
         prefix and the target's next token (streamed like generated tokens)."""
         req = self._driveable(request_id)
+        proposed = len(drafts)
         drafts = [int(t) for t in drafts]
+        # a draft whose vocabulary is padded wider may propose ids this model has not: never accepted
+        usable = next((i for i, t in enumerate(drafts) if not 0 <= t < self.lm.vocab_size), len(drafts))
+        drafts = drafts[:usable]
         pending = req.tokens[req.cached :]
         logits, past = self._forward(req, pending + drafts)
         choice = logits[len(pending) - 1 :].argmax(-1).tolist()
@@ -659,7 +663,7 @@ class Engine:
         self._keep(req, past, len(pending) + len(committed) - 1)
         self._emit(req, committed)
         req.settled = len(req.tokens)
-        return Verdict(len(drafts), accepted, tuple(committed))
+        return Verdict(proposed, accepted, tuple(committed))
 
 
 def _numpy(tokens: list[int]) -> Any:

@@ -91,6 +91,14 @@ class HfTokenizer:
         return [int(t) for t in ids]
 
 
+def same_tokens(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether two tokenizers map text to the same ids (a draft must share its target's): the same
+    vocabulary for two Hugging Face tokenizers, both byte-level otherwise."""
+    if isinstance(a, HfTokenizer) and isinstance(b, HfTokenizer):
+        return bool(a.tok.get_vocab() == b.tok.get_vocab())
+    return type(a) is type(b)
+
+
 def eos_ids(module: Any, tokenizer: Any | None = None) -> frozenset[int]:
     """The ids that end a generation, as ``transformers``' ``generate`` reads them: the model's
     generation config, else its config, else the tokenizer's EOS."""
