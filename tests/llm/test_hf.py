@@ -155,10 +155,10 @@ def test_continuous_batch_of_mixed_lengths_arriving_at_different_steps_equals_ge
     engine = Engine(target, kv_pages=64, page_size=8, max_batch=3)
     reqs = [engine.submit(PROMPTS[0], GREEDY)]
     engine.step()
-    reqs.append(engine.submit(PROMPTS[1], GREEDY))
+    reqs += [engine.submit(p, GREEDY) for p in PROMPTS[1:3]]  # 9 and 15 tokens: one padded prefill
     engine.step()
     engine.step()
-    reqs += [engine.submit(p, GREEDY) for p in PROMPTS[2:]]
+    reqs.append(engine.submit(PROMPTS[3], GREEDY))  # waits for a slot, then decodes from 1 token
     peak = 0
     while not engine.idle():
         engine.step()

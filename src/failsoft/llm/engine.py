@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
 MAX_TOKENS_BOUND = 4096
 MAX_TEMPERATURE = 10.0
+PREFILL_BATCH_TOKENS = 4096  # newcomers prefilled in one forward, padded prompt tokens at most
 TokenCallback = Callable[["Request", int], None]
 
 
@@ -369,17 +370,25 @@ class Engine:
             self._waiting.popleft()
             self._admit(head)
         active = [r for r in self._running if r.scheduled]
+        singles = [r for r in active if len(r.tokens) - r.cached == 1]  # before prefills add more
         emitted = 0
-        singles = [r for r in active if len(r.tokens) - r.cached == 1]
-        for req in [r for r in active if len(r.tokens) - r.cached > 1]:
+        for req in [r for r in active if r.cached > 0 and len(r.tokens) - r.cached > 1]:
             logits = self._extend(req, req.tokens[req.cached :], keep=len(req.tokens) - req.cached)
             emitted += self._emit(req, [self._sample(req, logits[-1])])
+        fresh = [r for r in active if r.cached == 0 and len(r.tokens) > 1]
+        for group in _prefill_groups(fresh, PREFILL_BATCH_TOKENS):
+            emitted += self._emit_rows(group, self._prefill_batch(group))
         if singles:
-            logits = self._decode_batch(singles)
-            greedy = logits.argmax(-1).tolist()  # one call for the whole batch
-            for i, req in enumerate(singles):
-                token = greedy[i] if req.params.temperature == 0 else self._sample(req, logits[i])
-                emitted += self._emit(req, [token])
+            emitted += self._emit_rows(singles, self._decode_batch(singles))
+        return emitted
+
+    def _emit_rows(self, reqs: list[Request], logits: torch.Tensor) -> int:
+        """Sample and emit one token per request from (batch, vocab) logits."""
+        greedy = logits.argmax(-1).tolist()  # one call for the whole batch
+        emitted = 0
+        for i, req in enumerate(reqs):
+            token = greedy[i] if req.params.temperature == 0 else self._sample(req, logits[i])
+            emitted += self._emit(req, [token])
         return emitted
 
     def run(self) -> None:
@@ -459,6 +468,29 @@ class Engine:
         positions = torch.arange(req.cached, req.cached + len(feed), device=dev)[None]
         logits, past = self._call(ids, cache, positions, None, 1 if last_only else 0)
         return logits[0], past
+
+    def _prefill_batch(self, reqs: list[Request]) -> torch.Tensor:
+        """One forward of the prompts of requests with nothing cached, left-padded to the longest
+        (masked when they differ); their KV goes to their pages; returns (batch, vocab) logits."""
+        import torch
+        from transformers import DynamicCache
+
+        dev = self.lm.device
+        lengths = [len(r.tokens) for r in reqs]
+        longest = max(lengths)
+        ids = torch.tensor([[0] * (longest - len(r.tokens)) + r.tokens for r in reqs], device=dev)
+        offsets = torch.tensor([longest - n for n in lengths], device=dev)[:, None]
+        cols = torch.arange(longest, device=dev)[None]
+        valid = cols >= offsets  # (batch, longest): the real tokens
+        mask = None if min(lengths) == longest else valid.long()
+        logits, past = self._call(ids, DynamicCache(), (cols - offsets).clamp(min=0), mask, 1)
+        dest = torch.cat([r.slots[:n] for r, n in zip(reqs, lengths, strict=True)])
+        for pool, kind in ((self._kf, "keys"), (self._vf, "values")):
+            kv = torch.stack([getattr(layer, kind) for layer in past.layers])  # (layers, b, h, n, d)
+            pool[:, dest] = kv.transpose(2, 3)[:, valid]
+        for r, n in zip(reqs, lengths, strict=True):
+            r.cached = n
+        return logits[:, -1]
 
     def _decode_batch(self, reqs: list[Request]) -> torch.Tensor:
         """One batched forward of each request's last token, its cache left-padded to the longest
@@ -664,6 +696,22 @@ class Engine:
         self._emit(req, committed)
         req.settled = len(req.tokens)
         return Verdict(proposed, accepted, tuple(committed))
+
+
+def _prefill_groups(reqs: list[Request], budget: int) -> Iterator[list[Request]]:
+    """Newcomers in arrival order, in groups whose padded prompts (batch x longest) fit ``budget``
+    tokens (a prompt longer than the budget goes alone)."""
+    group: list[Request] = []
+    longest = 0
+    for req in reqs:
+        n = len(req.tokens)
+        if group and (len(group) + 1) * max(longest, n) > budget:
+            yield group
+            group, longest = [], 0
+        group.append(req)
+        longest = max(longest, n)
+    if group:
+        yield group
 
 
 def _numpy(tokens: list[int]) -> Any:
