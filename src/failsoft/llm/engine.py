@@ -20,10 +20,11 @@ attention (a fused paged kernel is what vLLM adds), and the new KV is scattered 
 pages in one indexing too, so the pages are the only KV state.
 
 **Continuous batching.** Requests wait FIFO and join between steps as pages free up. A step first
-runs the forward of each request that has more than one token to feed (a prefill, or a restore's
-uncovered tail), then one batched decode forward over every running request with one token to
-feed (left-padded and masked when their lengths differ, explicit positions). Requests leave as
-soon as they finish.
+runs the forward of each restored request's uncovered tail, then the prefill of the newcomers
+together (left-padded to the longest, in groups of at most ``PREFILL_BATCH_TOKENS`` padded
+tokens), then one batched decode forward over every request that had one token to feed (its
+cache left-padded and masked when the lengths differ, explicit positions). Each request gains one
+token per step; requests leave as soon as they finish.
 
 **Sampling.** Greedy (``temperature = 0``) or temperature sampling from a per-request seeded
 generator. Each new token goes to the request's callback and its stream; TTFT (submit to first
