@@ -223,3 +223,24 @@ def test_checkpoints_of_another_model_or_out_of_order_are_refused(pair):
         held.add(b"garbage")
     source.cancel(req.id)
     assert source.pool.free == source.pool.total
+
+
+def test_newcomers_are_prefilled_in_groups_within_the_padded_token_budget():
+    from types import SimpleNamespace
+
+    from failsoft.llm.engine import _prefill_groups
+
+    reqs = [SimpleNamespace(tokens=[0] * n) for n in (10, 30, 20, 50, 5)]
+    groups = [[len(r.tokens) for r in g] for g in _prefill_groups(reqs, budget=60)]
+    assert groups == [[10, 30], [20], [50], [5]]  # 3 x 30 > 60; 2 x 50 > 60; 2 x 50 > 60
+    assert [len(g) for g in _prefill_groups(reqs[:1], budget=4)] == [1]  # longer than the budget: alone
+
+
+def test_byte_pair_chat_is_role_lines_then_the_assistant_prompt(pair):
+    tok = Engine(pair[0], kv_pages=8).tokenizer
+    ids = tok.chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}])
+    assert tok.decode(ids) == "system: be brief\nuser: hi\nassistant: "
+    with pytest.raises(InvalidRequestError, match="a chat needs at least one message"):
+        tok.chat([])
+    with pytest.raises(InvalidRequestError, match="message 0 must have a string 'role' and 'content'"):
+        tok.chat([{"role": "user"}])

@@ -231,6 +231,19 @@ def llm(
     _emit(run(config, settings, progress=_progress), out)
 
 
+@app.command("llm-engine")
+def llm_engine(
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Timed runs per way (medians)")] = 5,
+    threads: Annotated[int, typer.Option(min=1, max=256, help="torch threads, the same for every way")] = 1,
+    new_tokens: Annotated[int, typer.Option(min=1, max=4000, help="Tokens generated per request")] = 64,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """The LLM engine's tokens/s on a tiny random Llama: batch 1 vs generate, 8 requests vs 1."""
+    from failsoft.bench.llm_engine import EngineBenchSettings, run
+
+    _emit(run(EngineBenchSettings(new_tokens=new_tokens, repeats=repeats, threads=threads)), out)
+
+
 @app.command("replication")
 def replication(
     config: Annotated[

@@ -3,7 +3,9 @@
 ``build`` trains and stores a size's pair (idempotent; ``tiny`` in seconds, ``small``, the default,
 in minutes on a CPU) and prints what it measured as JSON: held-out bits per byte of each model and
 the draft's greedy acceptance rate. ``generate`` streams one prompt's tokens and prints TTFT, time
-per output token and, with ``--draft-tokens``, the speculative acceptance.
+per output token and, with ``--draft-tokens``, the speculative acceptance; ``--model DIR`` serves a
+local Hugging Face causal LM instead of the pair (``--draft-model DIR`` its draft, ``--chat`` the
+prompt through its chat template).
 """
 
 from __future__ import annotations
@@ -72,22 +74,40 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt text")],
     root: Annotated[Path | None, typer.Option(help="Repository root")] = None,
     size: SizeOpt = "small",
+    model: Annotated[
+        Path | None, typer.Option(help="A local Hugging Face causal-LM directory instead of the pair")
+    ] = None,
+    draft_model: Annotated[
+        Path | None, typer.Option(help="Its draft (same tokenizer), for --draft-tokens")
+    ] = None,
+    chat: Annotated[bool, typer.Option(help="PROMPT is a user message, through the chat template")] = False,
     max_tokens: Annotated[int, typer.Option(help="Tokens to generate")] = 64,
     temperature: Annotated[float, typer.Option(help="0: greedy")] = 0.0,
     draft_tokens: Annotated[int, typer.Option(help="> 0: speculative decoding with the draft")] = 0,
     device: DeviceOpt = None,
 ) -> None:
     """Stream the continuation of PROMPT to stderr; print metrics as JSON on stdout."""
+    from failsoft.errors import ConfigError
     from failsoft.llm import Engine, SamplingParams, speculative_generate
-    from failsoft.llm.corpus import decode
+    from failsoft.llm.hf import load_hf
     from failsoft.llm.models import load_lm
 
+    if draft_tokens > 0 and model and not draft_model:
+        raise ConfigError("--draft-tokens with --model needs --draft-model (a smaller model, same tokenizer)")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
-    target = Engine(load_lm(root, f"{size}-target", device))
+    target = Engine(load_hf(model, device) if model else load_lm(root, f"{size}-target", device))
+    tok = target.tokenizer
+    ids = tok.chat([{"role": "user", "content": prompt}]) if chat else tok.encode(prompt)
     if draft_tokens > 0:
-        draft = Engine(load_lm(root, f"{size}-draft", device))
-        result = speculative_generate(target, draft, prompt, params, draft_tokens)
-        sys.stderr.write(decode(list(result.tokens)) + "\n")
+        if model and not draft_model:
+            raise ConfigError(
+                "--draft-tokens with --model needs --draft-model (a smaller model, same tokenizer)"
+            )
+        draft = Engine(
+            load_hf(draft_model, device) if draft_model else load_lm(root, f"{size}-draft", device)
+        )
+        result = speculative_generate(target, draft, ids, params, draft_tokens)
+        sys.stderr.write(tok.decode(list(result.tokens)) + "\n")
         summary = {
             "tokens": len(result.tokens),
             "steps": result.steps,
@@ -95,10 +115,13 @@ def generate(
             "tokens_per_step": round(result.tokens_per_step, 3),
         }
     else:
-        req = target.submit(prompt, params)
-        for token in target.stream(req):
-            sys.stderr.write(decode([token]))
+        req = target.submit(ids, params)
+        shown = ""
+        for _ in target.stream(req):
+            text = tok.decode(req.output)  # whole-text decode: a BPE token may end mid-character
+            sys.stderr.write(text[len(shown) :] if text.startswith(shown) else text)
             sys.stderr.flush()
+            shown = text
         sys.stderr.write("\n")
         summary = {
             "tokens": len(req.output),

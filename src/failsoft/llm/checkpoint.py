@@ -32,6 +32,7 @@ class KvChunk:
     tokens: np.ndarray
     k: np.ndarray
     v: np.ndarray
+    kv_dtype: str = "float32"  # the engine's KV dtype; bfloat16 travels as its int16 bit pattern
 
     @property
     def pages(self) -> int:
@@ -46,6 +47,7 @@ class KvChunk:
             "page_size": str(self.page_size),
             "first_page": str(self.first_page),
             "prompt_len": str(self.prompt_len),
+            "kv_dtype": self.kv_dtype,
         }
         return save({"k": self.k, "v": self.v, "tokens": self.tokens}, metadata=meta)
 
@@ -68,6 +70,7 @@ class KvChunk:
             arrays["tokens"],
             arrays["k"],
             arrays["v"],
+            meta.get("kv_dtype", str(arrays["k"].dtype)),
         )
 
 
@@ -90,21 +93,28 @@ class CheckpointBuffer:
         self.prompt_len = 0
         self.pages = 0
         self.tokens: list[int] = []
+        self.kv_dtype = ""
 
     def add(self, chunk: bytes | KvChunk) -> None:
         c = chunk if isinstance(chunk, KvChunk) else KvChunk.from_bytes(chunk)
         if self.request_id is None:
-            self.request_id, self.model, self.page_size, self.prompt_len = (
+            self.request_id, self.model, self.page_size, self.prompt_len, self.kv_dtype = (
                 c.request_id,
                 c.model,
                 c.page_size,
                 c.prompt_len,
+                c.kv_dtype,
             )
-        elif (c.request_id, c.model, c.page_size) != (self.request_id, self.model, self.page_size):
+        elif (c.request_id, c.model, c.page_size, c.kv_dtype) != (
+            self.request_id,
+            self.model,
+            self.page_size,
+            self.kv_dtype,
+        ):
             raise ConfigError(
-                f"chunk of request {c.request_id!r} (model {c.model!r}, page size {c.page_size}) does not "
-                f"belong to the checkpoint of {self.request_id!r} (model {self.model!r}, "
-                f"page size {self.page_size})"
+                f"chunk of request {c.request_id!r} (model {c.model!r}, page size {c.page_size}, KV "
+                f"{c.kv_dtype}) does not belong to the checkpoint of {self.request_id!r} (model "
+                f"{self.model!r}, page size {self.page_size}, KV {self.kv_dtype})"
             )
         if c.first_page != self.pages:
             raise ConfigError(

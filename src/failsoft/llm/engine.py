@@ -1,22 +1,30 @@
 """A continuous-batching LLM engine with a paged KV cache, KV checkpoints and speculative calls.
 
-The engine serves one :class:`~failsoft.llm.models.LoadedLm` (a ``transformers`` causal LM). It is
-single-threaded: a runtime worker calls :meth:`Engine.step` in its loop and the other methods
+The engine serves one :class:`~failsoft.llm.models.LoadedLm`: a ``transformers`` causal LM with the
+standard KV layout (the byte-level pair trained here, or a Hugging Face model directory loaded by
+:func:`failsoft.llm.hf.load_hf`) and its tokenizer (a text prompt is encoded with it; token ids
+are taken as they are, bounded by the model's vocabulary; the model's EOS ids end a request). It
+is single-threaded: a runtime worker calls :meth:`Engine.step` in its loop and the other methods
 between steps.
 
 **Paged KV cache.** The KV of every request lives in fixed-size pages (``page_size`` tokens) of one
-preallocated pool per engine, ``(layers, pages, page_size, kv_heads, head_dim)`` for K and for V.
+preallocated pool per engine, ``(layers, pages, page_size, kv_heads, head_dim)`` for K and for V,
+in the model's own dtype.
 A request is admitted only when the pool has the pages it can ever need
 (``ceil((prompt + max_tokens - 1) / page_size)``: the last token's KV is never computed), so a
 running request never waits for memory and no preemption is needed; its pages return to the pool
-when it finishes, is cancelled or is closed. Attention gathers a request's pages into a contiguous
-cache for the forward pass (``transformers``' eager attention; a fused paged kernel is what vLLM
-adds) and the new KV is scattered back into the pages, so the pages are the only KV state.
+when it finishes, is cancelled or is closed. Before a forward pass the requests' pages are
+gathered into a contiguous cache (one indexing of the pool for every layer and request: each
+request knows the pool row of each of its positions), the model runs with ``transformers``' own
+attention (a fused paged kernel is what vLLM adds), and the new KV is scattered back into the
+pages in one indexing too, so the pages are the only KV state.
 
 **Continuous batching.** Requests wait FIFO and join between steps as pages free up. A step first
-runs the forward of each request that has more than one token to feed (a prefill, or a restore's
-uncovered tail), then one batched decode forward over every running request with one token to
-feed (left-padded, masked, explicit positions). Requests leave as soon as they finish.
+runs the forward of each restored request's uncovered tail, then the prefill of the newcomers
+together (left-padded to the longest, in groups of at most ``PREFILL_BATCH_TOKENS`` padded
+tokens), then one batched decode forward over every request that had one token to feed (its
+cache left-padded and masked when the lengths differ, explicit positions). Each request gains one
+token per step; requests leave as soon as they finish.
 
 **Sampling.** Greedy (``temperature = 0``) or temperature sampling from a per-request seeded
 generator. Each new token goes to the request's callback and its stream; TTFT (submit to first
@@ -37,6 +45,7 @@ dropped). :func:`failsoft.llm.speculative.speculative_generate` composes them on
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 import time
@@ -47,15 +56,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from failsoft.errors import ConfigError, InvalidRequestError
 from failsoft.llm.checkpoint import CheckpointBuffer, KvChunk
-from failsoft.llm.corpus import EOS, VOCAB_SIZE, decode, encode
+from failsoft.llm.tokens import BYTES
 
 if TYPE_CHECKING:
     import torch
 
     from failsoft.llm.models import LoadedLm
+    from failsoft.llm.tokens import Tokenizer
 
 MAX_TOKENS_BOUND = 4096
 MAX_TEMPERATURE = 10.0
+PREFILL_BATCH_TOKENS = 4096  # newcomers prefilled in one forward, padded prompt tokens at most
 TokenCallback = Callable[["Request", int], None]
 
 
@@ -126,6 +137,8 @@ class Request:
     submitted_at: float = 0.0
     token_times: list[float] = field(default_factory=list)
     generator: Any = None
+    slots: Any = field(default=None, repr=False)  # the pool row of each position it may fill
+    detokenize: Callable[[Sequence[int]], str] = field(default=BYTES.decode, repr=False)
 
     @property
     def output(self) -> list[int]:
@@ -133,7 +146,7 @@ class Request:
 
     @property
     def text(self) -> str:
-        return decode(self.output)
+        return self.detokenize(self.output)
 
     @property
     def finished(self) -> bool:
@@ -175,8 +188,13 @@ class Engine:
         self.max_batch = max_batch
         self.pool = PagePool(kv_pages)
         shape = (lm.layers, kv_pages, page_size, lm.kv_heads, lm.head_dim)
-        self._k = torch.zeros(shape, dtype=torch.float32, device=lm.device)
-        self._v = torch.zeros(shape, dtype=torch.float32, device=lm.device)
+        dtype = next(lm.module.parameters()).dtype  # the KV the model computes, kept as it is
+        self._k = torch.zeros(shape, dtype=dtype, device=lm.device)
+        self._v = torch.zeros(shape, dtype=dtype, device=lm.device)
+        flat = (lm.layers, kv_pages * page_size, lm.kv_heads, lm.head_dim)
+        self._kf, self._vf = self._k.view(flat), self._v.view(flat)  # a row per (page, slot)
+        forward = inspect.signature(type(lm.module).forward).parameters
+        self._cache_kw = "cache" if "cache" in forward else "past_key_values"
         self._waiting: deque[Request] = deque()
         self._running: list[Request] = []
         self._requests: dict[str, Request] = {}
@@ -191,13 +209,20 @@ class Engine:
     def kv_mb_per_token(self) -> float:
         return self.lm.kv_mb_per_token
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer: ``encode``, ``decode`` and ``chat`` (its chat template)."""
+        return self.lm.tokenizer
+
     def _tokens(self, prompt: str | bytes | Sequence[int]) -> list[int]:
-        tokens = encode(prompt) if isinstance(prompt, str | bytes) else [int(t) for t in prompt]
+        tokens = (
+            self.lm.tokenizer.encode(prompt) if isinstance(prompt, str | bytes) else [int(t) for t in prompt]
+        )
         if not tokens:
             raise InvalidRequestError("the prompt is empty")
-        bad = [t for t in tokens if not 0 <= t < VOCAB_SIZE]
+        bad = [t for t in tokens if not 0 <= t < self.lm.vocab_size]
         if bad:
-            raise InvalidRequestError(f"token {bad[0]} is outside the vocabulary [0, {VOCAB_SIZE})")
+            raise InvalidRequestError(f"token {bad[0]} is outside the vocabulary [0, {self.lm.vocab_size})")
         return tokens
 
     def _check_fits(self, prompt_len: int, params: SamplingParams) -> None:
@@ -229,6 +254,7 @@ class Engine:
         if rid in self._requests:
             raise InvalidRequestError(f"request id {rid!r} is already in use")
         req = Request(rid, prompt_len, tokens, params, on_token, scheduled, submitted_at=time.perf_counter())
+        req.detokenize = self.lm.tokenizer.decode
         req.settled = len(tokens)
         if self._pages_for(req) > self.pool.total:
             raise InvalidRequestError(
@@ -288,7 +314,11 @@ class Engine:
             raise InvalidRequestError(
                 f"request {req.id!r} needs {self._pages_for(req)} KV pages; {self.pool.free} are free"
             )
+        import torch
+
         req.pages, req.state = pages, "running"
+        page_rows = torch.tensor(pages, dtype=torch.long) * self.page_size
+        req.slots = (page_rows[:, None] + torch.arange(self.page_size)).flatten().to(self._k.device)
         self._running.append(req)
 
     def get(self, request_id: str) -> Request:
@@ -341,14 +371,25 @@ class Engine:
             self._waiting.popleft()
             self._admit(head)
         active = [r for r in self._running if r.scheduled]
+        singles = [r for r in active if len(r.tokens) - r.cached == 1]  # before prefills add more
         emitted = 0
-        singles = [r for r in active if len(r.tokens) - r.cached == 1]
-        for req in [r for r in active if len(r.tokens) - r.cached > 1]:
+        for req in [r for r in active if r.cached > 0 and len(r.tokens) - r.cached > 1]:
             logits = self._extend(req, req.tokens[req.cached :], keep=len(req.tokens) - req.cached)
             emitted += self._emit(req, [self._sample(req, logits[-1])])
+        fresh = [r for r in active if r.cached == 0 and len(r.tokens) > 1]
+        for group in _prefill_groups(fresh, PREFILL_BATCH_TOKENS):
+            emitted += self._emit_rows(group, self._prefill_batch(group))
         if singles:
-            for req, row in zip(singles, self._decode_batch(singles), strict=True):
-                emitted += self._emit(req, [self._sample(req, row)])
+            emitted += self._emit_rows(singles, self._decode_batch(singles))
+        return emitted
+
+    def _emit_rows(self, reqs: list[Request], logits: torch.Tensor) -> int:
+        """Sample and emit one token per request from (batch, vocab) logits."""
+        greedy = logits.argmax(-1).tolist()  # one call for the whole batch
+        emitted = 0
+        for i, req in enumerate(reqs):
+            token = greedy[i] if req.params.temperature == 0 else self._sample(req, logits[i])
+            emitted += self._emit(req, [token])
         return emitted
 
     def run(self) -> None:
@@ -380,97 +421,115 @@ class Engine:
                 self.cancel(req.id)
 
     # ------------------------------------------------------------------ model calls
-    def _gather(self, req: Request) -> tuple[list[Any], list[Any]]:
-        """Per layer, the request's cached K and V as (kv_heads, cached, head_dim)."""
-        n = req.cached
-        used = math.ceil(n / self.page_size)
-        idx = req.pages[:used]
-        ks, vs = [], []
-        for layer in range(self.lm.layers):
-            k = self._k[layer, idx].reshape(used * self.page_size, self.lm.kv_heads, self.lm.head_dim)[:n]
-            v = self._v[layer, idx].reshape(used * self.page_size, self.lm.kv_heads, self.lm.head_dim)[:n]
-            ks.append(k.transpose(0, 1))
-            vs.append(v.transpose(0, 1))
-        return ks, vs
+    def _past(self, rows: torch.Tensor) -> Any:
+        """A ``transformers`` cache holding the pool rows ``rows`` ((batch, n) pool row indices)
+        of every layer, as (batch, kv_heads, n, head_dim): one gather per K and V for all layers."""
+        from transformers import DynamicCache
 
-    def _scatter(self, req: Request, layer_kv: list[tuple[Any, Any]], keep: int) -> None:
-        """Write the first ``keep`` new positions (K, V as (kv_heads, n, head_dim)) into the pages."""
+        if rows.shape[1] == 0:
+            return DynamicCache()
+        k = self._kf[:, rows].transpose(2, 3)  # (layers, batch, kv_heads, n, head_dim)
+        v = self._vf[:, rows].transpose(2, 3)
+        return DynamicCache(list(zip(k.unbind(0), v.unbind(0), strict=True)))
+
+    def _scatter(self, rows: torch.Tensor, past: Any, start: int, keep: int) -> None:
+        """Write the cache's positions ``[start, start + keep)`` of every layer and batch row into the
+        pool rows ``rows`` ((batch, keep))."""
         import torch
 
         if keep <= 0:
             return
-        pos = torch.arange(req.cached, req.cached + keep)
-        pages = torch.tensor(req.pages, dtype=torch.long)[pos // self.page_size].to(self._k.device)
-        slots = (pos % self.page_size).to(self._k.device)
-        for layer, (k, v) in enumerate(layer_kv):
-            self._k[layer, pages, slots] = k[:, :keep].transpose(0, 1)
-            self._v[layer, pages, slots] = v[:, :keep].transpose(0, 1)
-        req.cached += keep
+        layers = past.layers
+        k = torch.stack([layer.keys[:, :, start : start + keep] for layer in layers])
+        v = torch.stack([layer.values[:, :, start : start + keep] for layer in layers])
+        self._kf[:, rows] = k.transpose(2, 3)  # (layers, batch, keep, kv_heads, head_dim)
+        self._vf[:, rows] = v.transpose(2, 3)
 
-    def _extend(self, req: Request, feed: list[int], keep: int) -> torch.Tensor:
+    def _extend(self, req: Request, feed: list[int], keep: int, last_only: bool = True) -> torch.Tensor:
         """One forward of ``feed`` after the request's cached tokens; keeps the first ``keep`` new
         KV entries; returns the logits of every fed position."""
-        logits, new = self._forward(req, feed)
-        self._scatter(req, new, keep)
+        logits, past = self._forward(req, feed, last_only)
+        self._keep(req, past, keep)
         return logits
 
-    def _forward(self, req: Request, feed: list[int]) -> tuple[torch.Tensor, list[tuple[Any, Any]]]:
+    def _keep(self, req: Request, past: Any, keep: int) -> None:
+        """Store the first ``keep`` positions a forward added after the request's cached tokens."""
+        self._scatter(req.slots[None, req.cached : req.cached + keep], past, req.cached, keep)
+        req.cached += max(keep, 0)
+
+    def _forward(self, req: Request, feed: list[int], last_only: bool = False) -> tuple[torch.Tensor, Any]:
+        """One forward of ``feed`` after the request's cached tokens: the logits of every fed
+        position (of the last only, when that is all the caller reads: a prefill's vocabulary
+        projection is then one row) and the cache (cached tokens, then the fed ones)."""
+        import torch
+
+        dev = self.lm.device
+        cache = self._past(req.slots[None, : req.cached])
+        ids = torch.tensor([feed], dtype=torch.long, device=dev)
+        positions = torch.arange(req.cached, req.cached + len(feed), device=dev)[None]
+        logits, past = self._call(ids, cache, positions, None, 1 if last_only else 0)
+        return logits[0], past
+
+    def _prefill_batch(self, reqs: list[Request]) -> torch.Tensor:
+        """One forward of the prompts of requests with nothing cached, left-padded to the longest
+        (masked when they differ); their KV goes to their pages; returns (batch, vocab) logits."""
         import torch
         from transformers import DynamicCache
 
         dev = self.lm.device
-        if req.cached:
-            ks, vs = self._gather(req)
-            cache = DynamicCache([(k[None], v[None]) for k, v in zip(ks, vs, strict=True)])
-        else:
-            cache = DynamicCache()
-        ids = torch.tensor([feed], dtype=torch.long, device=dev)
-        positions = torch.arange(req.cached, req.cached + len(feed), device=dev)[None]
-        with torch.inference_mode():
-            out = self.lm.module(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
-        n = req.cached
-        return out.logits[0], [
-            (layer.keys[0, :, n:], layer.values[0, :, n:]) for layer in out.past_key_values.layers
-        ]
+        lengths = [len(r.tokens) for r in reqs]
+        longest = max(lengths)
+        ids = torch.tensor([[0] * (longest - len(r.tokens)) + r.tokens for r in reqs], device=dev)
+        offsets = torch.tensor([longest - n for n in lengths], device=dev)[:, None]
+        cols = torch.arange(longest, device=dev)[None]
+        valid = cols >= offsets  # (batch, longest): the real tokens
+        mask = None if min(lengths) == longest else valid.long()
+        logits, past = self._call(ids, DynamicCache(), (cols - offsets).clamp(min=0), mask, 1)
+        dest = torch.cat([r.slots[:n] for r, n in zip(reqs, lengths, strict=True)])
+        for pool, kind in ((self._kf, "keys"), (self._vf, "values")):
+            kv = torch.stack([getattr(layer, kind) for layer in past.layers])  # (layers, b, h, n, d)
+            pool[:, dest] = kv.transpose(2, 3)[:, valid]
+        for r, n in zip(reqs, lengths, strict=True):
+            r.cached = n
+        return logits[:, -1]
 
     def _decode_batch(self, reqs: list[Request]) -> torch.Tensor:
-        """One batched forward of each request's last token; returns (batch, vocab) logits."""
+        """One batched forward of each request's last token, its cache left-padded to the longest
+        (masked); returns (batch, vocab) logits."""
         import torch
-        from transformers import DynamicCache
 
         dev = self.lm.device
         longest = max(r.cached for r in reqs)
-        b, h, d = len(reqs), self.lm.kv_heads, self.lm.head_dim
-        mask = torch.zeros((b, longest + 1), dtype=torch.long, device=dev)
-        data = []
-        gathered = [self._gather(r) for r in reqs]
-        for layer in range(self.lm.layers):
-            k = torch.zeros((b, h, longest, d), dtype=torch.float32, device=dev)
-            v = torch.zeros((b, h, longest, d), dtype=torch.float32, device=dev)
-            for i, r in enumerate(reqs):
-                if r.cached:
-                    k[i, :, longest - r.cached :] = gathered[i][0][layer]
-                    v[i, :, longest - r.cached :] = gathered[i][1][layer]
-            data.append((k, v))
-        for i, r in enumerate(reqs):
-            mask[i, longest - r.cached :] = 1
+        lengths = torch.tensor([r.cached for r in reqs], device=dev)
+        if all(r.cached == longest for r in reqs):  # no padding: no mask to build (nor to apply)
+            rows = torch.stack([r.slots[:longest] for r in reqs])
+            mask = None
+        else:
+            pad = torch.zeros(longest, dtype=torch.long, device=dev)  # any row: masked out
+            rows = torch.stack([torch.cat((pad[: longest - r.cached], r.slots[: r.cached])) for r in reqs])
+            mask = (torch.arange(longest + 1, device=dev)[None] >= (longest - lengths)[:, None]).long()
         ids = torch.tensor([[r.tokens[-1]] for r in reqs], dtype=torch.long, device=dev)
-        positions = torch.tensor([[r.cached] for r in reqs], dtype=torch.long, device=dev)
-        cache = DynamicCache(data) if longest else DynamicCache()
+        logits, past = self._call(ids, self._past(rows), lengths[:, None], mask, 1)
+        new_rows = torch.stack([r.slots[r.cached : r.cached + 1] for r in reqs])
+        self._scatter(new_rows, past, longest, 1)
+        for r in reqs:
+            r.cached += 1
+        return logits[:, -1]
+
+    def _call(
+        self, ids: torch.Tensor, cache: Any, positions: torch.Tensor, mask: Any, keep: int
+    ) -> tuple[Any, Any]:
+        """The model's forward; (batch, fed or ``keep`` last, vocab) logits and the cache it filled.
+        ``transformers`` renamed ``past_key_values`` to ``cache`` (5.x); both are served."""
+        import torch
+
+        kwargs = {self._cache_kw: cache, "logits_to_keep": keep}
         with torch.inference_mode():
             out = self.lm.module(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kwargs
             )
-        layers = out.past_key_values.layers
-        for i, r in enumerate(reqs):
-            self._scatter(
-                r, [(layer.keys[i, :, longest:], layer.values[i, :, longest:]) for layer in layers], 1
-            )
-        return out.logits[:, -1]
+        past = getattr(out, "cache", None)
+        return out.logits, past if past is not None else out.past_key_values
 
     def _sample(self, req: Request, logits: torch.Tensor) -> int:
         import torch
@@ -492,7 +551,7 @@ class Engine:
             if len(req.output) >= req.params.max_tokens:
                 self._finish(req, "length")
                 break
-            if token == EOS and req.params.stop_at_eos:
+            if req.params.stop_at_eos and token in self.lm.eos_ids:
                 self._finish(req, "eos")
                 break
         return n
@@ -522,8 +581,9 @@ class Engine:
             req.exported_pages,
             req.prompt_len,
             _numpy(req.tokens),
-            self._k[:, idx].cpu().numpy(),
-            self._v[:, idx].cpu().numpy(),
+            _to_numpy(self._k[:, idx]),
+            _to_numpy(self._v[:, idx]),
+            _dtype_name(self._k.dtype),
         )
         req.exported_pages = full
         return chunk.to_bytes()
@@ -545,6 +605,10 @@ class Engine:
             raise InvalidRequestError(
                 f"the checkpoint is of model {checkpoint.model!r}; this engine serves {self.lm.fingerprint!r}"
             )
+        if checkpoint.kv_dtype != _dtype_name(self._k.dtype):
+            raise InvalidRequestError(
+                f"the checkpoint's KV is {checkpoint.kv_dtype}; this engine's {_dtype_name(self._k.dtype)}"
+            )
         if checkpoint.page_size != self.page_size:
             raise InvalidRequestError(
                 f"the checkpoint has pages of {checkpoint.page_size} tokens; this engine {self.page_size}"
@@ -562,8 +626,8 @@ class Engine:
 
         k, v = checkpoint.arrays()
         idx = req.pages[: checkpoint.pages]
-        self._k[:, idx] = torch.from_numpy(k).to(self._k.device)
-        self._v[:, idx] = torch.from_numpy(v).to(self._v.device)
+        self._k[:, idx] = torch.from_numpy(k).view(self._k.dtype).to(self._k.device)
+        self._v[:, idx] = torch.from_numpy(v).view(self._v.dtype).to(self._v.device)
         req.cached = covered
         req.exported_pages = 0
         if len(req.output) >= params.max_tokens:
@@ -613,24 +677,57 @@ class Engine:
         """Check ``drafts`` against this (target) model in one forward pass; commit the accepted
         prefix and the target's next token (streamed like generated tokens)."""
         req = self._driveable(request_id)
+        proposed = len(drafts)
         drafts = [int(t) for t in drafts]
+        # a draft whose vocabulary is padded wider may propose ids this model has not: never accepted
+        usable = next((i for i, t in enumerate(drafts) if not 0 <= t < self.lm.vocab_size), len(drafts))
+        drafts = drafts[:usable]
         pending = req.tokens[req.cached :]
-        logits, new = self._forward(req, pending + drafts)
+        logits, past = self._forward(req, pending + drafts)
         choice = logits[len(pending) - 1 :].argmax(-1).tolist()
         accepted = 0
         while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
             accepted += 1
         committed = [*drafts[:accepted], choice[accepted]][: req.params.max_tokens - len(req.output)]
-        if req.params.stop_at_eos and EOS in committed:
-            committed = committed[: committed.index(EOS) + 1]
+        if req.params.stop_at_eos:
+            ends = [i for i, t in enumerate(committed) if t in self.lm.eos_ids]
+            committed = committed[: ends[0] + 1] if ends else committed
         # keep the KV of the pending tokens and of the committed tokens but the newest
-        self._scatter(req, new, len(pending) + len(committed) - 1)
+        self._keep(req, past, len(pending) + len(committed) - 1)
         self._emit(req, committed)
         req.settled = len(req.tokens)
-        return Verdict(len(drafts), accepted, tuple(committed))
+        return Verdict(proposed, accepted, tuple(committed))
+
+
+def _prefill_groups(reqs: list[Request], budget: int) -> Iterator[list[Request]]:
+    """Newcomers in arrival order, in groups whose padded prompts (batch x longest) fit ``budget``
+    tokens (a prompt longer than the budget goes alone)."""
+    group: list[Request] = []
+    longest = 0
+    for req in reqs:
+        n = len(req.tokens)
+        if group and (len(group) + 1) * max(longest, n) > budget:
+            yield group
+            group, longest = [], 0
+        group.append(req)
+        longest = max(longest, n)
+    if group:
+        yield group
 
 
 def _numpy(tokens: list[int]) -> Any:
     import numpy as np
 
     return np.asarray(tokens, dtype=np.int64)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _to_numpy(kv: torch.Tensor) -> Any:
+    """KV pages as numpy; bfloat16 (which numpy lacks) as its int16 bit pattern."""
+    import torch
+
+    kv = kv.cpu()
+    return (kv.view(torch.int16) if kv.dtype == torch.bfloat16 else kv).numpy()

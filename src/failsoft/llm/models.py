@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from failsoft.errors import ConfigError, CorruptModelError, ModelNotFoundError
 from failsoft.llm.corpus import BOS, EOS, PAD, VOCAB_SIZE, Corpus, load_corpus
+from failsoft.llm.tokens import BYTES, Tokenizer, eos_ids
 
 if TYPE_CHECKING:
     import torch
@@ -212,7 +213,9 @@ def greedy_agreement(
 
 @dataclass
 class LoadedLm:
-    """A model ready to serve: the module (eval mode, on ``device``), its config and identity."""
+    """A model ready to serve: the module (eval mode, on ``device``), its config, identity and
+    tokenizer. ``vocab_size`` bounds the token ids a request may carry; ``eos_ids`` end a
+    generation; ``kv_element_bytes`` is the KV cache's element size (the weights' dtype)."""
 
     name: str
     module: Any
@@ -222,28 +225,52 @@ class LoadedLm:
     layers: int
     kv_heads: int
     head_dim: int
+    tokenizer: Tokenizer = BYTES
+    vocab_size: int = VOCAB_SIZE
+    eos_ids: frozenset[int] = frozenset({EOS})
+    kv_element_bytes: int = 4
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * 4  # K and V, float32
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_element_bytes  # K and V
 
     @property
     def kv_mb_per_token(self) -> float:
         return self.kv_bytes_per_token / 2**20
 
 
-def wrap(name: str, module: Any, device: str, fingerprint: str) -> LoadedLm:
+def serving_context(cfg: Any) -> int:
+    """The longest context served exactly: ``max_position_embeddings``, cut to the sliding window
+    where one applies (Mistral, Qwen2 with ``use_sliding_window``): the engine's cache is full
+    attention, which equals windowed attention only within one window."""
+    context = int(cfg.max_position_embeddings)
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None)
+    if window and (layer_types is None or "sliding_attention" in layer_types):
+        context = min(context, int(window))
+    return context
+
+
+def wrap(
+    name: str, module: Any, device: str, fingerprint: str, tokenizer: Tokenizer | None = None
+) -> LoadedLm:
+    """A ``transformers`` causal LM as a :class:`LoadedLm`; ``tokenizer`` defaults to bytes."""
     cfg = module.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     return LoadedLm(
         name,
         module.eval(),
         device,
         fingerprint,
-        cfg.max_position_embeddings,
+        serving_context(cfg),
         cfg.num_hidden_layers,
-        cfg.num_key_value_heads,
+        kv_heads,
         head_dim,
+        tokenizer if tokenizer is not None else BYTES,
+        int(cfg.vocab_size),
+        eos_ids(module, getattr(tokenizer, "tok", None)),
+        next(module.parameters()).element_size(),
     )
 
 

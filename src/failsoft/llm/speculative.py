@@ -4,7 +4,8 @@
 ``draft_tokens`` tokens per step; the two engines may be on one machine (self-drafting) or, with
 the same three calls carried over a network, on two workers (LUMEN's Alg. 3: the restarted worker
 drafts, a peer holding the target verifies). Greedy only: the output then equals the target's own,
-token for token.
+token for token. A draft is any model with the target's tokenizer (a smaller one of its family);
+one with another tokenizer is refused.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from failsoft.errors import InvalidRequestError
 from failsoft.llm.engine import Engine, SamplingParams
+from failsoft.llm.tokens import same_tokens
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,10 @@ def speculative_generate(
     """Generate with ``draft`` proposing and ``target`` verifying; both requests are closed after."""
     if draft_tokens < 1:
         raise InvalidRequestError(f"draft_tokens must be >= 1; got {draft_tokens!r}")
+    if not same_tokens(target.tokenizer, draft.tokenizer):
+        raise InvalidRequestError(
+            f"the draft {draft.lm.name!r} does not share the tokenizer of the target {target.lm.name!r}"
+        )
     t = target.open(prompt, params)
     try:
         d = draft.open(prompt, params)
