@@ -49,7 +49,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,7 +81,11 @@ from failsoft.policies.adaptation.network import (
 from failsoft.runtime.gateway.dispatch.calls import CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.routes import Route
+from failsoft.runtime.gateway.slo_clients import router as client_router
 from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
 
 log = logging.getLogger(__name__)
 SIZE_LADDER_PX = (224, 240, 260, 300, 380, 456, 528, 600)  # EfficientNet B0-B7 inputs (step 1)
@@ -209,6 +213,7 @@ class SloDispatcher(Dispatcher):
         self._generation = 0
         self._lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.Task[None] | None = None
 
     # clients ---------------------------------------------------------------------------------
     async def register(
@@ -264,9 +269,28 @@ class SloDispatcher(Dispatcher):
             "frame_sizes_px": sorted({r.px for r in self.ladder.rungs}),
         }
 
+    # the gateway's hooks ---------------------------------------------------------------------
+    @classmethod
+    def http_routes(cls, dispatchers: Mapping[str, Dispatcher]) -> APIRouter:
+        """``POST /v2/clients`` and the rest (:mod:`failsoft.runtime.gateway.slo_clients`)."""
+        return client_router({n: d for n, d in dispatchers.items() if isinstance(d, SloDispatcher)})
+
+    async def start(self) -> None:
+        """Run :meth:`run` (the re-planning loop) until :meth:`close`."""
+        if self._loop is None:
+            self._loop = asyncio.ensure_future(self.run())
+
+    async def close(self) -> None:
+        """Stop the re-planning loop and the variant loads and unloads under way."""
+        tasks = [*self._tasks, *([self._loop] if self._loop is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loop = None
+
     # planning --------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Re-plan every ``replan_s`` and whenever the routing table changes (the gateway runs it)."""
+        """Re-plan every ``replan_s`` and whenever the routing table changes (:meth:`start` runs it)."""
         while True:
             try:
                 await self.replan_now()
