@@ -34,13 +34,11 @@ TOKEN = "a-test-token-of-some-length"
 ROW = [0.5] * 4
 
 
-@pytest.fixture
-def rig() -> Iterator[tuple[Gateway, TestClient, dict[str, FakeAgent]]]:
-    clock = MonotonicClock()
-    controller = FakeController(clock, {"cam": route_entry("s1"), "ocr": route_entry("s2")})  # type: ignore[arg-type]
-    agents = {s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")}  # type: ignore[arg-type]
+def gateway_of(agents: dict[str, FakeAgent]) -> Gateway:
+    """A gateway serving ``cam`` (on s1) and ``ocr`` (on s2), singles, over a fake controller."""
+    controller = FakeController(agents["s1"].clock, {"cam": route_entry("s1"), "ocr": route_entry("s2")})  # type: ignore[arg-type]
     servers = [Server("s1", "a", 100.0), Server("s2", "b", 100.0)]
-    gateway = Gateway(
+    return Gateway(
         GatewaySettings(max_batch=8),
         controller,  # type: ignore[arg-type]
         agents,  # type: ignore[arg-type]
@@ -50,6 +48,13 @@ def rig() -> Iterator[tuple[Gateway, TestClient, dict[str, FakeAgent]]]:
         {"fam": ["small", "big"]},
         TOKEN,
     )
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[Gateway, TestClient, dict[str, FakeAgent]]]:
+    clock = MonotonicClock()
+    agents = {s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")}  # type: ignore[arg-type]
+    gateway = gateway_of(agents)
     with TestClient(gateway.app, client=("10.1.2.3", 4567)) as client:
         client.get("/v2/health/ready")
         yield gateway, client, agents
@@ -238,18 +243,7 @@ def test_the_gateway_serves_a_modes_routes_and_runs_its_background_work_through_
     HookedSingle.calls = []
     monkeypatch.setitem(DISPATCHERS, ServiceMode.SINGLE, HookedSingle)  # type: ignore[index]
     clock = MonotonicClock()
-    controller = FakeController(clock, {"cam": route_entry("s1"), "ocr": route_entry("s2")})  # type: ignore[arg-type]
-    agents = {s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")}  # type: ignore[arg-type]
-    gateway = Gateway(
-        GatewaySettings(max_batch=8),
-        controller,  # type: ignore[arg-type]
-        agents,  # type: ignore[arg-type]
-        Chaos([Server("s1", "a", 100.0), Server("s2", "b", 100.0)], agents),  # type: ignore[arg-type]
-        {"cam": App("cam", "fam"), "ocr": App("ocr", "fam")},
-        {"fam": ModelMeta((4,), CLASSES)},
-        {"fam": ["small", "big"]},
-        TOKEN,
-    )
+    gateway = gateway_of({s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")})  # type: ignore[arg-type]
     assert HookedSingle.calls == ["routes ['cam', 'ocr']"]  # once per mode, with all its services
     with TestClient(gateway.app) as client:
         assert sorted(HookedSingle.calls[1:]) == ["start cam", "start ocr"]  # before serving
