@@ -16,7 +16,6 @@ import httpx
 import numpy as np
 import pytest
 
-from failsoft.client import Client
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.session import Session
 
@@ -44,7 +43,7 @@ def cluster(tiny_zoo, tmp_path_factory):
         source="test",
     )
     session = Session(config, num_cpus=2).start()
-    client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+    client = session.client(timeout=20.0)
     try:
         yield session, client
     finally:
