@@ -44,6 +44,7 @@ def test_a_bench_root_resolves_from_the_working_directory(monkeypatch, tmp_path)
     assert data["gateway"]["port"] == 0
 
 
+@pytest.mark.slow  # trains (one epoch) and profiles a parity model
 def test_a_coded_config_gets_its_parity_model_on_first_use(tiny_zoo, tmp_path):  # noqa: F811
     root = tmp_path / "zoo"
     shutil.copytree(tiny_zoo.root, root)
