@@ -37,9 +37,9 @@ ThreadsOpt = Annotated[int, typer.Option(min=0, help="torch threads while profil
 
 
 def _root(path: Path | None) -> Path:
-    from failsoft.zoo import default_zoo_path
+    from failsoft.zoo import resolve_repository
 
-    return path if path is not None else default_zoo_path()
+    return resolve_repository(path)
 
 
 def _selectors(families: list[str] | None) -> list[str] | None:

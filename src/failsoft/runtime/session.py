@@ -242,12 +242,12 @@ class Session:
 
 def prepare(config: RuntimeConfig) -> Prepared:
     """Check the config against the repository and the store, before any process starts."""
-    from failsoft.zoo import ModelRepository, default_zoo_path
+    from failsoft.zoo import ModelRepository
 
     g = config.gateway
     check_bind(g.host, g.port, g.allow_remote)  # no admin API on the network unless opted in
     token = admin_token(config)
-    root = config.repository or default_zoo_path()
+    root = config.repository
     repo = ModelRepository(root)
     if not repo.root.is_dir():
         raise ConfigError(

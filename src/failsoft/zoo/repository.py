@@ -48,6 +48,19 @@ def default_zoo_path() -> Path:
     return Path.home() / ".cache" / "failsoft" / "zoo"
 
 
+def resolve_repository(given: str | Path | None = None) -> Path:
+    """The model repository a command works on: the one it was given, else :func:`default_zoo_path`.
+
+    ``given`` is what the user named for this command (a config's ``repository``, a ``--root`` or
+    ``--out`` option), already resolved against the config's directory where relative. Every
+    command resolves its repository here and nowhere else, so that ``failsoft zoo build`` builds
+    where ``failsoft serve``, ``scenario``, ``parity`` and every benchmark look.
+    """
+    if given is not None and str(given):
+        return Path(given).expanduser()
+    return default_zoo_path()
+
+
 class _ProfileSummary(BaseModel):
     """The fields of ``profile.json`` the domain model needs; the rest is detail for humans."""
 
