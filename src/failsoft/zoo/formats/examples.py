@@ -85,10 +85,13 @@ def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, inpu
     """``torch.onnx.export`` with a dynamic batch dimension, weights inside the one file.
 
     The TorchScript-based exporter (``dynamo=False``) takes a fraction of a second on these models
-    where the newer one takes several; it warns that it is deprecated, which is silenced here."""
+    where the newer one takes several; its warnings (deprecated; a traced shape check that is a
+    constant for these models) are silenced here."""
+    import torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         _export_onnx(module, example, path, input_name)
 
 
