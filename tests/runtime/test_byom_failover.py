@@ -18,12 +18,11 @@ import pytest
 
 from failsoft.client import Client
 from failsoft.runtime.config import config_from_dict
-from failsoft.runtime.session import Session
 from failsoft.zoo import ModelRepository
 from failsoft.zoo.add import AddRequest, add_variant
 from failsoft.zoo.formats import examples
 from failsoft.zoo.profiler import QUICK
-from tests.runtime.conftest import wait_for
+from tests.runtime.conftest import serving, wait_for
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 PIXELS = np.random.default_rng(7).random((4, 3, 32, 32), dtype=np.float32)
@@ -78,13 +77,8 @@ def cluster(byom_zoo, tmp_path_factory):
         },
         source="test",
     )
-    session = Session(config, num_cpus=2).start()
-    client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
-    try:
-        yield session, client
-    finally:
-        client.close()
-        session.stop()
+    with serving(config) as running:
+        yield running
 
 
 def _ready(client: Client) -> dict[str, Any]:

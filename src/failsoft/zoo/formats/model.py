@@ -57,13 +57,7 @@ class HandlerModel(LoadedModel):
     def predict(self, batch: np.ndarray) -> np.ndarray:
         spec = self.primary_input
         arr = np.asarray(batch, dtype=object if spec.datatype == "BYTES" else None)
-        if arr.ndim != len(self.input_shape) + 1 or tuple(arr.shape[1:]) != self.input_shape:
-            raise ConfigError(
-                f"{self.family}/{self.variant} expects a batch of shape (N, "
-                f"{', '.join(map(str, self.input_shape))}), got {tuple(arr.shape)}"
-            )
-        if arr.shape[0] == 0:
-            raise ConfigError("empty batch")
+        self._check_shape(arr)
         out = self.infer({spec.name: _cast(arr, spec)})[self.signature.outputs[0].name]
         return np.asarray(out, dtype=np.float32)
 
