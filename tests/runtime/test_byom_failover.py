@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -41,8 +42,17 @@ def byom_zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRepository,
     np.save(out / "sample.npy", PIXELS)
     repo = ModelRepository(out / "zoo")
     paths = {"hf": hf_dir, "onnx": out / "model.onnx", "pt2": out / "model.pt2"}
+    (out / "labels.txt").write_text("\n".join(examples.IMAGE_LABELS) + "\n")  # the exports name no classes
     for variant, path in paths.items():
-        request = AddRequest("img", variant, path, accuracy=ACCURACY[variant], sample_file=out / "sample.npy")
+        labels = None if variant == "hf" else out / "labels.txt"
+        request = AddRequest(
+            "img",
+            variant,
+            path,
+            accuracy=ACCURACY[variant],
+            sample_file=out / "sample.npy",
+            labels_file=labels,
+        )
         add_variant(repo, request, QUICK)
     model = AutoModelForImageClassification.from_pretrained(hf_dir, local_files_only=True).eval()
     with torch.no_grad():
@@ -134,6 +144,20 @@ def test_a_family_in_three_formats_fails_over_across_formats_with_no_failed_requ
         e for e in client.recoveries()["events"] if e["type"] == "failover" and e["timestamp"] >= t_kill
     ]
     assert failovers and failovers[0]["kind"] == "warm", failovers
+    top = httpx.post(f"{session.url}/v2/models/img-app/infer", json=_classification_request(), timeout=20.0)
+    best = int(expected[0].argmax())
+    assert top.json()["outputs"][0]["data"] == [f"{expected[0, best]:f}:{best}:{examples.IMAGE_LABELS[best]}"]
+
+
+def _classification_request() -> dict[str, Any]:
+    """Row 0 of the pixels, asking for its best class by Triton's classification extension."""
+    tensor = {
+        "name": "input",
+        "shape": [1, 3, 32, 32],
+        "datatype": "FP32",
+        "data": PIXELS[0].ravel().tolist(),
+    }
+    return {"inputs": [tensor], "outputs": [{"name": "output", "parameters": {"classification": 1}}]}
 
 
 def test_the_added_variants_profile_like_built_ones(byom_zoo):

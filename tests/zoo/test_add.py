@@ -147,6 +147,8 @@ def _refusal_cases(tmp: Path, artefacts: dict[str, Path]) -> dict[str, tuple[lis
     no_tokenizer = examples.text_classifier(tmp / "text")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (no_tokenizer / name).unlink(missing_ok=True)
+    two_labels = tmp / "labels.txt"
+    two_labels.write_text("a\nb\n")
     acc = ["--accuracy", "0.5"]
     return {
         "corrupt onnx": ([str(corrupt), *acc], "is not an ONNX model"),
@@ -161,6 +163,10 @@ def _refusal_cases(tmp: Path, artefacts: dict[str, Path]) -> dict[str, tuple[lis
         "inputs": ([str(image), *acc], "input pixel_values FP32[3, 32, 32] where the family has x FP32[8]"),
         "accuracy": ([str(artefacts["pt2"])], "--accuracy A (declared) or --eval FILE (measured)"),
         "exists": ([str(artefacts["onnx"]), *acc], "already in"),
+        "labels": (
+            [str(artefacts["pt2"]), "--labels", str(two_labels), *acc],
+            "names 2 classes; the model has 3",
+        ),
     }
 
 

@@ -220,6 +220,9 @@ def add(
     task: Annotated[
         str | None, typer.Option(help="hf format: image-classification or text-classification")
     ] = None,
+    labels: Annotated[
+        Path | None, typer.Option(help="Class names, one per line (default: the model's own, if any)")
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Repository root")] = None,
     quick: Annotated[bool, typer.Option(help="Quick profile: fewer loads and batch sizes")] = False,
     threads: ThreadsOpt = 1,
@@ -232,7 +235,9 @@ def add(
     family, sep, variant = target.partition("/")
     if not sep:
         raise ConfigError(f"give the target as FAMILY/VARIANT, got {target!r}")
-    request = AddRequest(family, variant, path, model_format, accuracy, eval_file, sample, handler, task)
+    request = AddRequest(
+        family, variant, path, model_format, accuracy, eval_file, sample, handler, task, labels
+    )
     repo = ModelRepository(_root(out))
     began = time.perf_counter()
     config = add_variant(repo, request, _settings(quick, threads), device)

@@ -59,6 +59,7 @@ class AddRequest:
     sample_file: Path | None = None  # inputs to check and profile on
     handler: str | None = None  # python format: package.module:Class
     task: str | None = None  # hf format: overrides the config's task
+    labels_file: Path | None = None  # one class name per line, class 0 first
 
     def options(self, model_format: str) -> dict[str, Any]:
         if model_format == "python":
@@ -156,9 +157,10 @@ def _stage(
         _check_family(repo, request.family, signature)
         accuracy = _accuracy(model, request, sample)
         parameters = model.handler.parameters()
+        labels = _labels(request.labels_file, num_classes) if request.labels_file else signature.labels
     config = replace(
         draft, input_shape=input_shape, num_classes=num_classes, parameters=parameters, accuracy=accuracy,
-        inputs=signature.inputs, outputs=signature.outputs,
+        inputs=signature.inputs, outputs=signature.outputs, labels=labels,
     )  # fmt: skip
     write_json(staged / CONFIG_FILE, config.to_dict())
     np.save(
@@ -246,6 +248,19 @@ def _check_answers(model: HandlerModel, sample: np.ndarray) -> tuple[tuple[int, 
             f"the first output {first.describe()} is not class scores (a float vector of fixed size)"
         )
     return tuple(int(d) for d in sample.shape[1:]), first.shape[0]
+
+
+def _labels(path: Path, num_classes: int) -> tuple[str, ...]:
+    """Class names from a labels file (one per line, Triton's ``labels.txt``), one per class."""
+    try:
+        labels = tuple(line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read labels file {str(path)!r}: {exc}") from exc
+    if len(labels) != num_classes:
+        raise ConfigError(
+            f"labels file {str(path)!r} names {len(labels)} classes; the model has {num_classes}"
+        )
+    return labels
 
 
 def _pinned(signature: Signature, input_shape: tuple[int, ...]) -> Signature:

@@ -99,6 +99,7 @@ class _ConfigSpec(BaseModel):
     handler: dict[str, Any] = Field(default_factory=dict)
     inputs: tuple[_TensorModel, ...] = ()
     outputs: tuple[_TensorModel, ...] = ()
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class VariantConfig:
     inputs: tuple[TensorSpec, ...] = ()  # declared by a user's model; () for the built-in ones
     outputs: tuple[TensorSpec, ...] = ()
     weights_file: str = WEIGHTS_FILE  # the artefact, relative to the variant directory
+    labels: tuple[str, ...] = ()  # labels[i] names class i (a user's model's id2label or labels file)
 
     def to_dict(self) -> dict[str, Any]:
         user = {
@@ -137,6 +139,7 @@ class VariantConfig:
             "handler": self.handler,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
+            "labels": list(self.labels),
         }
         return self._builtin_dict() | (user if self.model_format != "builtin" else {})
 
@@ -212,4 +215,5 @@ def read_config(variant_dir: Path) -> VariantConfig:
         inputs=tuple(t.spec() for t in spec.inputs),
         outputs=tuple(t.spec() for t in spec.outputs),
         weights_file=spec.weights.file,
+        labels=tuple(spec.labels),
     )
