@@ -54,6 +54,10 @@ def byom_zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRepository,
             labels_file=labels,
         )
         add_variant(repo, request, QUICK)
+    texts = out / "texts.txt"
+    texts.write_text("\n".join(examples.TEXTS) + "\n")
+    text_dir = examples.text_classifier(out / "text")
+    add_variant(repo, AddRequest("sentiment", "bert", text_dir, accuracy=0.5, sample_file=texts), QUICK)
     model = AutoModelForImageClassification.from_pretrained(hf_dir, local_files_only=True).eval()
     with torch.no_grad():
         expected = model(pixel_values=torch.from_numpy(PIXELS)).logits.numpy()
@@ -79,6 +83,7 @@ def cluster(byom_zoo, tmp_path_factory):
                     "rate_rps": 2,
                     "primary": {"server": "s1", "variant": "hf"},
                 },
+                {"name": "text-app", "family": "sentiment", "primary": {"server": "s2", "variant": "bert"}},
             ],
             "failover": {"policy": "faillite", "alpha": 0.1},
             "gateway": {"port": 0},
@@ -94,9 +99,10 @@ def cluster(byom_zoo, tmp_path_factory):
 def _ready(client: Client) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         status = client.status()
-        (app,) = status["apps"]
+        app = next(a for a in status["apps"] if a["name"] == "img-app")
         warm = app["warm_backups"] and all(w["state"] == "warm" for w in app["warm_backups"])
-        return status if app["route"] == app["primary"] and warm and status["idle"] else None
+        home = all(a["route"] == a["primary"] for a in status["apps"])
+        return status if home and warm and status["idle"] else None
 
     return wait_for(check, 90.0, "img-app at home on s1 with a warm backup, idle", 0.2)
 
@@ -105,7 +111,7 @@ def test_a_family_in_three_formats_fails_over_across_formats_with_no_failed_requ
     _, expected = byom_zoo
     session, client = cluster
     status = _ready(client)
-    (backup,) = status["apps"][0]["warm_backups"]
+    (backup,) = next(a for a in status["apps"] if a["name"] == "img-app")["warm_backups"]
     assert backup["server"] == "s2" and backup["variant"] != "hf", backup
 
     first = client.infer("img-app", PIXELS)
@@ -149,6 +155,34 @@ def test_a_family_in_three_formats_fails_over_across_formats_with_no_failed_requ
     assert top.json()["outputs"][0]["data"] == [f"{expected[0, best]:f}:{best}:{examples.IMAGE_LABELS[best]}"]
 
 
+def test_a_text_classifier_answers_texts_sent_as_bytes(byom_zoo, cluster):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    repo, _ = byom_zoo
+    session, client = cluster
+
+    def text_app_home() -> bool:
+        app = next(a for a in client.status()["apps"] if a["name"] == "text-app")
+        return app["route"] == app["primary"]
+
+    wait_for(text_app_home, 90.0, "text-app served by its primary", 0.2)  # s1 may have been killed
+    texts = ["a good film", "a dull story and bad acting"]
+    tensor = {"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": texts}
+    answer = httpx.post(f"{session.url}/v2/models/text-app/infer", json={"inputs": [tensor]}, timeout=20.0)
+    assert answer.status_code == 200, answer.text
+    out = answer.json()["outputs"][0]
+    directory = repo.variant_dir("sentiment", "bert") / "model"
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(directory, local_files_only=True).eval()
+    with torch.no_grad():
+        expected = model(**tokenizer(texts, padding=True, return_tensors="pt")).logits.numpy()
+    np.testing.assert_allclose(np.reshape(out["data"], out["shape"]), expected, rtol=1e-4, atol=1e-4)
+    numbers = {"name": "text", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}
+    refused = httpx.post(f"{session.url}/v2/models/text-app/infer", json={"inputs": [numbers]}, timeout=20.0)
+    assert refused.status_code == 400 and "takes BYTES" in refused.json()["error"]
+
+
 def _classification_request() -> dict[str, Any]:
     """Row 0 of the pixels, asking for its best class by Triton's classification extension."""
     tensor = {
@@ -162,7 +196,7 @@ def _classification_request() -> dict[str, Any]:
 
 def test_the_added_variants_profile_like_built_ones(byom_zoo):
     repo, _ = byom_zoo
-    (family,) = repo.families()
+    family = next(f for f in repo.families() if f.name == "img")
     assert {v.name for v in family.variants} == {"hf", "onnx", "pt2"}
     assert all(v.memory_mb > 0 and v.load_ms > 0 and v.latency_ms > 0 for v in family.variants)
     assert {repo.config("img", v.name).model_format for v in family.variants} == {"hf", "onnx", "pt2"}

@@ -91,3 +91,52 @@ def test_a_family_answers_with_the_labels_its_variants_agree_on():
     assert _family_labels("img", {"onnx": ()}) == ()
     with pytest.raises(ConfigError, match="name their classes differently"):
         _family_labels("img", {"hf": ("a", "b"), "pt2": ("b", "a")})
+
+
+TEXT = ModelMeta((1,), 2, ("negative", "positive"), "BYTES")
+
+
+def test_bytes_inputs_arrive_as_python_bytes_from_json_strings_and_binary():
+    tensor = {"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": ["a good film", "été"]}
+    batch = parse_infer_request(json.dumps({"inputs": [tensor]}).encode(), "app", TEXT, 8).batch
+    assert batch.dtype == object and batch.shape == (2, 1)
+    assert batch.ravel().tolist() == [b"a good film", "été".encode()]
+    raw = b"".join(len(e).to_bytes(4, "little") + e for e in (b"one", b"\x89PNG"))
+    binary = {
+        "name": "text",
+        "shape": [2, 1],
+        "datatype": "BYTES",
+        "parameters": {"binary_data_size": len(raw)},
+    }
+    header = json.dumps({"inputs": [binary]}).encode()
+    batch = parse_infer_request(header + raw, "app", TEXT, 8, len(header)).batch
+    assert batch.ravel().tolist() == [b"one", b"\x89PNG"]
+
+
+@pytest.mark.parametrize(
+    ("tensor", "says"),
+    [
+        ({"datatype": "FP32", "data": [1.0]}, "its input takes BYTES"),
+        ({"datatype": "BYTES", "data": [1]}, "BYTES 'data' must hold strings only"),
+        ({"datatype": "BYTES", "data": ["a", "b"]}, "2 BYTES elements, shape [1, 1] needs 1"),
+        ({"datatype": "BYTES", "data": "a"}, "'data' must be a (nested) list of strings"),
+    ],
+)
+def test_a_bytes_app_refuses_what_is_not_its_strings(tensor, says):
+    request = {"inputs": [{"name": "text", "shape": [1, 1], **tensor}]}
+    with pytest.raises(InvalidRequestError) as err:
+        parse_infer_request(json.dumps(request).encode(), "app", TEXT, 8)
+    assert says in str(err.value)
+
+
+def test_binary_bytes_elements_that_overrun_the_data_are_refused():
+    raw = (100).to_bytes(4, "little") + b"short"
+    binary = {
+        "name": "text",
+        "shape": [1, 1],
+        "datatype": "BYTES",
+        "parameters": {"binary_data_size": len(raw)},
+    }
+    header = json.dumps({"inputs": [binary]}).encode()
+    with pytest.raises(InvalidRequestError, match="BYTES element 0 overruns the data"):
+        parse_infer_request(header + raw, "app", TEXT, 8, len(header))

@@ -261,15 +261,16 @@ def prepare(config: RuntimeConfig) -> Prepared:
         shapes, labels = {}, {}
         for v in family.variants:
             cfg = repo.config(family.name, v.name)
-            shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes))
+            datatype = cfg.inputs[0].datatype if cfg.inputs else "FP32"
+            shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes), datatype)
             labels[v.name] = cfg.labels
         if len(set(shapes.values())) > 1:
             raise ConfigError(
                 f"family {family.name!r} mixes input shapes across variants ({shapes}); "
                 "an app's variants must take the same input"
             )
-        shape, classes = next(iter(shapes.values()))
-        models[family.name] = ModelMeta(shape, classes, _family_labels(family.name, labels))
+        shape, classes, datatype = next(iter(shapes.values()))
+        models[family.name] = ModelMeta(shape, classes, _family_labels(family.name, labels), datatype)
         variants[family.name] = [v.name for v in family.variants]
     with open_store(config.store_url, config.state_dir, config.name):
         pass  # reachable (Redis) and writable (SQLite), or a StoreError now rather than later

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import reprlib
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,7 @@ class ModelMeta:
     input_shape: tuple[int, ...]
     num_classes: int
     labels: tuple[str, ...] = ()  # labels[i] names class i; () when the models have none
+    input_datatype: str = "FP32"  # BYTES: the models take texts (UTF-8), one per row
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,16 +100,19 @@ def parse_infer_request(
     if not isinstance(name, str):
         raise InvalidRequestError(f"input 'name' must be a string, got {show(name)}")
     datatype = tensor.get("datatype")
-    if datatype not in WIRE_DTYPES:
+    takes = ("BYTES",) if meta.input_datatype == "BYTES" else tuple(WIRE_DTYPES)
+    if datatype not in takes:
         raise InvalidRequestError(
             f"input {show(name)}: datatype {show(datatype)} is not supported by app {app!r} "
-            f"(its input takes numbers: {', '.join(WIRE_DTYPES)})"
+            f"(its input takes {', '.join(takes)})"
         )
     shape = _shape(tensor.get("shape"), name, app, meta, max_batch)
     params = tensor.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise InvalidRequestError(f"input {show(name)}: 'parameters' must be an object, got {show(params)}")
-    if params and "binary_data_size" in params:
+    if datatype == "BYTES":
+        batch = _bytes(tensor.get("data"), binary, params, shape, name)
+    elif params and "binary_data_size" in params:
         batch = _binary(binary, params["binary_data_size"], shape, name, datatype)
     else:
         batch = _data(tensor.get("data"), shape, name, datatype)
@@ -209,6 +214,49 @@ def _binary(
         values = (values.astype("<u4") << 16).view("<f4")
     with np.errstate(over="ignore"):
         return _finite(values.astype(np.float32).reshape(shape), name)
+
+
+def _bytes(data: Any, binary: bytes, params: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A BYTES tensor: JSON strings (UTF-8), or binary elements each led by its 4-byte little-endian
+    length (Triton's layout); an object array of ``bytes`` of ``shape``."""
+    expected = math.prod(shape)
+    if params and "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if isinstance(size, bool) or size != len(binary):
+            raise InvalidRequestError(
+                f"input {show(name)}: binary data of {len(binary)} bytes (binary_data_size {show(size)})"
+            )
+        elements: list[bytes] = []
+        at = 0
+        while at < len(binary):
+            length = struct.unpack_from("<I", binary, at)[0] if at + 4 <= len(binary) else len(binary)
+            if at + 4 + length > len(binary):
+                raise InvalidRequestError(
+                    f"input {show(name)}: BYTES element {len(elements)} overruns the data"
+                )
+            elements.append(binary[at + 4 : at + 4 + length])
+            at += 4 + length
+    else:
+        flat = _flatten(data, name)
+        if not all(isinstance(e, str) for e in flat):
+            raise InvalidRequestError(f"input {show(name)}: BYTES 'data' must hold strings only")
+        elements = [e.encode("utf-8") for e in flat]
+    if len(elements) != expected:
+        raise InvalidRequestError(
+            f"input {show(name)}: {len(elements)} BYTES elements, shape {list(shape)} needs {expected}"
+        )
+    out = np.empty(expected, dtype=object)
+    out[:] = elements
+    return out.reshape(shape)
+
+
+def _flatten(data: Any, name: str, depth: int = 0) -> list[Any]:
+    if not isinstance(data, list) or depth > 32:
+        raise InvalidRequestError(f"input {show(name)}: 'data' must be a (nested) list of strings")
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flatten(item, name, depth + 1) if isinstance(item, list) else [item])
+    return out
 
 
 def _finite(batch: np.ndarray, name: str) -> np.ndarray:
@@ -328,6 +376,6 @@ def model_metadata(app: str, family: str, meta: ModelMeta, variants: list[str]) 
         "name": app,
         "versions": variants,
         "platform": f"failsoft/{family}",
-        "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, *meta.input_shape]}],
+        "inputs": [{"name": "input", "datatype": meta.input_datatype, "shape": [-1, *meta.input_shape]}],
         "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, meta.num_classes]}],
     }
