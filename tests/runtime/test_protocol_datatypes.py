@@ -22,13 +22,12 @@ def json_body(datatype: str, data: list) -> bytes:
     return json.dumps({"inputs": [tensor]}).encode()
 
 
-def binary_body(datatype: str, raw: bytes) -> tuple[bytes, int]:
-    tensor = {
-        "name": "input",
-        "shape": [2, 4],
-        "datatype": datatype,
-        "parameters": {"binary_data_size": len(raw)},
-    }
+def binary_body(
+    datatype: str, raw: bytes, name: str = "input", shape: tuple[int, ...] = (2, 4)
+) -> tuple[bytes, int]:
+    """A binary request: the JSON header (its length returned too), then ``raw``."""
+    params = {"binary_data_size": len(raw)}
+    tensor = {"name": name, "shape": list(shape), "datatype": datatype, "parameters": params}
     header = json.dumps({"inputs": [tensor]}).encode()
     return header + raw, len(header)
 
@@ -102,14 +101,8 @@ def test_bytes_inputs_arrive_as_python_bytes_from_json_strings_and_binary():
     assert batch.dtype == object and batch.shape == (2, 1)
     assert batch.ravel().tolist() == [b"a good film", "été".encode()]
     raw = b"".join(len(e).to_bytes(4, "little") + e for e in (b"one", b"\x89PNG"))
-    binary = {
-        "name": "text",
-        "shape": [2, 1],
-        "datatype": "BYTES",
-        "parameters": {"binary_data_size": len(raw)},
-    }
-    header = json.dumps({"inputs": [binary]}).encode()
-    batch = parse_infer_request(header + raw, "app", TEXT, 8, len(header)).batch
+    body, length = binary_body("BYTES", raw, "text", (2, 1))
+    batch = parse_infer_request(body, "app", TEXT, 8, length).batch
     assert batch.ravel().tolist() == [b"one", b"\x89PNG"]
 
 
@@ -131,12 +124,6 @@ def test_a_bytes_app_refuses_what_is_not_its_strings(tensor, says):
 
 def test_binary_bytes_elements_that_overrun_the_data_are_refused():
     raw = (100).to_bytes(4, "little") + b"short"
-    binary = {
-        "name": "text",
-        "shape": [1, 1],
-        "datatype": "BYTES",
-        "parameters": {"binary_data_size": len(raw)},
-    }
-    header = json.dumps({"inputs": [binary]}).encode()
+    body, length = binary_body("BYTES", raw, "text", (1, 1))
     with pytest.raises(InvalidRequestError, match="BYTES element 0 overruns the data"):
-        parse_infer_request(header + raw, "app", TEXT, 8, len(header))
+        parse_infer_request(body, "app", TEXT, 8, length)
