@@ -107,6 +107,21 @@ def _wait_port(port: int, proc: subprocess.Popen[Any], timeout_s: float = 10.0) 
     raise RuntimeError("redis-server did not start")
 
 
+@contextlib.contextmanager
+def serving(config: Any) -> Iterator[tuple[Any, Any]]:
+    """A real embedded cluster serving ``config`` (two Ray CPUs) and an admin client; both stopped after."""
+    from failsoft.client import Client
+    from failsoft.runtime.session import Session
+
+    session = Session(config, num_cpus=2).start()
+    client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+    try:
+        yield session, client
+    finally:
+        client.close()
+        session.stop()
+
+
 def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.05) -> Any:
     """Poll ``check()`` until it returns something truthy; fail naming ``what`` after the timeout."""
     deadline = time.monotonic() + timeout_s

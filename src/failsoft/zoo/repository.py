@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from failsoft.bounds import describe_validation_error
 from failsoft.domain import Family, Variant
 from failsoft.errors import ConfigError, CorruptModelError, ModelNotFoundError
+from failsoft.zoo.formats.model import load_handler_model
 from failsoft.zoo.layout import (
     CONFIG_FILE,
     NAME_PATTERN,
@@ -163,12 +164,15 @@ class ModelRepository:
         """Load a variant from disk onto ``device`` (CUDA when available by default).
 
         A stateful variant (``config.json`` says ``stateful``) loads as a
-        :class:`~failsoft.zoo.stateful.StatefulModel`, in its initial state."""
+        :class:`~failsoft.zoo.stateful.StatefulModel`, in its initial state; a user's model (any
+        ``model_format`` but ``builtin``) through its format's handler (:mod:`failsoft.zoo.formats`)."""
         from failsoft.zoo.network import load_network
 
         path = self.variant_dir(family, variant)
         config = read_config(path)
         dev = _pick_device(device)
+        if config.model_format != "builtin":
+            return load_handler_model(path, config, dev)
         module, forward = load_network(path, config, dev)
         if config.stateful:  # compute/state/apply_state (failsoft.zoo.stateful)
             from failsoft.zoo.stateful import load_stateful
