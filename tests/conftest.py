@@ -1,8 +1,63 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the guard that keeps the ``runtime`` marker honest.
 
+``pytest -m "not runtime"`` must leave out every test that starts Ray, so a test that starts Ray
+without the marker fails. Every failsoft cluster, in the test process, is started by ``ray.init``
+(through ``failsoft.runtime.cluster``, the one module that imports Ray), so ``ray.init`` is wrapped
+once for the session: it fails, naming the test, when the test being run (its setup, call or
+teardown: a module-scoped cluster fixture counts for the test that first asks for it) has no
+``runtime`` marker. Ray is imported for that at the start of the session (about a second).
+Clusters started in a *subprocess* (``failsoft serve`` run as a command) are out of its sight:
+those tests carry the marker by hand (``tests/runtime/test_cli.py``).
+"""
+
+from __future__ import annotations
+
+import functools
 import random
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+
+_running: list[pytest.Item] = []  # the test whose setup, call or teardown runs now
+
+
+def ray_refusal(item: pytest.Item | None) -> str | None:
+    """Why ``item`` may not start Ray, or None when it may."""
+    if item is None or item.get_closest_marker("runtime") is not None:
+        return None
+    return (
+        f"{item.nodeid} starts Ray without the 'runtime' marker: mark it (or its module: "
+        "pytestmark = [pytest.mark.runtime, pytest.mark.slow]) so that -m 'not runtime' leaves it out"
+    )
+
+
+def _guard(init: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(init)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        refusal = ray_refusal(_running[-1] if _running else None)
+        if refusal:
+            raise AssertionError(refusal)
+        return init(*args, **kwargs)
+
+    guarded.__failsoft_guard__ = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    import ray
+
+    if not getattr(ray.init, "__failsoft_guard__", False):
+        ray.init = _guard(ray.init)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.pop()
 
 
 @pytest.fixture

@@ -186,6 +186,7 @@ def test_a_level_line_gives_each_policys_percentiles_and_the_p999_ratio():
     assert _counts_since(before, now) == {"requests": 15, "reconstructed": 4, "encode_us_p50": 31.0, "k": 2}
 
 
+@pytest.mark.slow  # the shuffler runs 0.6 s of the wall clock
 def test_the_background_shuffle_slows_random_pairs_and_restores_every_server():
     import asyncio
 

@@ -74,7 +74,7 @@ B0 = "efficientnet_b0"
 
 
 def test_a_family_whose_variants_take_different_inputs_is_refused_before_any_build(tmp_path):
-    from failsoft.bench.failover import ensure_families
+    from failsoft.bench.models import ensure_families
     from failsoft.errors import ConfigError
     from failsoft.runtime.config import config_from_dict
 

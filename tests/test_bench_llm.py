@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("numpy")
-
 
 def test_trace_is_rescaled_to_the_context_and_rate() -> None:
     from failsoft.bench.llm import trace

@@ -11,8 +11,6 @@ from failsoft.bench.llm_engine import EngineBenchSettings, run
 from failsoft.cli import app
 from failsoft.errors import ConfigError
 
-pytest.importorskip("transformers")
-
 
 def test_small_run_reports_both_ratios_and_equal_outputs():
     result = run(EngineBenchSettings(new_tokens=8, prompt_tokens=8, batch=4, repeats=1))

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from failsoft.clock import AsyncClock, ManualClock, MonotonicClock
+from tests.asyncwait import until
 
 
 def test_both_clocks_are_async_clocks():
@@ -21,9 +22,9 @@ def test_sleepers_wake_in_order_only_when_time_reaches_them():
             woke.append((name, clock.now()))
 
         tasks = [asyncio.create_task(nap("late", 0.5)), asyncio.create_task(nap("early", 0.2))]
-        await asyncio.sleep(0)
+        await until(lambda: clock.next_wakeup == pytest.approx(10.2), "both nappers are parked")
         clock.advance(0.1)
-        await asyncio.sleep(0)
+        await clock.run_for(0)  # whatever was woken has run
         assert woke == []
         await clock.run_for(1.0)
         assert woke == [("early", pytest.approx(10.2)), ("late", pytest.approx(10.5))]
@@ -38,7 +39,7 @@ def test_a_cancelled_sleeper_does_not_block_later_ones():
         clock = ManualClock()
         first = asyncio.create_task(clock.sleep(1.0))
         second = asyncio.create_task(clock.sleep(2.0))
-        await asyncio.sleep(0)
+        await until(lambda: clock.next_wakeup == 1.0, "the first sleeper is parked")
         first.cancel()
         await clock.run_for(2.0)
         assert second.done() and first.cancelled()

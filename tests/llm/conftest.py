@@ -8,9 +8,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch
 
 
 @pytest.fixture(scope="session", autouse=True)

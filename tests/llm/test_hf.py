@@ -8,13 +8,11 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from failsoft.errors import ConfigError, InvalidRequestError
 from failsoft.llm import CheckpointBuffer, Engine, SamplingParams, speculative_generate
 from failsoft.llm.hf import load_hf
-
-torch = pytest.importorskip("torch")
-tokenizers = pytest.importorskip("tokenizers")
 
 WORDS = [
     "the",

@@ -29,7 +29,7 @@ from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, LoadThread
 from failsoft.runtime.session import Session
 from failsoft.zoo.digits import load_digits_split
-from tests.runtime.conftest import wait_for
+from tests.runtime.conftest import serving, wait_for
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 APPS = ("crit-1", "best-1", "crit-2", "best-2", "best-3")
@@ -65,13 +65,8 @@ def cluster(tiny_zoo, redis_url, tmp_path_factory):
         },
         source="test",
     )
-    session = Session(config, num_cpus=2).start()
-    client = session.client(timeout=20.0)
-    try:
-        yield session, client
-    finally:
-        client.close()
-        session.stop()
+    with serving(config) as running:
+        yield running
 
 
 def stable(client: Client) -> dict[str, Any]:

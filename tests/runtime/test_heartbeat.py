@@ -18,6 +18,8 @@ from failsoft.policies.detection import HeartbeatDetector
 from failsoft.runtime.heartbeat import HeartbeatEndpoint, HeartbeatReceiver, HeartbeatReceiverError
 from failsoft.runtime.pulse import datagram, process_state
 
+pytestmark = pytest.mark.slow  # real sidecar processes, timed on the wall clock
+
 AGENT = """
 import sys, time
 from failsoft.runtime.pulse import Pulse

@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from failsoft.client import Client
 from failsoft.errors import InvalidRequestError
 from failsoft.llm.corpus import decode, encode
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-pytest.importorskip("ray")
+# the tests on the module's cluster are marked runtime (they start Ray); the in-process one only slow
 
 PROMPTS = ("def main(", "The function returns the", "import os\n", "class Foo:")
 GREEDY = {"max_tokens": 60, "temperature": 0}
@@ -111,6 +110,8 @@ def _wait(predicate: Any, timeout_s: float = 30.0) -> bool:
     return predicate()
 
 
+@pytest.mark.runtime
+@pytest.mark.slow
 def test_generate_stream_and_bad_input(session: Any) -> None:
     # Slowed steps: on a fast machine the tiny model writes all 60 tokens before the gateway's
     # first poll comes back, and the stream is then (rightly) one chunk.
@@ -142,6 +143,8 @@ def test_generate_stream_and_bad_input(session: Any) -> None:
             list(client.generate_stream("bytes", "x" * 200, max_tokens=4))
 
 
+@pytest.mark.runtime
+@pytest.mark.slow
 def test_disconnecting_stream_frees_its_kv(session: Any) -> None:
     for w in session.workers.values():
         w.set_slow_sync(20)
@@ -161,6 +164,8 @@ def test_disconnecting_stream_frees_its_kv(session: Any) -> None:
             w.set_slow_sync(0)
 
 
+@pytest.mark.runtime
+@pytest.mark.slow
 def test_worker_killed_mid_stream_every_stream_completes_identically(session: Any) -> None:
     with Client(session.url, timeout=120) as client:
         reference = {p: client.generate("bytes", p, **GREEDY)["text_output"] for p in PROMPTS}
@@ -240,6 +245,7 @@ def _direct(session: Any, worker: str, prompt: str) -> list[int]:
     return asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_standby_drafts_for_a_survivor_then_serves_in_process(tmp_path: Path) -> None:
     """Alg. 3 on two workers in this process (no Ray): a standby adopts a name draft-first and
     drafts for a survivor's request, which verifies; the output is the survivor's own greedy one."""
@@ -297,6 +303,8 @@ def test_standby_drafts_for_a_survivor_then_serves_in_process(tmp_path: Path) ->
         survivor.shutdown()
 
 
+@pytest.mark.runtime
+@pytest.mark.slow
 def test_progressive_restart_drafts_for_survivors_until_the_target_is_back(session: Any) -> None:
     """LUMEN's restart on the real cluster: the standby loads the draft, drafts for the most
     loaded survivor while its target "reloads" (4 s emulated), then serves; every stream equals its

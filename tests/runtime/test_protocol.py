@@ -32,7 +32,7 @@ def test_a_good_request_becomes_a_float32_batch_with_its_deadline():
         (b"{not json", 400, "malformed JSON"),
         (b"[1, 2]", 400, "expected a JSON object"),
         (json.dumps({"inputs": []}).encode(), 400, "exactly one input"),
-        (body(datatype="INT64"), 400, "datatype 'INT64' is not supported"),
+        (body(datatype="BYTES"), 400, "datatype 'BYTES' is not supported"),
         (body(shape=[2, 5]), 400, "shape [2, 5] does not match app 'app', which takes [N, 4]"),
         (body(shape=[9, 4], data=list(range(36))), 400, "batch size 9 is outside 1..8"),
         (body(data=[1, 2, 3]), 400, "'data' has 3 values, shape [2, 4] needs 8"),

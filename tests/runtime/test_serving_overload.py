@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from failsoft.runtime.config import config_from_dict
-from failsoft.runtime.session import Session
+from tests.runtime.conftest import serving
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 SLOW_MS = 300.0
@@ -42,13 +42,8 @@ def cluster(tiny_zoo, tmp_path_factory):
         },
         source="test",
     )
-    session = Session(config, num_cpus=2).start()
-    client = session.client(timeout=20.0)
-    try:
-        yield session, client
-    finally:
-        client.close()
-        session.stop()
+    with serving(config) as running:
+        yield running
 
 
 def body(i: int) -> dict:

@@ -72,3 +72,12 @@ def test_store_failures_are_store_errors(tmp_path, redis_url):
     blocker.write_text("not a directory")
     with pytest.raises(StoreError, match="cannot open SQLite store"):
         SqliteStore(blocker / "state.db", "c")
+
+
+def test_a_missing_redis_server_fails_under_ci_and_is_skipped_elsewhere():
+    from tests.runtime.conftest import no_redis_server
+
+    with pytest.raises(pytest.fail.Exception, match="CI=true and no redis-server"):
+        no_redis_server({"CI": "true"})
+    with pytest.warns(UserWarning, match="REDIS TESTS SKIPPED"), pytest.raises(pytest.skip.Exception):
+        no_redis_server({})

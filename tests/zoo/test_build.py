@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from failsoft.zoo import BuildEvent, build_zoo
 from failsoft.zoo.build import is_built, make_variant, write_variant
@@ -21,6 +22,7 @@ def test_a_second_build_skips_everything(tiny_zoo):
     assert [e.index for e in finished] == [1, 1, 2, 2, 3, 3, 4, 4]
 
 
+@pytest.mark.slow  # rebuilds and profiles a variant: seconds of CPU
 def test_a_broken_or_half_built_variant_is_rebuilt_and_reprofiled(zoo_copy):
     fam_dir = zoo_copy.root / "digits_mlp"
     weights = fam_dir / "mlp_s" / WEIGHTS_FILE
@@ -44,6 +46,7 @@ def test_training_is_deterministic(tmp_path, tiny_zoo):
     assert config.weights_sha256 == tiny_zoo.config("digits_mlp", "mlp_m").weights_sha256
 
 
+@pytest.mark.slow  # trains the largest MLP: seconds of CPU
 def test_largest_trained_variant_beats_the_smallest(tiny_zoo):
     mlp = {v: tiny_zoo.config("digits_mlp", v) for v in tiny_zoo.variant_names("digits_mlp")}
     assert mlp["mlp_l"].accuracy.value > mlp["mlp_xs"].accuracy.value

@@ -11,6 +11,8 @@ import pytest
 
 from failsoft.zoo.machine import BusyCores, usable_cores
 
+pytestmark = pytest.mark.slow  # each measures a second of the wall clock
+
 
 def test_a_spinning_thread_shows_as_about_one_busy_core():
     stop = threading.Event()

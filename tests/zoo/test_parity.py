@@ -27,6 +27,7 @@ from failsoft.zoo.profiler import QUICK
 FAST = ParityTraining(epochs=40, lr=1e-2)
 
 
+@pytest.mark.slow  # trains a parity model: seconds of CPU
 def test_a_trained_parity_model_reconstructs_far_above_the_default_bound(small_zoo_copy):
     repo = small_zoo_copy
     code = ParityCode("digits_mlp", "mlp_s", k=2)

@@ -15,6 +15,7 @@ def run(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.slow  # trains parity models: seconds of CPU
 def test_train_prints_each_parity_model_with_its_accuracies(capsys, small_zoo_copy):
     root = str(small_zoo_copy.root)
     args = ("parity", "train", "digits_mlp/mlp_s", "--k", "2", "--r", "2", "--root", root)

@@ -63,6 +63,7 @@ def test_the_default_settings_cover_batch_sizes_1_to_16():
         ProfileSettings(batch_sizes=(0,))
 
 
+@pytest.mark.slow  # profiles a variant beside busy threads: seconds of CPU
 def test_a_profile_says_what_else_kept_the_host_busy(zoo_copy):
     import subprocess
     import sys

@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from failsoft.adaptation_data import TRACE_STEP_S, bundled_client_set, bundled_trace
-from failsoft.bench.cluster import with_service_params
+from failsoft.bench.cluster import read_bench_config, with_service_params
+from failsoft.bench.models import ensure_config_models
 from failsoft.errors import ConfigError
 from failsoft.slo_client import FrameResult
 
@@ -81,6 +81,7 @@ def run(
     say = progress or (lambda _: None)
     path = Path(config_path)
     data, service = _bench_config(path, settings)
+    ensure_config_models(path, data, say)
     clients = bundled_client_set(settings.clients, settings.fps, settings.slo)
     trace = bundled_trace(settings.trace)
     rng = np.random.default_rng(settings.seed)
@@ -114,17 +115,10 @@ def run(
 
 
 def _bench_config(path: Path, settings: AdaptationBenchSettings) -> tuple[dict[str, Any], str]:
-    from failsoft.scenario import read_document
-
-    data = yaml.safe_load(read_document(path, "config"))
-    if not isinstance(data, dict):
-        raise ConfigError(f"{str(path)!r}: expected a mapping at the top level")
+    data = read_bench_config(path, settings.root)
     slo = [s for s in data.get("services") or [] if s.get("mode") == "slo"]
     if len(slo) != 1:
         raise ConfigError(f"{str(path)!r}: bench adaptation needs exactly one slo service; found {len(slo)}")
-    if settings.root is not None:
-        data["repository"] = settings.root
-    data["gateway"] = {**(data.get("gateway") or {}), "port": 0}
     return data, str(slo[0]["name"])
 
 

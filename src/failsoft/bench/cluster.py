@@ -1,14 +1,34 @@
 """What the cluster benchmarks share: deriving a policy's config from the user's, waiting for a
-started cluster to be home (every app on its primary, warm backups warm, every server up)."""
+started cluster to be home (every app on its primary, warm backups warm, every server up), reading
+the user's config once for them."""
 
 from __future__ import annotations
 
 import copy
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from failsoft.errors import FailsoftError
+import yaml
+
+from failsoft.errors import ConfigError, FailsoftError
+
+
+def read_bench_config(path: Path, root: str | Path | None) -> dict[str, Any]:
+    """The config at ``path`` as a fresh dict for a benchmark to derive its clusters from: the
+    gateway on a free port, and the repository ``root`` when one is given (a relative one as typed,
+    from the working directory; the config's own resolves against the config's directory)."""
+    from failsoft.scenario import read_document
+
+    data = yaml.safe_load(read_document(path, "config"))
+    if not isinstance(data, dict):
+        raise ConfigError(f"{str(path)!r}: expected a mapping at the top level")
+    data = copy.deepcopy(data)
+    if root is not None:
+        data["repository"] = str(Path(root).expanduser().resolve())
+    data["gateway"] = {**(data.get("gateway") or {}), "port": 0}
+    return data
 
 
 def with_service_params(data: Mapping[str, Any], service: str, **params: Any) -> dict[str, Any]:

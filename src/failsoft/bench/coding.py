@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import os
 import random
 import tempfile
@@ -50,9 +49,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import yaml
 
-from failsoft.bench.cluster import wait_home
+from failsoft.bench.cluster import read_bench_config, wait_home
+from failsoft.bench.models import ensure_config_models
 from failsoft.errors import ConfigError, FailsoftError
 
 if TYPE_CHECKING:
@@ -178,6 +177,7 @@ def run(
     say = progress or (lambda _: None)
     path = Path(config_path)
     data, plan = _bench_config(path, settings)
+    ensure_config_models(path, data, say)
     timing = policy_timing()  # before the cluster starts: its processes would share the cores
     with tempfile.TemporaryDirectory(prefix="failsoft-bench-coding-") as state:
         data["state_dir"] = state
@@ -313,12 +313,7 @@ def _level_line(level: dict[str, Any]) -> str:
 
 # the cluster ---------------------------------------------------------------------------------------
 def _bench_config(path: Path, settings: CodingBenchSettings) -> tuple[dict[str, Any], _Plan]:
-    from failsoft.scenario import read_document
-
-    data = yaml.safe_load(read_document(path, "config"))
-    if not isinstance(data, dict):
-        raise ConfigError(f"{str(path)!r}: expected a mapping at the top level")
-    data = copy.deepcopy(data)
+    data = read_bench_config(path, settings.root)
     coded = [s for s in data.get("services") or [] if s.get("mode") == "coded"]
     if len(coded) != 1:
         raise ConfigError(f"{str(path)!r}: bench coding needs exactly one coded service; found {len(coded)}")
@@ -350,9 +345,6 @@ def _bench_config(path: Path, settings: CodingBenchSettings) -> tuple[dict[str, 
                 "primary": {"server": server, "variant": lead["primary"]["variant"]},
             }
         )
-    if settings.root is not None:
-        data["repository"] = settings.root
-    data["gateway"] = {**(data.get("gateway") or {}), "port": 0}
     data["agents"] = {**(data.get("agents") or {}), "restart": False}
     return data, _Plan(service["name"], members, k, r, servers, er_apps)
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from failsoft.bench.models import ensure_models
 from failsoft.errors import ConfigError, RepositoryError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.runtime.gateway.metrics import first_recoveries
@@ -82,7 +83,7 @@ class BenchSettings:
 def run(config_path: str | Path, settings: BenchSettings, progress: Progress | None = None) -> dict[str, Any]:
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
-    ensure_families(base, say)
+    ensure_models(base, say)
     failed = victims(base, settings)
     out: dict[str, Any] = {"config": str(config_path), "failed": failed, "policies": {}}
     for policy in settings.policies:
@@ -102,42 +103,13 @@ def run(config_path: str | Path, settings: BenchSettings, progress: Progress | N
     return out
 
 
-def ensure_families(config: RuntimeConfig, say: Progress) -> None:
-    """Build (quick profiles) every variant of the config's families that the repository lacks.
-
-    The zoo's default build has ResNet-18/34/50 only; failover may use any variant of a family, so
-    the whole family must be there. Building is idempotent and resumes.
-    """
-    from failsoft.zoo import ModelRepository, build_zoo, default_zoo_path
-    from failsoft.zoo.catalog import family_spec
-    from failsoft.zoo.profiler import QUICK
-
-    root = config.repository or default_zoo_path()
-    repo = ModelRepository(root)
-    missing = []
-    for family in sorted({a.family for a in config.apps}):
-        built = set(repo.variant_names(family)) if repo.root.is_dir() else set()
-        if {v.name for v in family_spec(family).variants} - built:
-            missing.append(family)
-    for family in missing:  # before minutes of building: a family whose inputs differ cannot fail over
-        sizes = {v.name: v.architecture().get("image_size") for v in family_spec(family).variants}
-        if len({size for size in sizes.values() if size is not None}) > 1:
-            raise ConfigError(
-                f"family {family!r} cannot serve an app: its variants take different input sizes "
-                f"({', '.join(f'{n}: {s}' for n, s in sizes.items())}); nothing was built"
-            )
-    if missing:
-        say(f"building {', '.join(missing)} into {root} (once; minutes for ImageNet families) ...")
-        build_zoo(root, families=missing, settings=QUICK)
-
-
 def contended_profiles(config: RuntimeConfig) -> list[str]:
     """``family/variant`` of the config's families whose profiles were measured while other work
     crowded the host (their times are inflated: the simulator's twin would be slowed with them)."""
-    from failsoft.zoo import ModelRepository, default_zoo_path
+    from failsoft.zoo import ModelRepository
     from failsoft.zoo.profiler import contended
 
-    repo = ModelRepository(config.repository or default_zoo_path())
+    repo = ModelRepository(config.repository)
     out = []
     for family in sorted({a.family for a in config.apps}):
         for variant in repo.variant_names(family):
@@ -152,10 +124,10 @@ def contended_profiles(config: RuntimeConfig) -> list[str]:
 def set_page_cache(config: RuntimeConfig, warm: bool) -> int:
     """Read every weight file of the config's families into the page cache (``warm``) or ask the
     kernel to drop them (pages a loaded model still maps stay); returns the files touched."""
-    from failsoft.zoo import ModelRepository, default_zoo_path, pagecache
+    from failsoft.zoo import ModelRepository, pagecache
     from failsoft.zoo.layout import WEIGHTS_FILE
 
-    repo = ModelRepository(config.repository or default_zoo_path())
+    repo = ModelRepository(config.repository)
     files = [
         path
         for family in sorted({a.family for a in config.apps})

@@ -44,10 +44,10 @@ from failsoft.bench.failover import (
     BenchSettings,
     bench_config,
     contended_profiles,
-    ensure_families,
     run_once,
     victims,
 )
+from failsoft.bench.models import ensure_models
 from failsoft.domain import Scenario, WarmBackup
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
@@ -86,7 +86,7 @@ def run(
     sets the weights' state at the kill (``warm`` or ``cold``); the twin is told each run's."""
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
-    ensure_families(base, say)
+    ensure_models(base, say)
     crowded = contended_profiles(base)
     if crowded:
         say(

@@ -37,7 +37,6 @@ the killed node's state).
 
 from __future__ import annotations
 
-import copy
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from failsoft.bench.cluster import with_service_params
+from failsoft.bench.cluster import read_bench_config, with_service_params
+from failsoft.bench.models import ensure_config_models
 from failsoft.errors import ConfigError, FailsoftError
 
 POLICIES = ("nspb", "stop-and-copy", "none")
@@ -134,6 +133,7 @@ def run(
     say = progress or (lambda _: None)
     path = Path(config_path)
     data, plans = bench_config(path, settings)
+    ensure_config_models(path, data, say)
     graphs: dict[str, Any] = {}
     for plan in plans:
         runs: dict[str, list[Run]] = {p: [] for p in settings.policies}
@@ -169,15 +169,7 @@ def run(
 def bench_config(path: Path, settings: ReplicationBenchSettings) -> tuple[dict[str, Any], list[GraphPlan]]:
     """The config as a dict (gateway on a free port, the repository if given) and one plan per graph
     service with a stateful node."""
-    from failsoft.scenario import read_document
-
-    data = yaml.safe_load(read_document(path, "config"))
-    if not isinstance(data, dict):
-        raise ConfigError(f"{str(path)!r}: expected a mapping at the top level")
-    data = copy.deepcopy(data)
-    if settings.root is not None:
-        data["repository"] = settings.root
-    data["gateway"] = {**(data.get("gateway") or {}), "port": 0}
+    data = read_bench_config(path, settings.root)
     return data, plans_of(data, settings.kill_node, str(path))
 
 

@@ -53,7 +53,7 @@ def train(
 ) -> None:
     """Train, measure (degraded-mode accuracy) and store the r parity models of FAMILY/VARIANT."""
     from failsoft.policies.registry import get_encoder
-    from failsoft.zoo import ModelRepository, default_zoo_path
+    from failsoft.zoo import ModelRepository, resolve_repository
     from failsoft.zoo.parity import ParityCode, ParityTraining, measure_joint, train_parity
     from failsoft.zoo.profiler import QUICK, ProfileSettings
 
@@ -61,7 +61,7 @@ def train(
     if not family or not variant:
         raise ConfigError(f"expected FAMILY/VARIANT, e.g. digits_mlp/mlp_m; got {target!r}")
     get_encoder(encoder, k, r)  # unknown encoder, k or r out of range: refused before any work
-    repo = ModelRepository(root if root is not None else default_zoo_path())
+    repo = ModelRepository(resolve_repository(root))
     repo.config(family, variant)  # the deployed variant must exist
     training = ParityTraining(epochs=epochs, lr=lr, seed=seed)
     settings = QUICK if quick else ProfileSettings()

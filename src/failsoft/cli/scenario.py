@@ -44,10 +44,10 @@ def config_scenario(config: Path, repository: Path | None = None) -> dict[str, A
     from failsoft.runtime.config import load_config
     from failsoft.runtime.deployment import resolve
     from failsoft.scenario import scenario_to_dict
-    from failsoft.zoo import ModelRepository, default_zoo_path
+    from failsoft.zoo import ModelRepository
 
     cfg = load_config(config)
-    root = repository or cfg.repository or default_zoo_path()
+    root = repository or cfg.repository  # --repository, else the config's (resolve_repository)
     repo = ModelRepository(root)
     if not repo.root.is_dir():
         raise ConfigError(

@@ -2,7 +2,9 @@
 
 ``build`` is idempotent and resumes (see :mod:`failsoft.zoo.build`); it shows a progress bar on a
 terminal and one plain line per step otherwise. ``list`` prints the repository as a table (or JSON),
-``scenario`` prints the ``families`` section of a scenario JSON from a repository or a profile CSV.
+``scenario`` prints the ``families`` section of a scenario JSON from a repository or a profile CSV,
+``add`` puts a user's model (``hf``, ``onnx``, ``pt2``, ``python``) into the repository, checked and
+profiled (see :mod:`failsoft.zoo.add`).
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ ThreadsOpt = Annotated[int, typer.Option(min=0, help="torch threads while profil
 
 
 def _root(path: Path | None) -> Path:
-    from failsoft.zoo import default_zoo_path
+    from failsoft.zoo import resolve_repository
 
-    return path if path is not None else default_zoo_path()
+    return resolve_repository(path)
 
 
 def _selectors(families: list[str] | None) -> list[str] | None:
@@ -198,3 +200,51 @@ def scenario(
         if not fams:
             raise RepositoryError(f"no profiled variant in {str(repo.root)!r}: run `failsoft zoo build`")
     typer.echo(json.dumps({"families": families_section(fams)}, indent=2))
+
+
+@app.command("add")
+def add(
+    target: Annotated[str, typer.Argument(metavar="FAMILY/VARIANT", help="Where the model goes")],
+    path: Annotated[Path, typer.Argument(help="A transformers dir, a .onnx, a .pt2, or a .safetensors")],
+    model_format: Annotated[
+        str | None, typer.Option("--format", help="hf, onnx, pt2 or python (default: from the path)")
+    ] = None,
+    accuracy: Annotated[float | None, typer.Option(help="Declared top-1 accuracy in [0, 1]")] = None,
+    eval_file: Annotated[
+        Path | None, typer.Option("--eval", help="Labelled data to measure accuracy on (.npz, .jsonl)")
+    ] = None,
+    sample: Annotated[
+        Path | None, typer.Option(help="Inputs to check and profile on (.npy, .npz, .jsonl, .txt)")
+    ] = None,
+    handler: Annotated[str | None, typer.Option(help="python format: package.module:Class")] = None,
+    task: Annotated[
+        str | None, typer.Option(help="hf format: image-classification or text-classification")
+    ] = None,
+    labels: Annotated[
+        Path | None, typer.Option(help="Class names, one per line (default: the model's own, if any)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Repository root")] = None,
+    quick: Annotated[bool, typer.Option(help="Quick profile: fewer loads and batch sizes")] = False,
+    threads: ThreadsOpt = 1,
+    device: DeviceOpt = None,
+) -> None:
+    """Add a user's model to the repository: check it answers, record its accuracy, profile it."""
+    from failsoft.zoo import ModelRepository
+    from failsoft.zoo.add import AddRequest, add_variant
+
+    family, sep, variant = target.partition("/")
+    if not sep:
+        raise ConfigError(f"give the target as FAMILY/VARIANT, got {target!r}")
+    request = AddRequest(
+        family, variant, path, model_format, accuracy, eval_file, sample, handler, task, labels
+    )
+    repo = ModelRepository(_root(out))
+    began = time.perf_counter()
+    config = add_variant(repo, request, _settings(quick, threads), device)
+    profile = repo.profile(family, variant)
+    typer.echo(
+        f"added {family}/{variant} ({config.model_format}, {config.parameters} parameters, accuracy "
+        f"{config.accuracy.value:.3f} {config.accuracy.source}) to {repo.root}: latency p50 "
+        f"{profile['latency_ms']:.3f} ms, load {profile['load_ms']:.1f} ms, "
+        f"memory {profile['memory_mb']:.1f} MB ({time.perf_counter() - began:.1f} s)"
+    )

@@ -23,14 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from failsoft.errors import ConfigError
+from failsoft.llm.engine import Engine, SamplingParams
+from failsoft.llm.hf import load_hf, weight_files
+from failsoft.llm.realsize import forward_kv_bytes_per_token
+from failsoft.zoo.machine import machine_info
 
 
 def _measure_batch(lm: Any, batch: int, prompt_tokens: int, new_tokens: int, seed: int) -> dict[str, Any]:
-    import torch
-
-    from failsoft.llm import Engine, SamplingParams
-
     page = 16
     pages = batch * -(-(prompt_tokens + new_tokens) // page)
     engine = Engine(lm, kv_pages=pages, page_size=page, max_batch=batch)
@@ -61,10 +63,6 @@ def hf_record(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Load the model in ``path`` and measure its record (see the module docstring)."""
-    from failsoft.llm.hf import load_hf, weight_files
-    from failsoft.llm.realsize import forward_kv_bytes_per_token
-    from failsoft.zoo.machine import machine_info
-
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise ConfigError(f"batch sizes must be >= 1; got {list(batch_sizes)!r}")
     if prompt_tokens < 1 or new_tokens < 1:

@@ -55,6 +55,7 @@ from failsoft.policies.queueing import QueueParams, ServiceModel, warmup_budget_
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.pulse import Pulse
 from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
+from failsoft.zoo.formats.model import import_code as import_user_code
 
 log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
@@ -148,6 +149,10 @@ class Agent:
                 config = self._repo.config(family, variants[0])
                 if config.arch == "transformers":
                     hf.import_model_class(config.architecture)
+            for variant in variants:  # a user's family may mix formats: each one's library
+                config = self._repo.config(family, variant)
+                if config.model_format != "builtin":
+                    import_user_code(self._repo.variant_dir(family, variant), config)
         return (time.perf_counter() - started) * 1000.0
 
     # models ----------------------------------------------------------------------------------

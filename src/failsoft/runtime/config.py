@@ -48,6 +48,7 @@ from failsoft.scenario import (  # one-line errors, one service parser
     validate_document,
 )
 from failsoft.services import GraphNode, GraphParams, Service
+from failsoft.zoo.repository import resolve_repository
 
 DEFAULT_PORT = 8000
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -272,7 +273,7 @@ class RuntimeConfig:
     servers: tuple[Server, ...]
     apps: tuple[AppConfig, ...]
     services: tuple[Service, ...]  # the config's own; apps in none are served alone
-    repository: Path | None
+    repository: Path  # the config's, else $FAILSOFT_ZOO, else the default (resolve_repository)
     policy: str
     params: PolicyParams
     replan_delay_s: float
@@ -346,7 +347,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
             AppConfig(a.name, a.family, a.critical, a.rate_rps, a.slo_ms, primary.server, primary.variant)
         )
     services = build_services(spec.services, {a.name: a for a in apps}, source)
-    repository = _path(spec.repository, base_dir) if spec.repository else None
+    repository = resolve_repository(_path(spec.repository, base_dir) if spec.repository else None)
     _check_graph_state(services, {a.name: a for a in apps}, repository, source)
     state_dir = _path(spec.state_dir, base_dir) if spec.state_dir else default_state_dir() / spec.name
     f = spec.failover
@@ -386,7 +387,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
 
 
 def _check_graph_state(
-    services: tuple[Service, ...], apps: dict[str, AppConfig], repository: Path | None, source: str
+    services: tuple[Service, ...], apps: dict[str, AppConfig], repository: Path, source: str
 ) -> None:
     """HAMS: a stateful node of a ``graph`` service must run a model that exposes its state (its
     backup needs ``state()``/``apply_state()``), the node's variant or else its app's (any of the

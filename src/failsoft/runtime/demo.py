@@ -154,9 +154,9 @@ class DemoRun:
 def run_demo(settings: DemoSettings, view: Any) -> dict[str, Any]:
     """The whole demo; ``view`` shows progress (see :mod:`failsoft.cli.demo`). Returns the summary,
     with the paths of the plot and of the data it was drawn from."""
-    from failsoft.zoo import default_zoo_path
+    from failsoft.zoo import resolve_repository
 
-    repository = settings.repository or default_zoo_path()
+    repository = resolve_repository(settings.repository)
     ensure_zoo(repository, view.say)
     state_dir = Path(tempfile.mkdtemp(prefix="failsoft-demo-"))  # a throwaway store
     try:

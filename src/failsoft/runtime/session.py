@@ -302,7 +302,7 @@ class Session:
 
 def prepare(config: RuntimeConfig) -> Prepared:
     """Check the config against the repository and the store, before any process starts."""
-    from failsoft.zoo import ModelRepository, default_zoo_path
+    from failsoft.zoo import ModelRepository
 
     g = config.gateway
     check_bind(g.admin_host, g.admin_bind_port, g.allow_remote, g.admin_tls is not None)  # opt-in only
@@ -310,7 +310,7 @@ def prepare(config: RuntimeConfig) -> Prepared:
     check_tls(g.tls, f"{config.source}: gateway.tls")
     check_tls(g.admin_tls, f"{config.source}: gateway.admin_tls")
     token = admin_token(config)
-    root = config.repository or default_zoo_path()
+    root = config.repository
     repo = ModelRepository(root)
     if not repo.root.is_dir():
         raise ConfigError(
@@ -321,21 +321,32 @@ def prepare(config: RuntimeConfig) -> Prepared:
     _check_coded(repo, deployment)
     models, variants = {}, {}
     for family in deployment.families:
-        shapes = {}
+        shapes, labels = {}, {}
         for v in family.variants:
             cfg = repo.config(family.name, v.name)
-            shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes))
+            datatype = cfg.inputs[0].datatype if cfg.inputs else "FP32"
+            shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes), datatype)
+            labels[v.name] = cfg.labels
         if len(set(shapes.values())) > 1:
             raise ConfigError(
                 f"family {family.name!r} mixes input shapes across variants ({shapes}); "
                 "an app's variants must take the same input"
             )
-        shape, classes = next(iter(shapes.values()))
-        models[family.name] = ModelMeta(shape, classes)
+        shape, classes, datatype = next(iter(shapes.values()))
+        models[family.name] = ModelMeta(shape, classes, _family_labels(family.name, labels), datatype)
         variants[family.name] = [v.name for v in family.variants]
     with open_store(config.store_url, config.state_dir, config.name):
         pass  # reachable (Redis) and writable (SQLite), or a StoreError now rather than later
     return Prepared(deployment, models, variants, repo.root, token)
+
+
+def _family_labels(family: str, labels: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The class names an app answers with: those of the family's variants that name their classes,
+    which must agree (a failover must not rename a class); () when none does."""
+    named = {v: names for v, names in labels.items() if names}
+    if len(set(named.values())) > 1:
+        raise ConfigError(f"family {family!r}: its variants name their classes differently ({named})")
+    return next(iter(named.values()), ())
 
 
 def _check_coded(repo: Any, deployment: Any) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from failsoft.zoo.loaded import LoadedModel
-from failsoft.zoo.repository import ModelRepository, default_zoo_path
+from failsoft.zoo.repository import ModelRepository, default_zoo_path, resolve_repository
 from failsoft.zoo.scenario import families_from_csv, families_section
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ __all__ = [
     "families_from_csv",
     "families_section",
     "profile_variant",
+    "resolve_repository",
 ]
 
 

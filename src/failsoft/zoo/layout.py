@@ -2,10 +2,16 @@
 
 Like a Triton model repository, a failsoft repository is a directory of directories::
 
-    <root>/<family>/<variant>/model.safetensors   weights (safetensors only: never pickle)
+    <root>/<family>/<variant>/model.safetensors   weights (safetensors only: never pickle), or the
+                                                  artefact of a user's model (``model.onnx``,
+                                                  ``model.pt2``, ``model/`` for a transformers dir)
     <root>/<family>/<variant>/config.json         architecture, input/output shape, accuracy, weight hash,
                                                   and ``stateful`` (the model keeps state across requests)
     <root>/<family>/<variant>/profile.json        what the profiler measured on this machine
+
+``model_format`` says which library loads the variant (:mod:`failsoft.zoo.formats`): ``builtin`` for
+the zoo's own architectures (``arch``), or ``onnx``, ``pt2``, ``hf``, ``python`` for a user's model
+added with ``failsoft zoo add``, whose declared ``inputs`` and ``outputs`` the config carries.
 
 ``config.json`` is written when the variant is built (trained or initialised) and is enough to rebuild
 the network exactly; ``profile.json`` is written by the profiler and feeds the planners (FailLite
@@ -27,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from failsoft.bounds import describe_validation_error
 from failsoft.errors import CorruptModelError, ModelNotFoundError
+from failsoft.zoo.formats.interface import Datatype, TensorSpec
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -34,7 +41,9 @@ PROFILE_FILE = "profile.json"
 FORMAT_VERSION = 1
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
-Arch = Literal["digits_mlp", "digits_cnn", "transformers", "sp500_gru", "digits_online"]
+# "user": a model added with ``failsoft zoo add``, loaded by its ``model_format``'s library
+Arch = Literal["digits_mlp", "digits_cnn", "transformers", "sp500_gru", "digits_online", "user"]
+ModelFormat = Literal["builtin", "onnx", "pt2", "hf", "python"]
 # architectures whose models keep state across requests (:mod:`failsoft.zoo.stateful`)
 STATEFUL_ARCHES: frozenset[str] = frozenset({"sp500_gru", "digits_online"})
 
@@ -58,9 +67,19 @@ class _AccuracySpec(BaseModel):
 
 class _WeightsSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    file: str = WEIGHTS_FILE
+    file: str = Field(default=WEIGHTS_FILE, pattern=NAME_PATTERN.pattern)
     bytes: int = Field(ge=0)
     sha256: str = Field(pattern="^[0-9a-f]{64}$")
+
+
+class _TensorModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, max_length=128)
+    datatype: Datatype
+    shape: tuple[int, ...]
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.datatype, self.shape)
 
 
 class _ConfigSpec(BaseModel):
@@ -76,6 +95,11 @@ class _ConfigSpec(BaseModel):
     weights: _WeightsSpec
     accuracy: _AccuracySpec
     stateful: bool = False
+    model_format: ModelFormat = "builtin"
+    handler: dict[str, Any] = Field(default_factory=dict)
+    inputs: tuple[_TensorModel, ...] = ()
+    outputs: tuple[_TensorModel, ...] = ()
+    labels: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,8 +126,24 @@ class VariantConfig:
     weights_sha256: str
     accuracy: Accuracy
     stateful: bool = False  # compute() changes the model; it exposes state() and apply_state()
+    model_format: ModelFormat = "builtin"
+    handler: dict[str, Any] = field(default_factory=dict)  # the format's options (task, class, ...)
+    inputs: tuple[TensorSpec, ...] = ()  # declared by a user's model; () for the built-in ones
+    outputs: tuple[TensorSpec, ...] = ()
+    weights_file: str = WEIGHTS_FILE  # the artefact, relative to the variant directory
+    labels: tuple[str, ...] = ()  # labels[i] names class i (a user's model's id2label or labels file)
 
     def to_dict(self) -> dict[str, Any]:
+        user = {
+            "model_format": self.model_format,
+            "handler": self.handler,
+            "inputs": [t.to_dict() for t in self.inputs],
+            "outputs": [t.to_dict() for t in self.outputs],
+            "labels": list(self.labels),
+        }
+        return self._builtin_dict() | (user if self.model_format != "builtin" else {})
+
+    def _builtin_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT_VERSION,
             "family": self.family,
@@ -113,7 +153,11 @@ class VariantConfig:
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
             "parameters": self.parameters,
-            "weights": {"file": WEIGHTS_FILE, "bytes": self.weights_bytes, "sha256": self.weights_sha256},
+            "weights": {
+                "file": self.weights_file,
+                "bytes": self.weights_bytes,
+                "sha256": self.weights_sha256,
+            },
             "accuracy": {
                 "value": self.accuracy.value,
                 "source": self.accuracy.source,
@@ -166,4 +210,10 @@ def read_config(variant_dir: Path) -> VariantConfig:
         weights_sha256=spec.weights.sha256,
         accuracy=Accuracy(spec.accuracy.value, spec.accuracy.source, dict(spec.accuracy.detail)),
         stateful=spec.stateful,
+        model_format=spec.model_format,
+        handler=dict(spec.handler),
+        inputs=tuple(t.spec() for t in spec.inputs),
+        outputs=tuple(t.spec() for t in spec.outputs),
+        weights_file=spec.weights.file,
+        labels=tuple(spec.labels),
     )

@@ -66,6 +66,11 @@ class LoadedModel:
         arr = np.asarray(batch)
         if arr.dtype.kind not in "fiu":
             raise ConfigError(f"expected a float32 batch, got dtype {arr.dtype}")
+        self._check_shape(arr)
+        return np.ascontiguousarray(arr, dtype=np.float32)
+
+    def _check_shape(self, arr: np.ndarray) -> None:
+        """A non-empty batch of ``input_shape`` rows, else a ConfigError naming both shapes."""
         if arr.ndim != len(self.input_shape) + 1 or tuple(arr.shape[1:]) != self.input_shape:
             raise ConfigError(
                 f"{self.family}/{self.variant} expects a batch of shape (N, "
@@ -73,7 +78,6 @@ class LoadedModel:
             )
         if arr.shape[0] == 0:
             raise ConfigError("empty batch")
-        return np.ascontiguousarray(arr, dtype=np.float32)
 
     def example_batch(self, batch_size: int) -> np.ndarray:
         """A batch this model accepts, for profiling: seeded uniform values in [0, 1)."""

@@ -22,7 +22,8 @@ import numpy as np
 
 from failsoft.errors import FailsoftError
 from failsoft.zoo import pagecache
-from failsoft.zoo.layout import WEIGHTS_FILE
+from failsoft.zoo.formats.model import HandlerModel
+from failsoft.zoo.formats.model import import_code as import_user_code
 from failsoft.zoo.loaded import LoadedModel
 from failsoft.zoo.repository import ModelRepository
 
@@ -42,11 +43,13 @@ def _timed_load(
     evicted from the page cache first. The CPU time is the whole probe process's (every torch
     thread's; nothing else runs in it), so it is the load's work; wall minus CPU waited (for the
     disk, or for a core). On a GPU it is the host's part only."""
-    weights = repo.variant_dir(family, variant) / WEIGHTS_FILE
-    evicted = evict and pagecache.evict(weights)
+    weights = repo.variant_dir(family, variant) / repo.config(family, variant).weights_file
+    files = sorted(p for p in weights.rglob("*") if p.is_file()) if weights.is_dir() else [weights]
+    evicted = evict and all([pagecache.evict(f) for f in files])
     start, cpu = time.perf_counter(), time.process_time()
     model = repo.load(family, variant, device)
-    model.predict(np.zeros((1, *model.input_shape), dtype=np.float32))
+    first = model.example_batch(1) if isinstance(model, HandlerModel) else None  # the user's sample
+    model.predict(first if first is not None else np.zeros((1, *model.input_shape), dtype=np.float32))
     return model, (time.perf_counter() - start) * 1000.0, (time.process_time() - cpu) * 1000.0, evicted
 
 
@@ -59,7 +62,11 @@ def measure(repo: ModelRepository, family: str, variant: str, device: str, setti
 
     if settings["threads"]:
         torch.set_num_threads(settings["threads"])
-    import_code(repo.config(family, variant))
+    config = repo.config(family, variant)
+    if config.model_format == "builtin":
+        import_code(config)
+    else:
+        import_user_code(repo.variant_dir(family, variant), config)
     torch.ones(8, 8) @ torch.ones(8, 8)  # thread pools up before the baseline
     gc.collect()
     cuda = device.startswith("cuda")

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from failsoft.bounds import describe_validation_error
 from failsoft.domain import Family, Variant
 from failsoft.errors import ConfigError, CorruptModelError, ModelNotFoundError
+from failsoft.zoo.formats.model import load_handler_model
 from failsoft.zoo.layout import (
     CONFIG_FILE,
     NAME_PATTERN,
@@ -46,6 +47,19 @@ def default_zoo_path() -> Path:
     if cache := os.environ.get("XDG_CACHE_HOME"):
         return Path(cache).expanduser() / "failsoft" / "zoo"
     return Path.home() / ".cache" / "failsoft" / "zoo"
+
+
+def resolve_repository(given: str | Path | None = None) -> Path:
+    """The model repository a command works on: the one it was given, else :func:`default_zoo_path`.
+
+    ``given`` is what the user named for this command (a config's ``repository``, a ``--root`` or
+    ``--out`` option), already resolved against the config's directory where relative. Every
+    command resolves its repository here and nowhere else, so that ``failsoft zoo build`` builds
+    where ``failsoft serve``, ``scenario``, ``parity`` and every benchmark look.
+    """
+    if given is not None and str(given):
+        return Path(given).expanduser()
+    return default_zoo_path()
 
 
 class _ProfileSummary(BaseModel):
@@ -150,12 +164,15 @@ class ModelRepository:
         """Load a variant from disk onto ``device`` (CUDA when available by default).
 
         A stateful variant (``config.json`` says ``stateful``) loads as a
-        :class:`~failsoft.zoo.stateful.StatefulModel`, in its initial state."""
+        :class:`~failsoft.zoo.stateful.StatefulModel`, in its initial state; a user's model (any
+        ``model_format`` but ``builtin``) through its format's handler (:mod:`failsoft.zoo.formats`)."""
         from failsoft.zoo.network import load_network
 
         path = self.variant_dir(family, variant)
         config = read_config(path)
         dev = _pick_device(device)
+        if config.model_format != "builtin":
+            return load_handler_model(path, config, dev)
         module, forward = load_network(path, config, dev)
         if config.stateful:  # compute/state/apply_state (failsoft.zoo.stateful)
             from failsoft.zoo.stateful import load_stateful

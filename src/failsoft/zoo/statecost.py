@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from failsoft.zoo.repository import ModelRepository, default_zoo_path
+from failsoft.zoo.repository import ModelRepository, resolve_repository
 from failsoft.zoo.stateful import StatefulModel
 
 
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     args = sys.argv[1:] if argv is None else argv
-    repo = ModelRepository(args[0] if args else default_zoo_path())
+    repo = ModelRepository(resolve_repository(args[0] if args else None))
     torch.set_num_threads(1)
     for family in repo.family_names():
         for variant in repo.variant_names(family):

@@ -30,6 +30,7 @@ from failsoft.policies.adaptation.network import frame_kbit
 from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SloDispatcher
 from failsoft.runtime.gateway.dispatch.slo import DISPATCH_WINDOW_S, IDLE_S, DispatchTimes
 from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
+from tests.asyncwait import until
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
 
 ROW = np.zeros((1, 64), dtype=np.float32)
@@ -183,12 +184,12 @@ async def test_a_variant_switch_loads_in_the_background_and_drops_no_frame(rig):
     server = "s1" if worker == "w1" else "s2"
     assert d.ladder.rungs[d.plan.worker_of(client).rung].name == "v2"  # room for the most accurate
     key = worker + DISPATCHER_OWNED_SUFFIX
-    await asyncio.sleep(0)  # the load task starts
+    await until(lambda: rig.agents[server].loads, "the background load starts")
     assert rig.agents[server].loads[:1] == [(key, "v2", True)]
     during = await rig.finish(rig.send(client, "r1"))  # the load is still running
     assert (during.variant, during.dropped) == ("v0", False)
     await rig.clock.run_for(LOAD_S)
-    await asyncio.sleep(0)
+    await until(lambda: d.switches == 1, "the switch to v2 lands")
     after = await rig.finish(rig.send(client, "r2"))
     assert (after.variant, after.dropped) == ("v2", False)
     assert rig.agents[server].calls[-1]["app"] == key
@@ -216,9 +217,9 @@ async def test_a_frame_whose_switched_variant_was_unloaded_is_retried_on_the_rou
     client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
     worker = d.plan.worker_of(client).worker
     agent = rig.agents["s1" if worker == "w1" else "s2"]
-    await asyncio.sleep(0)
+    await until(lambda: agent.loads, "the background load starts")
     await rig.clock.run_for(LOAD_S)  # switched to worker~slo/v2
-    await asyncio.sleep(0)
+    await until(lambda: d.switches == 1, "the switch to v2 lands")
     key = worker + DISPATCHER_OWNED_SUFFIX
     agent.missing.add((key, "v2"))  # unloaded behind the dispatcher's back (a restarted agent)
     answer = await rig.finish(rig.send(client))
@@ -230,9 +231,9 @@ async def test_a_frame_whose_switched_variant_was_unloaded_is_retried_on_the_rou
 async def test_a_frame_smaller_than_its_variants_input_counts_the_smaller_variants_accuracy(rig):
     d = rig.dispatcher
     client = (await d.register(200, 10, bandwidth_kbps=50_000))["client"]
-    await asyncio.sleep(0)
+    await until(lambda: any(a.loads for a in rig.agents.values()), "the background load starts")
     await rig.clock.run_for(LOAD_S)  # switched to v2 (input 600 px)
-    await asyncio.sleep(0)
+    await until(lambda: d.switches == 1, "the switch to v2 lands")
     full = await rig.finish(rig.send(client, "r1", frame_px=600))
     small = await rig.finish(rig.send(client, "r2", frame_px=224))  # v0's input size
     assert (full.variant, small.variant) == ("v2", "v2")

@@ -8,21 +8,26 @@ A request names one input tensor with its shape, datatype and (row-major, flat o
 ``parameters.timeout`` (seconds; or ``timeout_ms``) bounds the whole request, retries included.
 Large tensors may travel as raw bytes instead (Triton's binary tensor extension): the body is the
 JSON header, whose length the ``Inference-Header-Content-Length`` HTTP header gives, followed by the
-FP32 data, and the input says ``"parameters": {"binary_data_size": BYTES}`` instead of ``data``.
+tensor data, and the input says ``"parameters": {"binary_data_size": BYTES}`` instead of ``data``.
+
+The input may be sent in any numeric KServe datatype (FP32, FP16, BF16, FP64, INT64, INT32, INT16,
+INT8, UINT8, BOOL; binary data little-endian, BF16 as the upper halves of FP32 values); it is served
+as FP32, the datatype every served model's input takes today. BYTES inputs are refused by name.
 
 The answer has one output, ``output``: the logits (FP32, ``[N, classes]``). Triton's *classification
 extension* asks for the top classes instead: ``"outputs": [{"name": "output", "parameters":
 {"classification": K}}]``
 answers, per row, the K highest-scoring classes as a BYTES tensor of shape ``[N, K]`` whose elements
 are ``"score:index"`` strings, highest score first (Triton's format: the score printed with six
-decimals, then the class index; failsoft's models have no labels, so there is no third field).
+decimals, then the class index), ``"score:index:label"`` where the app's models name their classes
+(a user's model added with its ``id2label`` or ``--labels``).
 A requested output may also say ``"binary_data": true`` (tritonclient's default); the answer is
 JSON all the same, which tritonclient reads.
 
 Everything a client can get wrong is refused here with an :class:`~failsoft.errors.InvalidRequestError`
 that says what is wrong (the gateway turns it into a 4xx ``{"error": ...}``), before any server sees
 the request: malformed or too deeply nested JSON, a missing or extra input, a datatype other than
-FP32, a shape that is not the app's, more rows than ``max_batch``, data that does not fill the shape
+a number, a shape that is not the app's, more rows than ``max_batch``, data that does not fill the shape
 or is not finite numbers, an output or classification count the app does not have. Messages quote
 the bad value in a shortened form (a client's 10 MB list is not echoed back).
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import reprlib
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +46,11 @@ import numpy as np
 from failsoft.errors import InvalidRequestError
 
 MAX_TIMEOUT_S = 600.0
+# the numeric KServe datatypes an input may be sent in, and their little-endian wire dtype
+WIRE_DTYPES: dict[str, str] = {
+    "FP32": "<f4", "FP16": "<f2", "BF16": "<u2", "FP64": "<f8", "INT64": "<i8", "INT32": "<i4",
+    "INT16": "<i2", "INT8": "i1", "UINT8": "u1", "BOOL": "?",
+}  # fmt: skip
 OUTPUT = "output"
 OUTPUT_PARAMETERS = ("classification", "binary_data")
 _REPR = reprlib.Repr()  # Python 3.11's takes no arguments
@@ -53,6 +64,8 @@ class ModelMeta:
 
     input_shape: tuple[int, ...]
     num_classes: int
+    labels: tuple[str, ...] = ()  # labels[i] names class i; () when the models have none
+    input_datatype: str = "FP32"  # BYTES: the models take texts (UTF-8), one per row
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +76,7 @@ class InferRequest:
     timeout_s: float | None
     classification: int | None = None  # top-K classes asked for instead of the logits
     parameters: dict[str, Any] = field(default_factory=dict)  # the request's own, as sent
+    labels: tuple[str, ...] = ()  # the app's class names, for the classification extension
 
 
 def show(value: Any) -> str:
@@ -86,18 +100,22 @@ def parse_infer_request(
     if not isinstance(name, str):
         raise InvalidRequestError(f"input 'name' must be a string, got {show(name)}")
     datatype = tensor.get("datatype")
-    if datatype != "FP32":
+    takes = ("BYTES",) if meta.input_datatype == "BYTES" else tuple(WIRE_DTYPES)
+    if datatype not in takes:
         raise InvalidRequestError(
-            f"input {show(name)}: datatype {show(datatype)} is not supported by app {app!r} (use FP32)"
+            f"input {show(name)}: datatype {show(datatype)} is not supported by app {app!r} "
+            f"(its input takes {', '.join(takes)})"
         )
     shape = _shape(tensor.get("shape"), name, app, meta, max_batch)
     params = tensor.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise InvalidRequestError(f"input {show(name)}: 'parameters' must be an object, got {show(params)}")
-    if params and "binary_data_size" in params:
-        batch = _binary(binary, params["binary_data_size"], shape, name)
+    if datatype == "BYTES":
+        batch = _bytes(tensor.get("data"), binary, params, shape, name)
+    elif params and "binary_data_size" in params:
+        batch = _binary(binary, params["binary_data_size"], shape, name, datatype)
     else:
-        batch = _data(tensor.get("data"), shape, name)
+        batch = _data(tensor.get("data"), shape, name, datatype)
     request_id = data.get("id")
     if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
         raise InvalidRequestError(f"'id' must be a string, got {show(request_id)}")
@@ -108,6 +126,7 @@ def parse_infer_request(
         _timeout(data.get("parameters")),
         _classification(data.get("outputs"), app, meta),
         dict(data.get("parameters") or {}),
+        meta.labels,
     )
 
 
@@ -152,7 +171,7 @@ def _shape(shape: Any, name: str, app: str, meta: ModelMeta, max_batch: int) -> 
     return tuple(shape)
 
 
-def _data(data: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+def _data(data: Any, shape: tuple[int, ...], name: str, datatype: str = "FP32") -> np.ndarray:
     if not isinstance(data, list):
         raise InvalidRequestError(f"input {show(name)}: 'data' must be a list of numbers")
     try:
@@ -160,6 +179,18 @@ def _data(data: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
             arr = np.asarray(data, dtype=np.float32)
     except (ValueError, TypeError, OverflowError, RecursionError) as exc:
         raise InvalidRequestError(f"input {show(name)}: 'data' must hold numbers only") from exc
+    if datatype == "BOOL" and not np.isin(arr, (0.0, 1.0)).all():
+        raise InvalidRequestError(f"input {show(name)}: BOOL data must be true or false")
+    if datatype.startswith(("INT", "UINT")):
+        info = np.iinfo(WIRE_DTYPES[datatype])
+        if not (
+            np.isfinite(arr).all()
+            and (arr == np.round(arr)).all()
+            and info.min <= arr.min() <= arr.max() <= info.max
+        ):
+            raise InvalidRequestError(
+                f"input {show(name)}: {datatype} data must be integers in {info.min}..{info.max}"
+            )
     expected = math.prod(shape)
     if arr.size != expected:
         raise InvalidRequestError(
@@ -168,14 +199,64 @@ def _data(data: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     return _finite(arr.reshape(shape), name)
 
 
-def _binary(binary: bytes, size: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
-    expected = math.prod(shape) * 4
+def _binary(
+    binary: bytes, size: Any, shape: tuple[int, ...], name: str, datatype: str = "FP32"
+) -> np.ndarray:
+    wire = np.dtype(WIRE_DTYPES[datatype])
+    expected = math.prod(shape) * wire.itemsize
     if isinstance(size, bool) or size != expected or len(binary) != expected:
         raise InvalidRequestError(
             f"input {show(name)}: binary data of {len(binary)} bytes (binary_data_size {show(size)}); "
-            f"shape {list(shape)} in FP32 needs {expected}"
+            f"shape {list(shape)} in {datatype} needs {expected}"
         )
-    return _finite(np.frombuffer(binary, dtype="<f4").reshape(shape), name)
+    values = np.frombuffer(binary, dtype=wire)
+    if datatype == "BF16":  # the upper 16 bits of an FP32
+        values = (values.astype("<u4") << 16).view("<f4")
+    with np.errstate(over="ignore"):
+        return _finite(values.astype(np.float32).reshape(shape), name)
+
+
+def _bytes(data: Any, binary: bytes, params: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A BYTES tensor: JSON strings (UTF-8), or binary elements each led by its 4-byte little-endian
+    length (Triton's layout); an object array of ``bytes`` of ``shape``."""
+    expected = math.prod(shape)
+    if params and "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if isinstance(size, bool) or size != len(binary):
+            raise InvalidRequestError(
+                f"input {show(name)}: binary data of {len(binary)} bytes (binary_data_size {show(size)})"
+            )
+        elements: list[bytes] = []
+        at = 0
+        while at < len(binary):
+            length = struct.unpack_from("<I", binary, at)[0] if at + 4 <= len(binary) else len(binary)
+            if at + 4 + length > len(binary):
+                raise InvalidRequestError(
+                    f"input {show(name)}: BYTES element {len(elements)} overruns the data"
+                )
+            elements.append(binary[at + 4 : at + 4 + length])
+            at += 4 + length
+    else:
+        flat = _flatten(data, name)
+        if not all(isinstance(e, str) for e in flat):
+            raise InvalidRequestError(f"input {show(name)}: BYTES 'data' must hold strings only")
+        elements = [e.encode("utf-8") for e in flat]
+    if len(elements) != expected:
+        raise InvalidRequestError(
+            f"input {show(name)}: {len(elements)} BYTES elements, shape {list(shape)} needs {expected}"
+        )
+    out = np.empty(expected, dtype=object)
+    out[:] = elements
+    return out.reshape(shape)
+
+
+def _flatten(data: Any, name: str, depth: int = 0) -> list[Any]:
+    if not isinstance(data, list) or depth > 32:
+        raise InvalidRequestError(f"input {show(name)}: 'data' must be a (nested) list of strings")
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flatten(item, name, depth + 1) if isinstance(item, list) else [item])
+    return out
 
 
 def _finite(batch: np.ndarray, name: str) -> np.ndarray:
@@ -246,12 +327,13 @@ def _classification(outputs: Any, app: str, meta: ModelMeta) -> int | None:
     return k
 
 
-def classify(logits: np.ndarray, k: int) -> list[list[str]]:
-    """Per row, the ``k`` highest-scoring classes as Triton writes them: ``"score:index"``, best first
-    (ties: the lower index first)."""
+def classify(logits: np.ndarray, k: int, labels: tuple[str, ...] = ()) -> list[list[str]]:
+    """Per row, the ``k`` highest-scoring classes as Triton writes them: ``"score:index"``, or
+    ``"score:index:label"`` with labels; best first (ties: the lower index first)."""
     rows = np.atleast_2d(np.asarray(logits, dtype=np.float32))
     order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-    return [[f"{row[i]:f}:{i}" for i in top] for row, top in zip(rows, order, strict=True)]
+    name = (lambda i: f":{labels[i]}") if labels else (lambda i: "")
+    return [[f"{row[i]:f}:{i}{name(i)}" for i in top] for row, top in zip(rows, order, strict=True)]
 
 
 def infer_response(
@@ -263,7 +345,7 @@ def infer_response(
         return _response(app, tensors, request, parameters)
     out = np.asarray(outputs, dtype=np.float32)
     if request.classification is not None:
-        top = classify(out, request.classification)
+        top = classify(out, request.classification, request.labels)
         tensor = {
             "name": OUTPUT,
             "datatype": "BYTES",
@@ -294,6 +376,6 @@ def model_metadata(app: str, family: str, meta: ModelMeta, variants: list[str]) 
         "name": app,
         "versions": variants,
         "platform": f"failsoft/{family}",
-        "inputs": [{"name": "input", "datatype": "FP32", "shape": [-1, *meta.input_shape]}],
+        "inputs": [{"name": "input", "datatype": meta.input_datatype, "shape": [-1, *meta.input_shape]}],
         "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, meta.num_classes]}],
     }

@@ -1,0 +1,233 @@
+"""Small models in every format, with random weights and fixed seeds, for the docs, examples and tests.
+
+Nothing here is downloaded: the image classifier is a two-stage ResNet built from a ``transformers``
+config, the text classifier a one-layer BERT over a word-level tokenizer trained here with the
+``tokenizers`` library, and the MLP a plain ``torch.nn.Sequential``. Each is written the way a user
+would write theirs (``save_pretrained``, ``torch.onnx.export``, ``torch.export.save``, safetensors),
+so ``failsoft zoo add`` is exercised on the same artefacts users bring.
+
+:class:`MlpHandler` is a ``python``-format handler (``failsoft.zoo.formats.examples:MlpHandler``): the
+shape of a user's own handler class.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from failsoft.zoo.formats.interface import Handler, Signature, TensorSpec
+from failsoft.zoo.formats.python import load_safetensors
+
+if TYPE_CHECKING:
+    import torch
+
+IMAGE_LABELS = ("cat", "dog", "bird")
+TEXTS = ("a good film", "a bad film", "good acting and a good story", "bad acting and a dull story")
+MLP_SIZES = (8, 16, 3)  # inputs, hidden, classes
+
+
+def image_classifier(out: Path, seed: int = 0, side: int = 32, width: int = 8) -> Path:
+    """A ``transformers`` ResNet image classifier directory (config, safetensors, image processor)."""
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification, ViTImageProcessor
+
+    torch.manual_seed(seed)
+    labels = dict(enumerate(IMAGE_LABELS))
+    config = ResNetConfig(  # type: ignore[call-arg]
+        embedding_size=width,
+        hidden_sizes=[width, 2 * width],
+        depths=[1, 1],
+        num_labels=len(labels),
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+    )
+    model = ResNetForImageClassification(config).eval()
+    model.save_pretrained(out, safe_serialization=True)
+    ViTImageProcessor(size={"height": side, "width": side}).save_pretrained(out)
+    return out
+
+
+def _logits_module(model: Any, input_name: str) -> torch.nn.Module:
+    """A ``transformers`` classifier whose one input is ``x`` and whose one output is its logits
+    (what ONNX and torch.export take)."""
+    import torch
+
+    class _Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(**{input_name: x}).logits
+
+    return _Logits().eval()
+
+
+def hf_image_exports(hf_dir: Path, onnx_path: Path, pt2_path: Path, side: int = 32) -> None:
+    """The same image classifier as an ONNX file and a ``torch.export`` program (batch dynamic)."""
+    import torch
+    from transformers import AutoModelForImageClassification
+
+    model = AutoModelForImageClassification.from_pretrained(
+        hf_dir, local_files_only=True, use_safetensors=True
+    )
+    module = _logits_module(model.eval(), "pixel_values")
+    x = torch.rand(2, 3, side, side, generator=torch.Generator().manual_seed(0))
+    export_onnx(module, x, onnx_path, "pixel_values")
+    export_pt2(module, x, pt2_path)
+
+
+def export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, input_name: str) -> None:
+    """``torch.onnx.export`` with a dynamic batch dimension, weights inside the one file.
+
+    The TorchScript-based exporter (``dynamo=False``) takes a fraction of a second on these models
+    where the newer one takes several; its warnings (deprecated; a traced shape check that is a
+    constant for these models) are silenced here."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        _export_onnx(module, example, path, input_name)
+
+
+def _export_onnx(module: torch.nn.Module, example: torch.Tensor, path: Path, input_name: str) -> None:
+    import torch
+
+    torch.onnx.export(
+        module,
+        (example,),
+        str(path),
+        input_names=[input_name],
+        output_names=["logits"],
+        dynamic_axes={input_name: {0: "batch"}, "logits": {0: "batch"}},
+        dynamo=False,
+    )
+
+
+def export_pt2(module: torch.nn.Module, example: torch.Tensor, path: Path) -> None:
+    """``torch.export`` with a dynamic batch dimension, saved with ``torch.export.save``."""
+    import torch
+
+    batch = torch.export.Dim("batch", max=4096)
+    program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+    torch.export.save(program, str(path))
+
+
+def text_classifier(out: Path, seed: int = 0, texts: Sequence[str] = TEXTS) -> Path:
+    """A one-layer BERT sequence classifier with a word-level tokenizer trained on ``texts``."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    raw = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.train_from_iterator(list(texts), trainers.WordLevelTrainer(special_tokens=specials))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+    torch.manual_seed(seed)
+    config = BertConfig(  # type: ignore[call-arg]
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        num_labels=2,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+    )
+    BertForSequenceClassification(config).eval().save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def mlp_weights(seed: int = 0) -> dict[str, np.ndarray]:
+    """The MLP's weights (``w1``, ``b1``, ``w2``, ``b2``), seeded."""
+    rng = np.random.default_rng(seed)
+    n_in, hidden, n_out = MLP_SIZES
+    return {
+        "w1": rng.normal(0, 0.5, (hidden, n_in)).astype(np.float32),
+        "b1": rng.normal(0, 0.1, hidden).astype(np.float32),
+        "w2": rng.normal(0, 0.5, (n_out, hidden)).astype(np.float32),
+        "b2": rng.normal(0, 0.1, n_out).astype(np.float32),
+    }
+
+
+def mlp_module(weights: Mapping[str, np.ndarray]) -> torch.nn.Module:
+    """The MLP as torch layers holding ``weights``; its one input is named ``x``."""
+    import torch
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            n_in, hidden, n_out = MLP_SIZES
+            self.hidden, self.out = torch.nn.Linear(n_in, hidden), torch.nn.Linear(hidden, n_out)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.relu(self.hidden(x)))
+
+    net = Mlp()
+    with torch.no_grad():
+        for layer, w, b in ((net.hidden, "w1", "b1"), (net.out, "w2", "b2")):
+            layer.weight.copy_(torch.from_numpy(weights[w]))
+            layer.bias.copy_(torch.from_numpy(weights[b]))
+    return net.eval()
+
+
+def mlp_artefacts(out: Path, seed: int = 0) -> dict[str, Path]:
+    """The MLP in three formats: ``onnx``, ``pt2`` and ``python`` (safetensors for :class:`MlpHandler`)."""
+    import torch
+    from safetensors.numpy import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    weights = mlp_weights(seed)
+    module = mlp_module(weights)
+    example = torch.zeros(2, MLP_SIZES[0])
+    paths = {"onnx": out / "mlp.onnx", "pt2": out / "mlp.pt2", "python": out / "mlp.safetensors"}
+    export_onnx(module, example, paths["onnx"], "x")
+    export_pt2(module, example, paths["pt2"])
+    save_file(dict(weights), str(paths["python"]))
+    return paths
+
+
+class MlpHandler(Handler):
+    """A ``python``-format handler: the MLP in torch code of its own, its weights from safetensors."""
+
+    _weights: dict[str, Any] | None = None
+    _device = "cpu"
+
+    def load(self, device: str) -> Signature:
+        self._weights = load_safetensors(self.artefact, device)
+        self._device = device
+        n_in, _, n_out = MLP_SIZES
+        return Signature((TensorSpec("x", "FP32", (n_in,)),), (TensorSpec("logits", "FP32", (n_out,)),))
+
+    def preprocess(self, inputs: Mapping[str, np.ndarray]) -> Any:
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(inputs["x"], dtype=np.float32)).to(self._device)
+
+    def predict(self, batch: Any) -> Any:
+        import torch
+
+        assert self._weights is not None, "MlpHandler.predict before load"
+        w = self._weights
+        with torch.inference_mode():
+            hidden = torch.relu(batch @ w["w1"].T + w["b1"])
+            return hidden @ w["w2"].T + w["b2"]
+
+    def postprocess(self, raw: Any) -> dict[str, np.ndarray]:
+        return {"logits": raw.cpu().numpy()}
+
+    def parameters(self) -> int:
+        return sum(t.numel() for t in (self._weights or {}).values())
+
+    def close(self) -> None:
+        self._weights = None

@@ -1,0 +1,171 @@
+"""The handler contract: how failsoft runs a model of any format, and what it says about its tensors.
+
+A *handler* owns one loaded model. Whatever library the model needs (``onnxruntime``, a
+``torch.export`` program, ``transformers``, a user's own class), the rest of failsoft sees only this
+contract, the way Triton's backends or a Ray Serve deployment hide their framework:
+
+* who constructs it: the model repository (and ``failsoft zoo add``, and the profiler), with the path
+  of the variant's artefact and the format's options from its ``config.json``; construction reads
+  nothing;
+* ``load(device)``: once, in the loading thread; reads the artefact onto ``cpu`` or ``cuda[:N]`` and
+  returns the model's :class:`Signature` (its named inputs and outputs);
+* per batch, in the serving queue's worker thread and never two at once: ``preprocess`` (named numpy
+  inputs, the batch along the first dimension, to what the library takes), ``predict`` (the library
+  call), ``postprocess`` (to named numpy outputs, the same batch dimension); :meth:`Handler.infer`
+  runs the three;
+* ``close()``: when the variant is unloaded; drops the weights;
+* ``state()`` / ``apply_state()``: only a handler whose ``stateful`` is true (HAMS replicates the state
+  of a model whose answers depend on the requests before it).
+
+Inputs and outputs are declared as :class:`TensorSpec`: a name, a KServe v2 datatype and the shape of
+*one request* (the batch dimension left out); ``-1`` marks a variable dimension. The format factory
+is :mod:`failsoft.zoo.formats.registry`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+Datatype = Literal[
+    "FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT16", "INT8", "UINT8", "BOOL", "BYTES"
+]
+
+# KServe v2 datatype -> the numpy dtype a batch of it is held in (BYTES: Python bytes in an object array;
+# BF16 has no numpy dtype: it travels as FP32 and the handler casts it)
+NUMPY_DTYPES: dict[str, str] = {
+    "FP32": "float32",
+    "FP16": "float16",
+    "BF16": "float32",
+    "FP64": "float64",
+    "INT64": "int64",
+    "INT32": "int32",
+    "INT16": "int16",
+    "INT8": "int8",
+    "UINT8": "uint8",
+    "BOOL": "bool",
+    "BYTES": "object",
+}
+
+
+def datatype_of(dtype: Any) -> Datatype:
+    """The KServe v2 datatype of a numpy (or torch, by its name) dtype; ValueError if it has none."""
+    name = str(dtype).removeprefix("torch.")
+    aliases = {"float": "float32", "half": "float16", "bfloat16": "float32", "long": "int64", "int": "int32"}
+    name = aliases.get(name, name)
+    if name in ("object", "str", "bytes") or name.startswith(("<U", "|S", "<S")):
+        return "BYTES"
+    for datatype, np_name in NUMPY_DTYPES.items():
+        if np_name == name and datatype not in ("BF16", "BYTES"):
+            return datatype  # type: ignore[return-value]
+    raise ValueError(f"no KServe datatype for dtype {dtype}")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One named input or output: its datatype and the shape of one request (``-1``: variable)."""
+
+    name: str
+    datatype: Datatype
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if any(d == 0 or d < -1 for d in self.shape):
+            raise ValueError(f"tensor {self.name!r}: dimensions are positive or -1, got {list(self.shape)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """True when one request of ``shape`` fits this declaration."""
+        return len(shape) == len(self.shape) and all(
+            d in (-1, s) for d, s in zip(self.shape, shape, strict=True)
+        )
+
+    def describe(self) -> str:
+        return f"{self.name} {self.datatype}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a loaded model takes and answers, and its class names where it is a classifier."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    labels: tuple[str, ...] = ()  # labels[i] names class i (transformers' id2label, a labels file)
+
+    def __post_init__(self) -> None:
+        if not self.inputs or not self.outputs:
+            raise ValueError("a model declares at least one input and one output")
+
+    def mismatch(self, other: Signature) -> str | None:
+        """Why ``other`` cannot stand in for this model (None when it can): the inputs and outputs
+        must agree in number, datatype and shape, position by position (names may differ)."""
+        for kind, ours, theirs in (
+            ("inputs", self.inputs, other.inputs),
+            ("outputs", self.outputs, other.outputs),
+        ):
+            if len(ours) != len(theirs):
+                return f"{len(theirs)} {kind} where the family has {len(ours)}"
+            for a, b in zip(ours, theirs, strict=True):
+                if a.datatype != b.datatype or a.shape != b.shape:
+                    return f"{kind[:-1]} {b.describe()} where the family has {a.describe()}"
+        return None
+
+
+class Handler(ABC):
+    """One model of one format, loaded once and then asked batch after batch (see the module doc).
+
+    A user's ``python``-format model is a subclass of this class, named by import path
+    (``package.module:Class``); its weights are the variant's ``model.safetensors``.
+    """
+
+    stateful: ClassVar[bool] = False  # True: state() and apply_state() are implemented
+
+    def __init__(self, artefact: Path, options: Mapping[str, Any]) -> None:
+        self.artefact = artefact
+        self.options = dict(options)
+
+    def import_code(self) -> None:  # noqa: B027 (most handlers import everything with their module)
+        """Import what :meth:`load` will need, reading no weights: called ahead of a load whose time
+        or memory is measured, and by agents before their heartbeats start."""
+
+    @abstractmethod
+    def load(self, device: str) -> Signature:
+        """Read the artefact onto ``device`` (``cpu``, ``cuda``, ``cuda:N``); the model's signature."""
+
+    def preprocess(self, inputs: Mapping[str, np.ndarray]) -> Any:
+        """Named batches (first dimension: the batch) to what :meth:`predict` takes."""
+        return dict(inputs)
+
+    @abstractmethod
+    def predict(self, batch: Any) -> Any:
+        """Run the model on one prepared batch."""
+
+    def postprocess(self, raw: Any) -> dict[str, np.ndarray]:
+        """What :meth:`predict` returned, as named numpy batches."""
+        return dict(raw)
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One batch through preprocess, predict and postprocess."""
+        return self.postprocess(self.predict(self.preprocess(inputs)))
+
+    def parameters(self) -> int:
+        """How many weights the model holds (0 where the format does not say)."""
+        return 0
+
+    def close(self) -> None:  # noqa: B027 (a handler with nothing to release keeps the default)
+        """Drop the loaded model; the handler answers nothing afterwards."""
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The state a stateful model carries between requests (HAMS replicates it)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state")
+
+    def apply_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Replace the model's state by one :meth:`state` returned (on this or another replica)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state")

@@ -1,0 +1,120 @@
+"""A user's model loaded through its handler, as the :class:`LoadedModel` the runtime serves.
+
+The runtime holds every model as a :class:`~failsoft.zoo.loaded.LoadedModel`: ``predict`` takes a
+batch of the model's first input and returns its first output, which is what the serving queues batch
+and the gateway's protocol carries today. :class:`HandlerModel` gives a handler that face, and
+:meth:`HandlerModel.infer` the whole contract (every named input and output).
+
+A variant may keep a sample of its inputs (``sample.npy``, written by ``failsoft zoo add``): the
+profiler measures the model on it rather than on random values, which a tokenizer or an image
+decoder would not take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from failsoft.errors import ConfigError, CorruptModelError
+from failsoft.zoo.formats.interface import NUMPY_DTYPES, Handler, Signature, TensorSpec
+from failsoft.zoo.formats.registry import open_handler
+from failsoft.zoo.layout import VariantConfig
+from failsoft.zoo.loaded import LoadedModel
+
+SAMPLE_FILE = "sample.npy"
+
+
+class HandlerModel(LoadedModel):
+    """A loaded handler. ``predict`` is its first input to its first output (as float32)."""
+
+    def __init__(
+        self,
+        config: VariantConfig,
+        device: str,
+        handler: Handler,
+        signature: Signature,
+        sample: np.ndarray | None = None,
+    ) -> None:
+        super().__init__(
+            config.family,
+            config.variant,
+            device,
+            config.input_shape,
+            config.num_classes,
+            handler,  # type: ignore[arg-type]  # the handler stands where a torch module would
+            handler.infer,  # type: ignore[arg-type]
+        )
+        self.handler = handler
+        self.signature = signature
+        self._sample = sample
+
+    @property
+    def primary_input(self) -> TensorSpec:
+        return self.signature.inputs[0]
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        spec = self.primary_input
+        arr = np.asarray(batch, dtype=object if spec.datatype == "BYTES" else None)
+        self._check_shape(arr)
+        out = self.infer({spec.name: _cast(arr, spec)})[self.signature.outputs[0].name]
+        return np.asarray(out, dtype=np.float32)
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Named input batches to named output batches, through the whole handler contract."""
+        if self.closed:
+            raise ConfigError(f"model {self.family}/{self.variant} is closed")
+        return self.handler.infer(inputs)
+
+    def example_batch(self, batch_size: int) -> np.ndarray:
+        """The user's sample inputs, repeated to ``batch_size`` rows (random ones where none was kept)."""
+        if self._sample is None:
+            return super().example_batch(batch_size)
+        reps = -(-batch_size // len(self._sample))
+        return np.concatenate([self._sample] * reps)[:batch_size]
+
+    def __enter__(self) -> HandlerModel:
+        return self
+
+    def close(self) -> None:
+        if not self.closed:
+            self.handler.close()
+        super().close()
+
+
+def _cast(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    if spec.datatype == "BYTES":
+        return arr
+    if arr.dtype.kind not in "fiub":
+        raise ConfigError(f"input {spec.name!r} takes {spec.datatype}, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=NUMPY_DTYPES[spec.datatype])
+
+
+def load_handler_model(variant_dir: Path, config: VariantConfig, device: str) -> HandlerModel:
+    """Load a user's variant through its format's handler; its declared signature must still hold."""
+    handler = open_handler(config.model_format, variant_dir / config.weights_file, config.handler)
+    signature = handler.load(device)
+    declared = Signature(config.inputs, config.outputs) if config.inputs and config.outputs else None
+    if declared is not None and (why := declared.mismatch(signature)) is not None:
+        handler.close()
+        raise CorruptModelError(f"{config.family}/{config.variant} no longer matches its config.json: {why}")
+    return HandlerModel(config, device, handler, signature, read_sample(variant_dir))
+
+
+def read_sample(variant_dir: Path) -> np.ndarray | None:
+    """The inputs kept by ``zoo add`` (``sample.npy``; object arrays are refused: no pickle)."""
+    path = variant_dir / SAMPLE_FILE
+    if not path.is_file():
+        return None
+    try:
+        sample = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise CorruptModelError(f"{str(path)!r} cannot be read without pickle: {exc}") from exc
+    # BYTES samples are kept as fixed-width bytes ('S'), which need no pickle; served as Python bytes
+    return sample.astype(object) if sample.dtype.kind == "S" else sample
+
+
+def import_code(variant_dir: Path, config: VariantConfig) -> None:
+    """Import a user's variant's handler and libraries ahead of loading (memory probes, heartbeats)."""
+    open_handler(config.model_format, variant_dir / config.weights_file, config.handler).import_code()
