@@ -43,7 +43,8 @@ def test_each_server_gets_its_own_share_or_the_agents_default() -> None:
     assert cfg.placement("p1") == Placement("cuda:1", 0.25)
     assert cfg.placement("p1").pinned_gpu == 1
     assert cfg.placement("p1").actor_env() == {VISIBLE_ENV: "1", NOSET_ENV: "1"}
-    assert cfg.placement("g1").actor_env() == {}
+    assert cfg.placement("g1").actor_env() == {}  # Ray sets it from its grant
+    assert cfg.placement("c1").actor_env() == {VISIBLE_ENV: ""}  # no share: no GPU, whatever Ray does
 
 
 def test_a_config_without_gpus_keeps_every_agent_off_the_gpu() -> None:

@@ -60,6 +60,7 @@ def test_an_agent_on_the_cpu_asks_for_no_gpu(session: Session) -> None:
     device = session.agents["c1"].info_sync()["device"]
     assert device["granted"]["resources"] == {"server:c1": 1.0}
     assert device["granted"]["gpu_ids"] == []
+    assert device["visible"] == ""  # hidden by failsoft: Ray 2.60 would leave it every GPU of the node
 
 
 def test_a_pinned_gpu_is_reserved_from_ray_and_made_the_only_visible_one(session: Session) -> None:

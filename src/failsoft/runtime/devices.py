@@ -4,8 +4,8 @@ A server that serves on a GPU asks Ray for a share of one (``gpus``: a fraction 
 that four servers share a GPU, or whole GPUs), as Ray Serve replicas do with ``num_gpus``. Ray then
 grants GPU ids and sets ``CUDA_VISIBLE_DEVICES`` in the actor's process to them, so inside the
 actor the granted GPU is ``cuda:0`` whatever its number on the machine. Without a share, Ray
-accounts nothing: several agents could crowd one GPU and, as Ray has announced for a later release,
-a zero-GPU actor may find every GPU hidden from it.
+accounts nothing and, in Ray 2.60, leaves the actor every GPU of the node (it has announced that a
+later release hides them instead): failsoft hides them itself, so that no share means no GPU.
 
 ``device`` (per server, or ``agents.device`` for all) says where models load:
 
@@ -55,10 +55,13 @@ class Placement:
         return int(match.group(1)) if match else None
 
     def actor_env(self) -> dict[str, str]:
-        """Environment for the actor's process: a pinned GPU made the only visible one."""
+        """Environment for the actor's process: no share hides every GPU (Ray 2.60 would leave a
+        zero-GPU actor all of them, unaccounted); a pinned GPU is made the only visible one."""
+        if self.gpus == 0:
+            return {VISIBLE_ENV: ""}
         pinned = self.pinned_gpu
         if pinned is None:
-            return {}
+            return {}  # Ray sets it from its grant
         return {VISIBLE_ENV: str(pinned), NOSET_ENV: "1"}
 
 
