@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata as metadata
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -67,8 +68,8 @@ def pinned() -> dict[str, str]:
 def prepare(out: Path, python_version: str = "3.12", log: Any = print) -> dict[str, Any]:
     """Download, unpack, prune and compress :data:`CARRY` into ``out``; the manifest."""
     out.mkdir(parents=True, exist_ok=True)
-    wheels = out / f"wheels-{python_version}"
-    wheels.mkdir(exist_ok=True)
+    wheels = wheel_cache() / python_version  # outside ``out``: only the archive travels
+    wheels.mkdir(parents=True, exist_ok=True)
     versions = pinned()
     for name, version in versions.items():
         if not _wheel_for(wheels, name, version):
@@ -80,8 +81,7 @@ def prepare(out: Path, python_version: str = "3.12", log: Any = print) -> dict[s
     for name, version in versions.items():
         wheel = _wheel_for(wheels, name, version)
         assert wheel is not None
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(staging)
+        _extract(wheel, staging)
     for part in RAY_PRUNE:
         shutil.rmtree(staging / "ray" / part, ignore_errors=True)
     archive = out / "site.tar.xz"
@@ -98,7 +98,6 @@ def prepare(out: Path, python_version: str = "3.12", log: Any = print) -> dict[s
         "sha256": hashlib.sha256(archive.read_bytes()).hexdigest(),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    shutil.rmtree(wheels)  # only the archive travels: keep the carried folder small
     if size_mb > LIMIT_MB:
         raise SystemExit(f"{archive}: {size_mb:.1f} MiB, over the {LIMIT_MB:g} MiB a device call can carry")
     return manifest
@@ -119,6 +118,23 @@ def unpack(carry: Path, target: Path) -> dict[str, Any]:
         tar.extractall(target, filter="data")
     marker.write_text(manifest["sha256"])
     return manifest
+
+
+def wheel_cache() -> Path:
+    """Downloaded wheels, kept between preparations (``$XDG_CACHE_HOME/failsoft/gpu-carry``)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "failsoft" / "gpu-carry"
+
+
+def _extract(wheel: Path, into: Path) -> None:
+    """Unzip a wheel keeping each file's mode: Ray's ``raylet`` and ``gcs_server`` are programs
+    (``ZipFile.extractall`` drops the executable bit, and Ray then cannot start them)."""
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            path = Path(zf.extract(info, into))
+            mode = (info.external_attr >> 16) & 0o777
+            if mode and not info.is_dir():
+                path.chmod(mode)
 
 
 def _wheel_for(folder: Path, name: str, version: str) -> Path | None:
