@@ -555,8 +555,9 @@ def spawn_llm_worker(
     cluster: RayCluster, cls: type, service: str, worker: str, *args: Any, placement: Placement = ON_CPU
 ) -> LlmWorkerRef:
     """A new LLM worker actor of ``service``, named by service and worker, on any node (with its
-    GPU share, as an agent's)."""
-    env = placement.actor_env()
+    GPU share, as an agent's; with none it is left as Ray starts it: no runtime environment of its
+    own, so that Ray's pool of started worker processes serves its restarts)."""
+    env = placement.actor_env() if placement.gpus > 0 else {}
     handle: Any = (
         ray.remote(cls)
         .options(
