@@ -90,3 +90,33 @@ def test_llm_workers_take_a_share_the_same_way() -> None:
     with pytest.raises(ConfigError, match=r"llm.yaml: model: device 'cuda' needs a share of a GPU"):
         llm_config_from_dict({"model": {"device": "cuda"}}, source="llm.yaml")
     assert check_placement("x", "auto", 0.5) == Placement("auto", 0.5)
+
+
+class _FakeNvml:
+    """NVML's handle lookups, faked: this machine has no NVIDIA driver (the real NVML runs in
+    ``tools/gpu-check`` on a GPU). Handles are the machine's GPU numbers."""
+
+    def __init__(self, uuids: dict[str, int]) -> None:
+        self.uuids = uuids
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
+        if uuid not in self.uuids:
+            raise LookupError(uuid)
+        return self.uuids[uuid]
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+
+def test_nvml_finds_the_process_gpu_by_uuid_else_by_its_visible_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from failsoft.runtime.devices import _nvml_handle
+
+    nvml = _FakeNvml({"GPU-abc": 5})
+    assert _nvml_handle(nvml, "abc", 0) == 5  # torch's uuid has no "GPU-" prefix
+    assert _nvml_handle(nvml, "GPU-abc", 0) == 5
+    monkeypatch.setenv(VISIBLE_ENV, "3,7")
+    assert _nvml_handle(nvml, "", 1) == 7  # NVML ignores CUDA_VISIBLE_DEVICES: torch's cuda:1 is GPU 7
+    monkeypatch.delenv(VISIBLE_ENV)
+    assert _nvml_handle(nvml, "unknown", 2) == 2

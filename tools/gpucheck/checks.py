@@ -307,14 +307,9 @@ def memory(ctx: Ctx) -> dict[str, Any]:
             view = agent_view(session.agents[name], loads)
             dev = view["device"]
             row = {"accounted_mb": dev["accounted_mb"], "models": view["models"], **dev["memory"]}
-            if dev["memory"].get("process_mb") is not None:
-                row["process_minus_context_mb"] = round(
-                    dev["memory"]["process_mb"] - dev["memory"]["context_mb"], 1
-                )
-                row["reserved_over_accounted"] = (
-                    round(dev["memory"]["torch_reserved_mb"] / dev["accounted_mb"], 3)
-                    if dev["accounted_mb"]
-                    else None
+            if dev["memory"].get("cuda"):  # what torch holds beyond what the budget counts
+                row["reserved_minus_accounted_mb"] = round(
+                    dev["memory"]["torch_reserved_mb"] - dev["accounted_mb"], 1
                 )
             if ctx.dry:
                 import psutil

@@ -63,8 +63,9 @@ def run_all(plan: Plan, say: Any) -> dict[str, Any]:
     }
     prebuild = _start_prebuild(plan) if "faillite" in plan.checks and not plan.dry else None
     for name in plan.checks:
-        if name == "faillite" and prebuild is not None:
-            result["prebuild"] = _finish_prebuild(prebuild, deadline - time.monotonic() - RESERVE_S)
+        if name == "faillite" and prebuild is not None:  # wait for it at most half the check's box
+            wait = min(BOXES[name][0] * plan.box_scale / 2, deadline - time.monotonic() - RESERVE_S)
+            result["prebuild"] = _finish_prebuild(prebuild, wait)
         own, dry_own, least = BOXES[name]
         left = deadline - time.monotonic() - RESERVE_S
         box = min((dry_own if plan.dry else own) * plan.box_scale, left)
