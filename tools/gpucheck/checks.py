@@ -180,10 +180,10 @@ def placement(ctx: Ctx) -> dict[str, Any]:
             "c-none": ("digits_mlp", "mlp_s"),
         }
     else:
-        root = zoo(ctx, ["digits_mlp", "digits_cnn", "resnet/resnet18"])
+        root = zoo(ctx, ["digits_mlp", "resnet/resnet18"])
         homes = {
             "g-cuda": ("resnet", "resnet18"),
-            "g-auto": ("digits_cnn", "cnn_l"),
+            "g-auto": ("digits_mlp", "mlp_m"),
             "g-pin": ("digits_mlp", "mlp_l"),
             "c-none": ("digits_mlp", "mlp_s"),
         }
@@ -286,9 +286,9 @@ def memory(ctx: Ctx) -> dict[str, Any]:
             "m0": [],
         }
     else:
-        root = zoo(ctx, ["digits_mlp", "digits_cnn", "resnet/resnet18", "resnet/resnet50"])
+        root = zoo(ctx, ["digits_mlp", "resnet/resnet18", "resnet/resnet50"])
         homes = {
-            "m1": [("resnet", "resnet50"), ("digits_cnn", "cnn_l")],
+            "m1": [("resnet", "resnet50"), ("digits_mlp", "mlp_l")],
             "m2": [("resnet", "resnet18")],
             "m0": [],
         }
