@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.runtime]
 REPO = Path(__file__).resolve().parents[2]
-CHECKS = ("environment", "placement", "memory", "faillite", "restart", "lumen", "parm")
+CHECKS = ("environment", "placement", "memory", "faillite", "restart", "lumen", "parm", "tests")
 
 
 def test_the_dry_run_reports_every_check_with_a_status(tiny_zoo, tmp_path: Path) -> None:

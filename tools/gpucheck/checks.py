@@ -600,6 +600,28 @@ def parm(ctx: Ctx) -> dict[str, Any]:
     return {"latency_ms": lat, "p999_equal_resources_over_parm": ratio, "bench": bench, "defects": []}
 
 
+# ------------------------------------------------------------------------------------------------
+# 7. The placement tests, on the device.
+# ------------------------------------------------------------------------------------------------
+
+
+def tests(ctx: Ctx) -> dict[str, Any]:
+    """``tests/runtime/test_gpu_placement.py`` and ``test_devices.py``: on a GPU they check the
+    granted GPU for real (the agent sees it, loads on it, creates its context at start)."""
+    env = dict(os.environ, FAILSOFT_TEST_ZOO=str(ctx.work / "zoo-tests"))
+    files = ["tests/runtime/test_gpu_placement.py", "tests/runtime/test_devices.py"]
+    cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    proc = subprocess.run(
+        cmd, cwd=ctx.repo, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    summary = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.strip()), "")
+    out: dict[str, Any] = {"exit": proc.returncode, "summary": summary, "defects": []}
+    if proc.returncode != 0:
+        out["defects"].append(f"pytest exited {proc.returncode}: {summary}")
+        out["output_tail"] = proc.stdout[-3000:]
+    return out
+
+
 CHECKS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "environment": environment,
     "placement": placement,
@@ -608,6 +630,7 @@ CHECKS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
     "restart": restart,
     "lumen": lumen,
     "parm": parm,
+    "tests": tests,
 }
 
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ORDER = ("environment", "placement", "memory", "faillite", "restart", "lumen", "parm")
+ORDER = ("environment", "placement", "memory", "faillite", "restart", "lumen", "parm", "tests")
 # (box on a GPU, box in the CPU rehearsal, minimum worth starting), seconds
 BOXES: dict[str, tuple[float, float, float]] = {
     "environment": (45, 45, 10),
@@ -32,6 +32,7 @@ BOXES: dict[str, tuple[float, float, float]] = {
     "restart": (90, 120, 30),
     "lumen": (180, 150, 45),
     "parm": (120, 150, 45),
+    "tests": (90, 150, 30),
 }
 RESERVE_S = 5.0
 # On a GPU, the failover benchmark's ImageNet families (ConvNeXt, ResNet at real sizes) take minutes
