@@ -124,6 +124,8 @@ class HeartbeatDetector:
         self._last_check = now if self._last_check is None else max(self._last_check, now)
         if now < self._hold_until:
             return []
+        if not self._last or now - min(self._last.values()) <= self.interval_s:
+            return []  # nobody silent for an interval: no state can change (the common case, cheap)
         changes = []
         for server, last in self._last.items():
             state = self._state[server]
