@@ -60,9 +60,14 @@ log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
 # An interpreter silent this long stops the heartbeats (see failsoft.runtime.pulse). Not shorter:
 # with both cores oversubscribed, the stamp thread was measured waiting up to ~0.5 s for the GIL
-# behind a loading thread, which is a busy server, not a failed one. A stopped or dead process is
-# caught at once by other means; this only covers an interpreter wedged while its process runs.
-WEDGE_S = 2.0
+# behind a loading thread, which is a busy server, not a failed one; and the GIL's holder may be a
+# thread at Ray's nice 15 that a busy host hardly runs (the stamp thread, at nice -10, then waits on
+# it: a priority inversion), so on a host shared with other work (load average 14-16 on two cores)
+# waits of seconds are a busy server too. At 2 s, such a wait declared a healthy server failed and
+# "up again" 53 ms later. A stopped or dead process is caught at once by other means (the sidecar
+# reads /proc); this only covers an interpreter wedged while its process runs, which is rare, so it
+# may be detected in 10 s rather than 40 ms.
+WEDGE_S = 10.0
 # CPU priorities on a shared machine, as offsets from the agent's own niceness: answering first,
 # then loads that recover apps, then background loads (upgrades, warm backups). Lowering needs no
 # privilege; raising would, hence offsets (Ray starts its workers at nice 15 unless told otherwise).
