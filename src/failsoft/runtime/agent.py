@@ -68,9 +68,14 @@ log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
 # An interpreter silent this long stops the heartbeats (see failsoft.runtime.pulse). Not shorter:
 # with both cores oversubscribed, the stamp thread was measured waiting up to ~0.5 s for the GIL
-# behind a loading thread, which is a busy server, not a failed one. A stopped or dead process is
-# caught at once by other means; this only covers an interpreter wedged while its process runs.
-WEDGE_S = 2.0
+# behind a loading thread, which is a busy server, not a failed one; and the GIL's holder may be a
+# background load thread (warm backups, upgrades: nice +15) that a busy host hardly runs (the stamp
+# thread, at nice -10, then waits on it: a priority inversion), so on a host shared with other work
+# (load average 14-16 on two cores) waits of seconds are a busy server too. At 2 s, such a wait
+# declared a healthy server failed and "up again" 53 ms later. A stopped or dead process is caught
+# at once by other means (the sidecar reads /proc); this only covers an interpreter wedged while its
+# process runs, which is rare, so it may be detected in 10 s rather than 40 ms.
+WEDGE_S = 10.0
 # CPU priorities on a shared machine, as offsets from the agent's own niceness: answering first,
 # then loads that recover apps, then background loads (upgrades, warm backups). Lowering needs no
 # privilege; raising would, hence offsets (Ray starts its workers at nice 15 unless told otherwise).
@@ -128,6 +133,7 @@ class Agent:
         self._slow_s = 0.0
         self._slow_load_s = 0.0
         self._broken = False  # injected: every inference fails (failsoft chaos break)
+        self._infer_calls, self._infer_s = 0, 0.0  # admitted calls, and their time in this process
         try:
             self._device: str | None = devices.local_device(spec.device)
             self._device_error: str | None = None
@@ -367,6 +373,7 @@ class Agent:
         (:class:`~failsoft.errors.OverloadedError`) when the queue cannot answer in time, or when
         nearly all of Ray's serving threads already wait on answers.
         """
+        entered = time.perf_counter()
         if self._broken:
             raise ServingError(
                 f"server {self.server.name!r} failed to compute {variant!r} for {app!r} "
@@ -390,6 +397,8 @@ class Agent:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self._infer_calls += 1
+                self._infer_s += time.perf_counter() - entered
 
     # stateful models (HAMS) ------------------------------------------------------------------
     def state(self, app: str, variant: str) -> bytes:
@@ -445,6 +454,10 @@ class Agent:
             "queues": self.queue_stats(),
             "startup": dict(self.startup),
             "device": self.device_report(),
+            # admitted infer calls and their summed time here, entry to return (the request path's
+            # agent phase; the queues split it into wait, batch, predict and answer)
+            "infer_calls": self._infer_calls,
+            "infer_s": self._infer_s,
         }
 
     def device_report(self) -> dict[str, Any]:
