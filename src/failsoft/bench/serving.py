@@ -82,7 +82,7 @@ class ServingSettings:
 def run(
     config_path: str | Path, settings: ServingSettings, progress: Progress | None = None
 ) -> dict[str, Any]:
-    from failsoft.bench.failover import ensure_families
+    from failsoft.bench.models import ensure_families
     from failsoft.runtime.session import prepare
 
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -188,10 +188,10 @@ def _fastapi(
     say: Progress,
     rate: float | None,
 ) -> dict[str, Any]:
-    from failsoft.zoo import default_zoo_path
+    from failsoft.zoo import resolve_repository
 
     port = _free_port()
-    repo = str(base.repository or default_zoo_path())
+    repo = str(resolve_repository(base.repository))
     cmd = [
         sys.executable,
         "-m",
@@ -438,10 +438,10 @@ def _torch_threads(config: RuntimeConfig) -> int:
 def _load(config: RuntimeConfig, family: str, variant: str, threads: int) -> Any:
     import torch
 
-    from failsoft.zoo import ModelRepository, default_zoo_path
+    from failsoft.zoo import ModelRepository, resolve_repository
 
     torch.set_num_threads(threads)
-    return ModelRepository(config.repository or default_zoo_path()).load(family, variant, "cpu")
+    return ModelRepository(resolve_repository(config.repository)).load(family, variant, "cpu")
 
 
 @dataclass(frozen=True)
