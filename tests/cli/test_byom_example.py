@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 from failsoft.runtime.config import load_config
+from failsoft.zoo import resolve_repository
 
 BYOM = Path(__file__).resolve().parents[2] / "examples" / "byom"
 
@@ -16,7 +17,7 @@ def test_the_byom_config_serves_family_img_from_the_hf_variant():
     config = load_config(BYOM / "serve.yaml")
     (app,) = config.apps
     assert (app.family, app.server, app.variant, app.critical) == ("img", "s1", "hf", True)
-    assert config.repository is None  # $FAILSOFT_ZOO, where `failsoft zoo add` writes
+    assert config.repository == resolve_repository(None)  # $FAILSOFT_ZOO, where `failsoft zoo add` writes
 
 
 def test_the_script_uses_the_example_builders():

@@ -3,7 +3,7 @@
 import pytest
 
 from failsoft.domain import ServerState
-from failsoft.policies.detection import HeartbeatDetector, RouteHealth
+from failsoft.policies.detection import HeartbeatDetector, RouteHealth, is_timeout
 
 
 def test_two_missed_heartbeats_fail_a_server():
@@ -93,6 +93,20 @@ def test_route_health_gives_one_verdict_per_run_of_errors_and_a_success_clears_i
     assert not health.record("s2", False)  # per server
     with pytest.raises(ValueError, match="errors_to_fail"):
         RouteHealth(0)
+
+
+def test_timeouts_are_overload_and_never_make_a_server_unhealthy():
+    health = RouteHealth(errors_to_fail=3)
+    late = ["no answer within the deadline", "DeadlineExceededError: m: no answer before the deadline"]
+    assert not any(health.record("s1", False, late[i % 2]) for i in range(100))  # a long overload
+    assert health.timeouts("s1") == 100 and health.errors("s1") == 0
+    # errors still count (chaos break: every inference raises), timeouts between them neither
+    # count nor clear them
+    broken = "ServingError: server 's1' failed to compute (injected fault: failsoft chaos break)"
+    assert [health.record("s1", False, e) for e in (broken, late[0], broken, late[1], broken)] == [
+        False, False, False, False, True,
+    ]  # fmt: skip
+    assert is_timeout(late[1]) and not is_timeout(broken) and not is_timeout("")
 
 
 def test_a_quarantined_server_ignores_its_heartbeats_until_the_quarantine_ends():

@@ -97,3 +97,52 @@ def test_a_burst_beyond_what_a_slow_server_can_answer_gets_fast_503s_and_the_res
     # The server is fast again: normal requests are served as before.
     for _ in range(5):
         assert client.infer("app", np.zeros(64, dtype=np.float32), timeout=DEADLINE_S).server == "s1"
+
+
+async def crowd(url: str, deadlines_s: list[float], seconds: float) -> list[tuple[int, dict[str, str]]]:
+    """One closed-loop client per entry of ``deadlines_s`` for ``seconds``, each of its requests with
+    that deadline."""
+    out: list[tuple[int, dict[str, str]]] = []
+    stop = time.monotonic() + seconds
+
+    async def client(http: httpx.AsyncClient, c: int, deadline_s: float) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            request = body(c * 10_000 + i) | {"parameters": {"timeout": deadline_s}}
+            response = await http.post(f"{url}/v2/models/app/infer", json=request)
+            out.append((response.status_code, dict(response.headers)))
+            i += 1
+
+    async with httpx.AsyncClient(timeout=30.0, limits=httpx.Limits(max_connections=len(deadlines_s))) as http:
+        await asyncio.gather(*(client(http, c, d) for c, d in enumerate(deadlines_s)))
+    return out
+
+
+def test_requests_that_miss_their_deadline_are_overload_not_a_failure_of_the_only_server(cluster):
+    """A slow server and more clients than it can answer in time: half of them with deadlines no
+    request can meet (they time out, dozens in a row with no success between them), half with
+    deadlines some can (served, or refused at once with Retry-After). Its heartbeats arrive, so it is
+    overloaded, not failed: no "does not serve" verdict, no failover of the app's only server, and it
+    serves normally once the crowd leaves. (Before, ten timeouts in a row made the gateway report it
+    unhealthy and the app was failed over with nowhere to go.)"""
+    session, client = cluster
+    seen = len(client.recoveries()["events"])
+    client.admin("slow", server="s1", ms=60.0)  # 4 rows a batch: 16 clients at 0.1 s cannot all fit
+    try:
+        results = asyncio.run(crowd(session.url, [0.01] * 8 + [0.1] * 16, seconds=4.0))
+    finally:
+        client.admin("slow", server="s1", ms=0)
+    codes = sorted(code for code, _ in results)
+    counts = {code: codes.count(code) for code in set(codes)}
+    assert counts.get(504, 0) >= 2 * session.config.gateway.unhealthy_after, counts  # the old trigger
+    assert counts.get(503, 0) + counts.get(429, 0) > 0 and set(counts) <= {200, 429, 503, 504}, counts
+    for code, headers in results:
+        if code in (429, 503):
+            assert int(headers["retry-after"]) >= 1
+    events = client.recoveries()["events"][seen:]
+    assert not [e for e in events if e["type"] in ("unhealthy", "failure", "failover")], events
+    status = client.status()
+    assert [s["state"] for s in status["servers"]] == ["up"]
+    assert status["apps"][0]["route"]["server"] == "s1"
+    for _ in range(5):
+        assert client.infer("app", np.zeros(64, dtype=np.float32), timeout=DEADLINE_S).server == "s1"

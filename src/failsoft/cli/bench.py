@@ -282,6 +282,50 @@ def replication(
     _emit(run(config, settings, progress=_progress), out)
 
 
+@app.command("serving")
+def serving(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML), e.g. examples/edge.yaml", show_default=False)
+    ],
+    app_name: Annotated[
+        str | None, typer.Option("--app", help="The app to serve (default: the config's first)")
+    ] = None,
+    concurrency: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--concurrency", "-c", min=1, max=1024, help="Closed-loop clients (repeatable; default 1, 8, 32)"
+        ),
+    ] = None,
+    duration_s: Annotated[float, typer.Option(min=0.2, max=3600, help="Seconds measured per level")] = 10.0,
+    warmup_s: Annotated[
+        float, typer.Option(min=0, max=600, help="Seconds of load before each level counts")
+    ] = 2.0,
+    rate_rps: Annotated[
+        float | None,
+        typer.Option(min=0.1, help="Open-loop rate (default: half failsoft's best closed-loop JSON rate)"),
+    ] = None,
+    system: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--system", "-s", help="inprocess, failsoft, fastapi, ray-serve (repeatable; default: all)"
+        ),
+    ] = None,
+    encoding: Annotated[
+        list[str] | None, typer.Option("--encoding", "-e", help="json, binary (repeatable; default: both)")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """Steady-state serving side by side: failsoft's gateway (JSON, binary), the model in-process,
+    a plain FastAPI app; requests/s, p50/p99, errors, server CPU per request, ratios, failsoft's phases."""
+    from failsoft.bench.serving import ENCODINGS, SYSTEMS, ServingSettings, run
+
+    settings = ServingSettings(
+        app=app_name, concurrency=tuple(concurrency or (1, 8, 32)), duration_s=duration_s, warmup_s=warmup_s,
+        rate_rps=rate_rps, systems=tuple(system or SYSTEMS), encodings=tuple(encoding or ENCODINGS),
+    )  # fmt: skip
+    _emit(run(config, settings, progress=_progress), out)
+
+
 def _progress(message: str) -> None:
     typer.echo(message, err=True)
 

@@ -15,9 +15,10 @@ import typer
 class LiveView:
     """Terminal view of the demo (rich): a live table of apps and the events as they come."""
 
-    def __init__(self) -> None:
+    def __init__(self, killed: str | None = None) -> None:
         from rich.console import Console
 
+        self.killed = killed  # the server the demo kills: its failure is the expected one
         self.console = Console() if sys.stdout.isatty() else Console(width=140)
         self.seen = 0
 
@@ -52,7 +53,7 @@ class LiveView:
     def _print_events(self, client: Any, marks: dict[str, float], console: Any = None) -> None:
         events = client.recoveries()["events"]
         for e in events[self.seen :]:
-            line = describe_event(e, marks)
+            line = describe_event(e, marks, self.killed)
             if line:
                 (console or self.console).print(line)
         self.seen = len(events)
@@ -89,13 +90,16 @@ class LiveView:
         return table
 
 
-def describe_event(e: dict[str, Any], marks: dict[str, float]) -> str | None:
-    """One line per event, with times relative to the kill when there was one."""
+def describe_event(e: dict[str, Any], marks: dict[str, float], killed: str | None = None) -> str | None:
+    """One line per event, with times relative to the kill when there was one. A failure nobody
+    caused (before the kill, or of another server) says so, never "after the kill"."""
     t = e["timestamp"] - marks.get("kill", marks["start"])
     stamp = f"[dim]{t * 1000:+8.0f} ms[/]"
     kind, app, where = e["type"], e.get("app"), f"{e.get('server')}/{e.get('variant')}"
     if kind == "failure" and app:
-        after = (e["detected_at"] - marks["kill"]) * 1000 if "kill" in marks else 0.0
+        if not caused(e, marks, killed):
+            return f"{stamp} [red]failure[/]  {app}: {e['server']} is down [red](nobody killed it)[/]"
+        after = (e["detected_at"] - marks["kill"]) * 1000
         return (
             f"{stamp} [red]failure[/]  {app}: {e['server']} is down (detected {after:.0f} ms after the kill)"
         )
@@ -114,6 +118,11 @@ def describe_event(e: dict[str, Any], marks: dict[str, float]) -> str | None:
     if kind == "server_up":
         return f"{stamp} [blue]server[/]   {e['server']} is up again"
     return None
+
+
+def caused(e: dict[str, Any], marks: dict[str, float], killed: str | None) -> bool:
+    """Whether a failure event is the demo's kill: the killed server, detected after the kill."""
+    return "kill" in marks and e.get("server") == killed and e["detected_at"] >= marks["kill"]
 
 
 def print_summary(view: LiveView, summary: dict[str, Any]) -> None:
@@ -150,6 +159,11 @@ def print_summary(view: LiveView, summary: dict[str, Any]) -> None:
         f"{summary['degraded_answers']} answered by a smaller variant; "
         f"answers correct: {'-' if acc is None else f'{acc:.1%}'} (held-out digits)"
     )
+    for false in summary.get("unexpected_failures", []):
+        view.console.print(
+            f"[red]unexpected failure[/]: {false['server']} was declared down "
+            f"{false['detected_after_start_s']:.1f} s after the start, and nobody killed it"
+        )
     view.console.print(f"client latency plot: {summary['plot']} (data: {summary['data']})")
 
 
@@ -172,7 +186,7 @@ def demo(
     """Serve 6 servers in 3 sites with 12 apps, kill a server, and show FailLite recover it live."""
     from failsoft.runtime.demo import DemoSettings, default_out_dir, run_demo
 
-    view = LiveView()
+    view = LiveView(killed=kill)
     settings = DemoSettings(out_dir=out or default_out_dir(), kill=kill, down_s=down_s, repository=repository)
     summary = run_demo(settings, view)
     print_summary(view, summary)

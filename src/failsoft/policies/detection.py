@@ -10,7 +10,8 @@ looks exactly like a crashed one: it stops heartbeating.
 Heartbeats say a server's process lives, not that it answers. A server that heartbeats but fails
 every inference (a broken device, a wedged serving engine) is caught by *app-level health*: the
 gateway feeds each route's outcomes to a :class:`RouteHealth`, which gives a verdict after
-``errors_to_fail`` consecutive errors or timeouts on a server with no success between them; the
+``errors_to_fail`` consecutive errors on a server with no success between them (timeouts are
+overload, not failure, and never count); the
 controller then quarantines the server (:meth:`~HeartbeatDetector.quarantine`): failed at once (its apps fail
 over as after a crash), and its heartbeats ignored for ``quarantine_s`` so that it does not come
 straight back; after that, or when it restarts, it recovers as a failed server does.
@@ -124,6 +125,8 @@ class HeartbeatDetector:
         self._last_check = now if self._last_check is None else max(self._last_check, now)
         if now < self._hold_until:
             return []
+        if not self._last or now - min(self._last.values()) <= self.interval_s:
+            return []  # nobody silent for an interval: no state can change (the common case, cheap)
         changes = []
         for server, last in self._last.items():
             state = self._state[server]
@@ -161,15 +164,34 @@ class HeartbeatDetector:
         return HealthChange(server, old, new, now, self._last[server])
 
 
+# How the dispatchers word a call that ran out of time (``DispatchContext.outcome``'s ``error``): the
+# gateway's own "no answer within the deadline", or the agent's queue's DeadlineExceededError.
+TIMEOUT_WORDS = ("no answer within the deadline", "DeadlineExceededError", "TimeoutError")
+
+
+def is_timeout(error: str) -> bool:
+    """Whether a failed call's ``error`` says it ran out of time (rather than failed)."""
+    return error.startswith(TIMEOUT_WORDS)
+
+
 class RouteHealth:
     """Consecutive failed inferences per server, as the gateway sees them: a verdict at a threshold.
 
-    Only the server's own failures count (an error it raised while serving, or no answer within the
-    deadline on an unchanged route); a refusal or a drop by the server's queue (back-pressure), a
-    client's bad input or a model unloaded under the request do not (the gateway's one call
-    primitive, ``runtime/gateway/dispatch/calls.py``, applies this rule for every dispatcher). A
-    success clears the count. The verdict is given once per run of errors; the count restarts
-    after it.
+    Only the server's own errors count (an exception it raised while serving: ``chaos break``, a
+    broken device); a refusal or a drop by the server's queue (back-pressure), a client's bad input
+    or a model unloaded under the request do not (the gateway's one call primitive,
+    ``runtime/gateway/dispatch/calls.py``, applies this rule for every dispatcher). A success clears
+    the count. The verdict is given once per run of errors; the count restarts after it.
+
+    **Timeouts are overload, not failure.** A server whose requests miss their deadline while its
+    heartbeats arrive is busy: its queue admits what it can finish and refuses the rest (503 with
+    ``Retry-After``), and calls that still run out of time (a short deadline, time lost on the way
+    to the agent) say the server is behind, not broken. Counting them once failed the only live
+    server of an app under a burst (ResNet-18 at 32 clients: ten timeouts in a row, a failover with
+    nowhere to go, 503 for every request after). So timeouts neither count towards the verdict nor
+    clear it; they are counted apart (:meth:`timeouts`). A process that hangs is caught by its
+    heartbeats (the agent's liveness stamp stops them); a serving engine that wedges while the
+    process runs fills its queue, which then refuses at once.
     """
 
     def __init__(self, errors_to_fail: int = 10) -> None:
@@ -177,11 +199,16 @@ class RouteHealth:
             raise ValueError(f"errors_to_fail must be at least 1, got {errors_to_fail}")
         self.errors_to_fail = errors_to_fail
         self._errors: dict[str, int] = {}
+        self._timeouts: dict[str, int] = {}
 
-    def record(self, server: str, ok: bool) -> bool:
-        """One outcome on ``server``; True when it makes the server unhealthy."""
+    def record(self, server: str, ok: bool, error: str = "") -> bool:
+        """One outcome on ``server`` (``error``: the dispatcher's words); True when it makes the
+        server unhealthy."""
         if ok:
             self._errors.pop(server, None)
+            return False
+        if is_timeout(error):
+            self._timeouts[server] = self._timeouts.get(server, 0) + 1
             return False
         count = self._errors.get(server, 0) + 1
         if count >= self.errors_to_fail:
@@ -192,3 +219,7 @@ class RouteHealth:
 
     def errors(self, server: str) -> int:
         return self._errors.get(server, 0)
+
+    def timeouts(self, server: str) -> int:
+        """Calls to ``server`` that ran out of time, ever (overload: never a verdict)."""
+        return self._timeouts.get(server, 0)

@@ -25,6 +25,12 @@ failsoft's agent is a Ray actor doing the same with :class:`failsoft.zoo.ModelRe
   new in every process, so the controller can tell a restarted server (it holds nothing) from one that
   hung and came back (it still holds its models). A hung process (SIGSTOP) stops heartbeating, which
   is how it is detected; a killed one (SIGKILL) stops everything.
+* on a GPU (:mod:`failsoft.runtime.devices`) it loads on the device Ray granted it (``cuda:N`` of
+  the config mapped to its index among the visible GPUs), creates its CUDA context while it starts,
+  before the first heartbeat (so a restarted server's first load does not pay it), refuses a load
+  the device has no free memory for, and reports device memory as the device does
+  (:meth:`Agent.info`'s ``device``: free, total, this process's use with its context). Where its
+  start's time goes (process, imports, CUDA context) is in :meth:`Agent.info`'s ``startup``.
 
 The class is plain Python: :mod:`failsoft.runtime.cluster` turns it into an actor.
 """
@@ -48,10 +54,11 @@ from typing import Any
 import numpy as np
 
 from failsoft.domain import Server, Variant
-from failsoft.errors import CapacityError, ModelNotLoadedError, OverloadedError, ServingError
+from failsoft.errors import CapacityError, ConfigError, ModelNotLoadedError, OverloadedError, ServingError
 from failsoft.orchestration.loads import LOAD_NICE, load_nice
 from failsoft.policies import registry
 from failsoft.policies.queueing import QueueParams, ServiceModel, warmup_budget_ms, warmup_sizes
+from failsoft.runtime import devices
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.pulse import Pulse
 from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
@@ -61,9 +68,14 @@ log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
 # An interpreter silent this long stops the heartbeats (see failsoft.runtime.pulse). Not shorter:
 # with both cores oversubscribed, the stamp thread was measured waiting up to ~0.5 s for the GIL
-# behind a loading thread, which is a busy server, not a failed one. A stopped or dead process is
-# caught at once by other means; this only covers an interpreter wedged while its process runs.
-WEDGE_S = 2.0
+# behind a loading thread, which is a busy server, not a failed one; and the GIL's holder may be a
+# background load thread (warm backups, upgrades: nice +15) that a busy host hardly runs (the stamp
+# thread, at nice -10, then waits on it: a priority inversion), so on a host shared with other work
+# (load average 14-16 on two cores) waits of seconds are a busy server too. At 2 s, such a wait
+# declared a healthy server failed and "up again" 53 ms later. A stopped or dead process is caught
+# at once by other means (the sidecar reads /proc); this only covers an interpreter wedged while its
+# process runs, which is rare, so it may be detected in 10 s rather than 40 ms.
+WEDGE_S = 10.0
 # CPU priorities on a shared machine, as offsets from the agent's own niceness: answering first,
 # then loads that recover apps, then background loads (upgrades, warm backups). Lowering needs no
 # privilege; raising would, hence offsets (Ray starts its workers at nice 15 unless told otherwise).
@@ -79,7 +91,7 @@ class AgentSpec:
     repository: Path
     heartbeat: HeartbeatEndpoint
     heartbeat_interval_s: float = 0.020
-    device: str = "auto"
+    device: str = "auto"  # auto, cpu, cuda or cuda:N (the machine's numbering)
     families: tuple[str, ...] = ()  # the families it may serve (warmed up at start); () = all
     torch_threads: int = 1  # torch's intra-op threads per agent; 0 = one per core of the host
     queue: QueueParams = field(default_factory=QueueParams)  # each loaded model's serving queue
@@ -101,6 +113,7 @@ class Agent:
         from failsoft.runtime.cluster import SERVING_THREADS, configure_actor_logging
         from failsoft.zoo import ModelRepository
 
+        init_at = time.time()
         configure_actor_logging()
         self.spec = spec
         self.server = spec.server
@@ -120,7 +133,17 @@ class Agent:
         self._slow_s = 0.0
         self._slow_load_s = 0.0
         self._broken = False  # injected: every inference fails (failsoft chaos break)
-        self.warmup_ms = self._warm_up()
+        self._infer_calls, self._infer_s = 0, 0.0  # admitted calls, and their time in this process
+        try:
+            self._device: str | None = devices.local_device(spec.device)
+            self._device_error: str | None = None
+        except ConfigError as exc:  # refused at load, where the controller hears of it
+            self._device, self._device_error = None, f"server {spec.server.name!r}: {exc}"
+        self.startup: dict[str, float] = {"process_started_at": _process_started_at(), "init_at": init_at}
+        self.warmup_ms = self.startup["imports_ms"] = self._warm_up()
+        self._cuda = self._device_error is None and devices.uses_cuda(self._device)
+        self.startup["cuda_context_ms"] = self._init_cuda()
+        self.startup["ready_at"] = time.time()
         gc.freeze()  # the imports' ~400k objects leave the collector: no 400 ms pauses on unload
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         hb = spec.heartbeat
@@ -154,6 +177,17 @@ class Agent:
                 if config.model_format != "builtin":
                     import_user_code(self._repo.variant_dir(family, variant), config)
         return (time.perf_counter() - started) * 1000.0
+
+    def _init_cuda(self) -> float:
+        """The CUDA context, now: its milliseconds (0 on the CPU, or when it fails: the first load
+        then reports why)."""
+        if not self._cuda:
+            return 0.0
+        try:
+            return devices.init_cuda(self._device)
+        except Exception as exc:
+            log.warning("server %s: CUDA context not created at start: %s", self.server.name, exc)
+            return 0.0
 
     # models ----------------------------------------------------------------------------------
     def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
@@ -199,8 +233,9 @@ class Agent:
         cpu_started = time.thread_time()
         if self._slow_load_s > 0:  # injected: a slow disk or a remote repository
             time.sleep(self._slow_load_s)
-        device = None if self.spec.device == "auto" else self.spec.device
-        model = self._repo.load(family, profile.name, device)
+        if self._device_error is not None:
+            raise ConfigError(self._device_error)
+        model = self._repo.load(family, profile.name, self._device)
         service = ServiceModel(profile)
         sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
         service = calibrated(service, warm_up(model.predict, model.input_shape, sizes))
@@ -237,9 +272,24 @@ class Agent:
                     f"server {self.server.name!r}: loading {family}/{variant} for {key[0]!r} needs "
                     f"{memory:g} MB, only {max(free, 0):g} of {self.server.memory_mb:g} MB free"
                 )
+            self._check_device_free(key, family, variant, memory)
             self._reserved_mb += memory
             event = self._loading[key] = threading.Event()
             return "load", event
+
+    def _check_device_free(self, key: tuple[str, str], family: str, variant: str, memory: float) -> None:
+        """On a GPU, the device's own free memory (other processes, this one's CUDA context and
+        allocator cache all take from it) must also hold the load, less the loads under way."""
+        if not self._cuda:
+            return
+        import torch
+
+        free_mb = torch.cuda.mem_get_info(self._device)[0] / 2**20 - self._reserved_mb
+        if memory > free_mb + 1e-9:
+            raise CapacityError(
+                f"server {self.server.name!r}: loading {family}/{variant} for {key[0]!r} needs "
+                f"{memory:g} MB, the device ({self._device or 'cuda'}) has {max(free_mb, 0):.0f} MB free"
+            )
 
     def _profile_of(self, family: str, variant: str) -> Variant:
         profile = self._profiles.get((family, variant))
@@ -323,6 +373,7 @@ class Agent:
         (:class:`~failsoft.errors.OverloadedError`) when the queue cannot answer in time, or when
         nearly all of Ray's serving threads already wait on answers.
         """
+        entered = time.perf_counter()
         if self._broken:
             raise ServingError(
                 f"server {self.server.name!r} failed to compute {variant!r} for {app!r} "
@@ -346,6 +397,8 @@ class Agent:
         finally:
             with self._lock:
                 self._in_flight -= 1
+                self._infer_calls += 1
+                self._infer_s += time.perf_counter() - entered
 
     # stateful models (HAMS) ------------------------------------------------------------------
     def state(self, app: str, variant: str) -> bytes:
@@ -399,7 +452,34 @@ class Agent:
             "torch_threads": _torch_threads(),
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "queues": self.queue_stats(),
+            "startup": dict(self.startup),
+            "device": self.device_report(),
+            # admitted infer calls and their summed time here, entry to return (the request path's
+            # agent phase; the queues split it into wait, batch, predict and answer)
+            "infer_calls": self._infer_calls,
+            "infer_s": self._infer_s,
         }
+
+    def device_report(self) -> dict[str, Any]:
+        """The device models load on and its memory as the device reports it, beside what this
+        agent accounts (profiled ``memory_mb`` of what it holds), and what Ray granted."""
+        from failsoft.runtime.cluster import granted_resources
+
+        with self._lock:
+            accounted = self._used_mb()
+        report: dict[str, Any] = {
+            "configured": self.spec.device,
+            "torch_device": self._device,
+            "error": self._device_error,
+            "visible": os.environ.get(devices.VISIBLE_ENV),
+            "accounted_mb": round(accounted, 1),
+            "memory": devices.device_memory(self._device) if self._cuda else {"cuda": False},
+        }
+        try:
+            report["granted"] = granted_resources()
+        except Exception as exc:  # an agent outside Ray (tests that build one in their process)
+            report["granted"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return report
 
     def queue_stats(self) -> dict[str, dict[str, Any]]:
         """Each loaded model's serving queue (``app/variant``): counters, calibration, worker niceness."""
@@ -438,6 +518,13 @@ class Agent:
     def crash(self) -> None:
         """Die at once, like a server losing power (used where the caller cannot signal the process)."""
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _process_started_at() -> float:
+    """When this process started (wall clock): a restart's time before the agent's code ran."""
+    import psutil
+
+    return float(psutil.Process().create_time())
 
 
 def threads_for(torch_threads: int) -> int:

@@ -13,6 +13,9 @@ hold :class:`AgentRef` / :class:`ControllerRef` objects from here, whose methods
 Two modes. *Embedded* (the default): a private Ray instance on 127.0.0.1 that
 offers one custom resource ``server:<name>`` per configured server, so agents are placed exactly as in
 *cluster* mode (``--address``), where each agent is pinned to the node offering ``server:<name>``.
+A server with a GPU share (:mod:`failsoft.runtime.devices`) asks Ray for it as ``num_gpus``; the
+embedded node offers the GPUs Ray detects, or ``$FAILSOFT_NUM_GPUS`` (a number: also on a machine
+without GPUs, where Ray then grants ids that no device backs, which is how the CPU tests check it).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from failsoft.errors import (
     ServerUnavailableError,
     ServingError,
 )
+from failsoft.runtime.devices import ON_CPU, Placement
 
 # A Ray call made after shutdown (a straggling thread) must fail, not start a new Ray instance.
 auto_init_hook.enable_auto_connect = False
@@ -48,6 +52,7 @@ NAMESPACE = "failsoft"
 CONTROLLER_NAME = "failsoft-controller"
 OBJECT_STORE_BYTES = 256 * 1024 * 1024
 WORKER_NICENESS_ENV = "RAY_worker_niceness"  # read by the raylet an embedded ray.init starts
+NUM_GPUS_ENV = "FAILSOFT_NUM_GPUS"  # the GPUs the embedded node offers (default: what Ray detects)
 # An agent's inference calls wait on its serving queues in threads of their own, so that a backlog
 # of answers never delays a load, an unload, a cancel or a status call (Ray's concurrency groups).
 SERVING_GROUP = "serving"
@@ -232,6 +237,15 @@ def actor_was_restarted() -> bool:
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
+def granted_resources() -> dict[str, Any]:
+    """Inside an actor: what Ray granted it (resources and GPU ids), for reports."""
+    ctx = ray.get_runtime_context()
+    return {
+        "resources": dict(ctx.get_assigned_resources()),
+        "gpu_ids": [str(i) for i in ctx.get_accelerator_ids().get("GPU", [])],
+    }
+
+
 def configure_actor_logging(level: int = logging.INFO) -> None:
     """Inside an actor: failsoft's log records go to the worker's stderr file in Ray's log directory."""
     logger = logging.getLogger("failsoft")
@@ -273,6 +287,7 @@ def _quiet_injected_crashes() -> None:
 class ActorOptions:
     restart: bool
     env: dict[str, str]
+    placement: Placement = ON_CPU  # the GPU share asked of Ray (and a pinned GPU's environment)
 
 
 @contextlib.contextmanager
@@ -306,10 +321,17 @@ def _loopback_bootstrap(address: str | None) -> Iterator[None]:
 class RayCluster:
     """Starts an embedded Ray (or joins ``address``), spawns actors, and stops what it started."""
 
-    def __init__(self, servers: Sequence[Server], address: str | None = None, num_cpus: int | None = None):
+    def __init__(
+        self,
+        servers: Sequence[Server],
+        address: str | None = None,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
+    ):
         self.servers = tuple(servers)
         self.address = address
         self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
         self._spawned: list[_ActorRef] = []
         self._started = False
 
@@ -344,6 +366,9 @@ class RayCluster:
                 resources={server_resource(s.name): 1.0 for s in self.servers},
                 object_store_memory=OBJECT_STORE_BYTES,
             )
+            gpus = self.num_gpus if self.num_gpus is not None else _env_gpus()
+            if gpus is not None:
+                kwargs["num_gpus"] = gpus
         try:
             with _loopback_bootstrap(self.address):
                 # embedded: "local" always starts our own instance; with None, Ray would join a
@@ -365,6 +390,25 @@ class RayCluster:
                 f"{server_resource(missing[0])!r} (start it with: ray start --address ... "
                 f"--resources '{{\"{server_resource(missing[0])}\": 1}}')"
             )
+
+    def check_gpus(self, placements: dict[str, Placement]) -> None:
+        """Refuse, before any agent waits forever for it, a GPU share Ray cannot grant: more GPUs in
+        all than the embedded node offers (or than the whole cluster has), or a pinned GPU it lacks."""
+        offered = float(ray.cluster_resources().get("GPU", 0.0))
+        asked = {name: p.gpus for name, p in placements.items() if p.gpus > 0}
+        total = sum(asked.values()) if self.embedded else max(asked.values(), default=0.0)
+        hint = f" (set {NUM_GPUS_ENV} to offer more, or lower the servers' gpus)" if self.embedded else ""
+        if total > offered + 1e-6:
+            shares = ", ".join(f"{n}: {g:g}" for n, g in sorted(asked.items()))
+            where = "this machine's Ray node offers" if self.embedded else "the Ray cluster has"
+            raise ConfigError(f"servers ask for {total:g} GPUs ({shares}); {where} {offered:g}{hint}")
+        for name, p in sorted(placements.items()):
+            pinned = p.pinned_gpu
+            if self.embedded and pinned is not None and pinned >= offered:
+                raise ConfigError(
+                    f"server {name!r}: device {p.device!r}, but this machine's Ray node has "
+                    f"{offered:g} GPUs (numbered from 0)"
+                )
 
     def spawn_controller(self, cls: type, *args: Any, restart: bool = True) -> ControllerRef:
         """The controller runs on this (the driver's) node, where agents send their heartbeats."""
@@ -400,11 +444,12 @@ class RayCluster:
                 name=agent_name(server),
                 namespace=NAMESPACE,
                 num_cpus=0,
+                num_gpus=options.placement.gpus,
                 resources={server_resource(server): 1.0},
                 max_restarts=-1 if options.restart else 0,
                 max_task_retries=0,
                 max_concurrency=32,
-                runtime_env={"env_vars": options.env},
+                runtime_env={"env_vars": options.env | options.placement.actor_env()},
             )
             .remote(*args)
         )
@@ -510,14 +555,21 @@ class LlmWorkerRef(_ActorRef):
         return info
 
 
-def spawn_llm_worker(cluster: RayCluster, cls: type, service: str, worker: str, *args: Any) -> LlmWorkerRef:
-    """A new LLM worker actor of ``service``, named by service and worker, on any node."""
+def spawn_llm_worker(
+    cluster: RayCluster, cls: type, service: str, worker: str, *args: Any, placement: Placement = ON_CPU
+) -> LlmWorkerRef:
+    """A new LLM worker actor of ``service``, named by service and worker, on any node (with its
+    GPU share, as an agent's; with none it is left as Ray starts it: no runtime environment of its
+    own, so that Ray's pool of started worker processes serves its restarts)."""
+    env = placement.actor_env() if placement.gpus > 0 else {}
     handle: Any = (
         ray.remote(cls)
         .options(
             name=llm_worker_name(service, worker),
             namespace=NAMESPACE,
             num_cpus=0,
+            num_gpus=placement.gpus,
+            **({"runtime_env": {"env_vars": env}} if env else {}),
             max_restarts=0,
             max_task_retries=0,
             max_concurrency=64,
@@ -527,3 +579,16 @@ def spawn_llm_worker(cluster: RayCluster, cls: type, service: str, worker: str, 
     ref = LlmWorkerRef(handle, worker)
     cluster._spawned.append(ref)
     return ref
+
+
+def _env_gpus() -> int | None:
+    value = os.environ.get(NUM_GPUS_ENV)
+    if value is None or not value.strip():
+        return None
+    try:
+        gpus = int(value)
+    except ValueError:
+        raise ConfigError(f"${NUM_GPUS_ENV}={value!r}: expected a whole number of GPUs") from None
+    if not 0 <= gpus <= 1024:
+        raise ConfigError(f"${NUM_GPUS_ENV}={value!r}: expected 0 to 1024 GPUs")
+    return gpus

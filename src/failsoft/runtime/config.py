@@ -9,6 +9,7 @@ state directory and store, the admin token::
     name: edge
     servers:
       - {name: s1, site: edge-a, memory_mb: 64, compute: 1.0}
+      - {name: g1, site: edge-a, memory_mb: 8000, device: cuda, gpus: 0.5}  # half a GPU (devices.py)
     apps:
       - {name: cam-1, family: digits_cnn, critical: true, rate_rps: 20, slo_ms: 50,
          primary: {server: s1, variant: cnn_large}}
@@ -39,6 +40,7 @@ from failsoft.errors import ConfigError
 from failsoft.policies.queueing import QueueParams
 from failsoft.policies.registry import failover_names as policy_names
 from failsoft.policies.registry import names as registered
+from failsoft.runtime.devices import DEVICE_PATTERN, MAX_GPUS, Placement, check_placement
 from failsoft.runtime.security import MIN_TOKEN_CHARS
 from failsoft.scenario import (  # one-line errors, one service parser
     ServiceSpec,
@@ -63,6 +65,8 @@ class ServerModel(_Strict):
     site: str = Field(pattern=_NAME, max_length=64)
     memory_mb: float = Field(gt=0)
     compute: float = Field(default=1.0, gt=0)
+    device: str | None = Field(default=None, pattern=DEVICE_PATTERN)  # default: agents.device
+    gpus: float | None = Field(default=None, ge=0, le=MAX_GPUS)  # its GPU share; default: agents.gpus
 
 
 class PrimaryModel(_Strict):
@@ -137,7 +141,8 @@ class GatewayModel(_Strict):
 class AgentsModel(_Strict):
     restart: bool = True
     max_parallel_loads: int = Field(default=2, ge=1, le=64)
-    device: str = Field(default="auto", pattern="^(auto|cpu|cuda)$")
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # see failsoft.runtime.devices
+    gpus: float = Field(default=0.0, ge=0, le=MAX_GPUS)  # each server's GPU share unless it sets its own
     drain_ms: float = Field(default=200.0, ge=0)
     torch_threads: int = Field(default=1, ge=0, le=256)
     queue: QueueParams = Field(default_factory=QueueParams)  # every loaded model's serving queue
@@ -283,6 +288,7 @@ class RuntimeConfig:
     state_dir: Path
     store_url: str
     admin_token: str | None
+    placements: tuple[tuple[str, Placement], ...] = ()  # per server: device and GPU share
 
     def replace(self, **changes: Any) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)
@@ -298,6 +304,10 @@ class RuntimeConfig:
             if s.name == name:
                 return s
         raise ConfigError(f"no server {name!r} in config {self.source!r}")
+
+    def placement(self, server: str) -> Placement:
+        """Where ``server``'s agent runs models and the GPU share it asks Ray for."""
+        return dict(self.placements).get(server, Placement(self.agents.device))
 
     @property
     def sites(self) -> tuple[str, ...]:
@@ -334,6 +344,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
     _refuse_duplicates(source, "server", [s.name for s in spec.servers])
     _refuse_duplicates(source, "app", [a.name for a in spec.apps])
     servers = tuple(Server(s.name, s.site, s.memory_mb, s.compute) for s in spec.servers)
+    placements = _placements(spec, source)
     names = {s.name for s in servers}
     apps = []
     for i, a in enumerate(spec.apps):
@@ -383,7 +394,19 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         state_dir=state_dir,
         store_url=spec.store,
         admin_token=spec.admin_token,
+        placements=placements,
     )
+
+
+def _placements(spec: ConfigModel, source: str) -> tuple[tuple[str, Placement], ...]:
+    """Each server's device and GPU share (its own, else ``agents``'), checked together."""
+    ag = spec.agents
+    out = []
+    for i, s in enumerate(spec.servers):
+        device = s.device if s.device is not None else ag.device
+        gpus = s.gpus if s.gpus is not None else ag.gpus
+        out.append((s.name, check_placement(f"{source}: servers[{i}] ({s.name!r})", device, gpus)))
+    return tuple(out)
 
 
 def _check_graph_state(

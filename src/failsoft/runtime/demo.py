@@ -269,7 +269,22 @@ def summarize(
         "accuracy_of_answers": sum(bool(s.correct) for s in scored) / len(scored) if scored else None,
         "degraded_answers": sum(1 for s in samples if s.ok and s.degraded),
         "servers_up_at_end": [s["name"] for s in status["servers"] if s["state"] == "up"],
+        "unexpected_failures": unexpected_failures(report["events"], marks, killed),
     }
+
+
+def unexpected_failures(
+    events: list[dict[str, Any]], marks: dict[str, float], killed: str
+) -> list[dict[str, Any]]:
+    """Servers declared down that nobody killed (or before the kill): a false failure, each with
+    when it was detected (seconds after the demo's start)."""
+    kill_at, start = marks["kill"], marks["start"]
+    seen = {
+        (e["server"], round(e["detected_at"] - start, 3))
+        for e in events
+        if e["type"] == "failure" and not (e.get("server") == killed and e["detected_at"] >= kill_at)
+    }
+    return [{"server": server, "detected_after_start_s": at} for server, at in sorted(seen)]
 
 
 def _row(

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from failsoft.bounds import describe_validation_error
 from failsoft.errors import ConfigError
+from failsoft.runtime.devices import DEVICE_PATTERN, MAX_GPUS, Placement, check_placement
 from failsoft.services import LlmParams
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ class _Strict(BaseModel):
 class ModelSpec(_Strict):
     size: Literal["tiny", "small"] = "tiny"
     root: str | None = None
-    device: str = "auto"
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # as a server's (runtime/devices.py)
+    gpus: float = Field(default=0.0, ge=0, le=MAX_GPUS)  # each worker's (and standby's) GPU share
 
 
 class ServiceSpec(_Strict):
@@ -84,6 +86,11 @@ class LlmConfig:
     root: Path
 
     @property
+    def placement(self) -> Placement:
+        """Each worker's device and the GPU share it asks Ray for."""
+        return Placement(self.spec.model.device, self.spec.model.gpus)
+
+    @property
     def workers(self) -> tuple[str, ...]:
         return tuple(f"w{i}" for i in range(self.spec.service.workers))
 
@@ -100,6 +107,7 @@ def llm_config_from_dict(data: Any, source: str = "config", base_dir: Path | Non
         params = LlmParams(**spec.service.params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: service.params: {exc}") from None
+    check_placement(f"{source}: model", spec.model.device, spec.model.gpus)
     known = registry.names("llm_recovery")
     if spec.service.policy not in known:
         raise ConfigError(
@@ -166,6 +174,8 @@ class LlmSession:
         self.cluster = RayCluster((), None, self.num_cpus)
         try:
             self.cluster.start()
+            shares = [*cfg.workers, *(f"spare{i}" for i in range(spec.service.spares))]
+            self.cluster.check_gpus(dict.fromkeys(shares, cfg.placement))
             e = spec.engine
             for name in cfg.workers:
                 wspec = LlmWorkerSpec(
@@ -179,7 +189,9 @@ class LlmSession:
                     e.torch_threads,
                 )
                 self._specs[name] = wspec
-                self.workers[name] = spawn_llm_worker(self.cluster, LlmWorker, spec.service.name, name, wspec)
+                self.workers[name] = spawn_llm_worker(
+                    self.cluster, LlmWorker, spec.service.name, name, wspec, placement=cfg.placement
+                )
             for _ in range(spec.service.spares):
                 self._spawn_spare()
             infos = {name: w.info_sync(timeout_s=300.0) for name, w in self.workers.items()}
@@ -231,7 +243,13 @@ class LlmSession:
         self._spare_ids += 1
         threads = self.config.spec.engine.torch_threads
         spare = spawn_llm_worker(
-            self.cluster, LlmWorker, self.config.spec.service.name, f"spare{self._spare_ids}", None, threads
+            self.cluster,
+            LlmWorker,
+            self.config.spec.service.name,
+            f"spare{self._spare_ids}",
+            None,
+            threads,
+            placement=self.config.placement,
         )
         self.spares.append(spare)
 
@@ -278,7 +296,14 @@ class LlmSession:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                ref = spawn_llm_worker(self.cluster, LlmWorker, self.config.spec.service.name, name, spec)
+                ref = spawn_llm_worker(
+                    self.cluster,
+                    LlmWorker,
+                    self.config.spec.service.name,
+                    name,
+                    spec,
+                    placement=self.config.placement,
+                )
                 break
             except ValueError:  # the dead actor still holds its name for a moment
                 if time.monotonic() > deadline:

@@ -148,7 +148,7 @@ class LlmWorker:
         from failsoft.llm.models import load_lm
 
         started = time.perf_counter()
-        lm = load_lm(spec.root, draft, spec.device)
+        lm = load_lm(spec.root, draft, _local(spec.device))
         self.draft_ms = (time.perf_counter() - started) * 1000.0
         self.drafter = Engine(lm, spec.kv_pages, spec.page_size, spec.max_batch)
         self.draft_acceptance = _recorded_acceptance(spec.root, draft)
@@ -183,7 +183,7 @@ class LlmWorker:
             torch.set_num_threads(spec.torch_threads)
         self.spec = spec
         started = time.perf_counter()
-        self.lm = load_lm(spec.root, spec.model, spec.device)
+        self.lm = load_lm(spec.root, spec.model, _local(spec.device))
         self.load_ms = (time.perf_counter() - started) * 1000.0
         self.engine = Engine(self.lm, spec.kv_pages, spec.page_size, spec.max_batch)
         self._streams: dict[str, _Stream] = {}
@@ -483,3 +483,10 @@ class LlmWorker:
             self._stopped = True
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
+
+
+def _local(device: str | None) -> str | None:
+    """The configured device in this process (``cuda:N`` of the machine among the visible GPUs)."""
+    from failsoft.runtime.devices import local_device
+
+    return None if device is None else local_device(device)

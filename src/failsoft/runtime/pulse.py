@@ -165,7 +165,7 @@ def run_sidecar(settings: dict) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with contextlib.suppress(OSError):  # bound to the route's source address (127.0.0.1 embedded),
         sock.connect(address)  # not to all interfaces as a first sendto would, and deaf to others
-    seq, due = 0, time.monotonic()
+    seq, due, wedged = 0, time.monotonic(), False
     while True:
         state = process_state(pid)
         if state is None or state in "ZX" or os.getppid() != pid:
@@ -173,7 +173,14 @@ def run_sidecar(settings: dict) -> int:
                 os.unlink(settings["stamp"])  # the agent died without cleaning up: we do
             return 0
         now = time.monotonic()
-        if state not in "Tt" and now - stamp.read() < wedge:
+        stale = now - stamp.read() >= wedge
+        if stale != wedged:  # say why the heartbeats stop (or resume): a wedged agent is rare
+            wedged = stale
+            _say(
+                settings["server"],
+                f"liveness stamp {'stale' if stale else 'fresh again'}, process state {state}",
+            )
+        if state not in "Tt" and not stale:
             with contextlib.suppress(OSError):
                 sock.sendto(datagram(key, settings["server"], settings["incarnation"], seq), address)
         seq += 1  # numbers ticks, sent or not: a gap at the receiver is silence, not lateness
@@ -182,6 +189,16 @@ def run_sidecar(settings: dict) -> int:
         if delay < -interval:  # we were starved: keep the rhythm, do not burst
             due, delay = time.monotonic(), 0.0
         time.sleep(max(delay, 0.0))
+
+
+def _say(server: str, what: str) -> None:
+    """One line on stderr (Ray forwards the agent's, hence ours, to the driver's console)."""
+    with contextlib.suppress(OSError):
+        print(
+            f"failsoft pulse {server}: {what}: heartbeats {'stop' if 'stale' in what else 'resume'}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class Pulse:

@@ -94,6 +94,12 @@ class QueueCounters:
     cancelled: int = 0
     expired: int = 0  # the caller's deadline passed while it waited
     failed: int = 0
+    # where served requests' time went (seconds, summed; a few additions per batch): waiting in the
+    # queue (summed over requests), assembling batches, predict, splitting and handing back answers
+    wait_s: float = 0.0
+    batch_s: float = 0.0
+    predict_s: float = 0.0
+    answer_s: float = 0.0
 
 
 class ServingQueue:
@@ -284,6 +290,7 @@ class ServingQueue:
 
     def _run(self, run: list[_Ticket]) -> None:
         taken = time.perf_counter()
+        waited = len(run) * self._clock() - sum(t.item.arrival_s for t in run if t.item is not None)
         delay = self._delay_s()
         if delay > 0:  # injected slowdown: the whole batch waits
             time.sleep(delay)
@@ -303,15 +310,22 @@ class ServingQueue:
                 self.counters.failed += len(run)
                 self._running_until = None
             return
-        elapsed_ms = (time.perf_counter() - started) * 1000.0
+        predicted = time.perf_counter()
+        elapsed_ms = (predicted - started) * 1000.0
         bounds = np.cumsum([len(t.rows) for t in run])[:-1]
         for ticket, part in zip(run, np.split(out, bounds), strict=True):
             ticket.future.set_result(part)
-        cycle_ms = (time.perf_counter() - taken) * 1000.0
+        done = time.perf_counter()
+        cycle_ms = (done - taken) * 1000.0
         with self._cond:
-            self.counters.served += len(run)
-            self.counters.batches += 1
-            self.counters.rows += len(rows)
+            c = self.counters
+            c.served += len(run)
+            c.batches += 1
+            c.rows += len(rows)
+            c.wait_s += max(waited, 0.0)
+            c.batch_s += started - taken - delay
+            c.predict_s += predicted - started
+            c.answer_s += done - predicted
             self._running_until = None
             self._calibrate(len(rows), elapsed_ms, max(cycle_ms - elapsed_ms - delay * 1000.0, 0.0))
 

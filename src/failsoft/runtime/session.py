@@ -70,11 +70,16 @@ class Prepared:
 
 class Session:
     def __init__(
-        self, config: RuntimeConfig, address: str | None = None, num_cpus: int | None = None
+        self,
+        config: RuntimeConfig,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
     ) -> None:
         self.config = config
         self.address = address
         self.num_cpus = num_cpus
+        self.num_gpus = num_gpus  # the GPUs an embedded Ray offers (None: detected, or $FAILSOFT_NUM_GPUS)
         self.prepared: Prepared | None = None
         self.cluster: Any = None
         self.controller: Any = None
@@ -100,9 +105,10 @@ class Session:
 
         p = self.prepare()
         cfg = self.config
-        self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus)
+        self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus, self.num_gpus)
         try:
             self.cluster.start()
+            self.cluster.check_gpus({s.name: cfg.placement(s.name) for s in cfg.servers})
             self.heartbeat = HeartbeatEndpoint.make(self.cluster.heartbeat_host())
             self.controller = self.cluster.spawn_controller(Controller, cfg, p.deployment, self.heartbeat)
             for server in cfg.servers:
@@ -124,13 +130,14 @@ class Session:
         # host, which in cluster mode is not this one
         threads = cfg.agents.torch_threads
         env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if threads > 0 else {}
-        options = ActorOptions(restart=cfg.agents.restart, env=env)
+        placement = cfg.placement(server)
+        options = ActorOptions(restart=cfg.agents.restart, env=env, placement=placement)
         spec = AgentSpec(
             cfg.server(server),
             p.repository,
             self.heartbeat,
             cfg.heartbeat.interval_s,
-            cfg.agents.device,
+            placement.device,
             torch_threads=cfg.agents.torch_threads,
             queue=cfg.agents.queue,
             # warm up only what this deployment can load here (any app may fail over to any server),

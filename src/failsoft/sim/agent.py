@@ -14,8 +14,8 @@ object driven by SimPy processes, doing the same things with durations from the 
   host (``SimConfig.host_cores``) a load is CPU work on :class:`~failsoft.sim.cpu.SharedCPU` at the
   runtime's load priority (background loads lower), so it takes longer while others run; of a cold
   load only the profiled ``load_cpu_ms`` is work, the rest waits for the disk and takes no core;
-* **heartbeats**: pushed to the controller's detector at ``phase + k * interval`` until the agent
-  crashes or the controller no longer listens.
+* **heartbeats**: at ``phase + k * interval`` until the agent crashes or the controller no longer
+  listens; :class:`~failsoft.sim.heartbeats.HeartbeatFeed` works them out for the detector.
 
 A crash is abrupt: the agent stops heartbeating, its models are gone, and a load in progress on it
 fails.
@@ -24,7 +24,7 @@ fails.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import Any
 
 import simpy
@@ -134,21 +134,6 @@ class SimAgent:
         self.models.clear()
         self.used_mb = 0.0
         self.log.add(self.env.now, "crash", "", self.name, "")
-
-    def heartbeats(
-        self, push: Callable[[str, float], object], listening: Callable[[], bool], phase_s: float
-    ) -> Generator[simpy.Event, Any, None]:
-        """Process: push a heartbeat at ``phase + k * interval`` while alive and listened to."""
-        interval = self.config.heartbeat_interval_s
-        k = 0
-        while True:
-            due = phase_s + k * interval
-            if due > self.env.now:
-                yield self.env.timeout(due - self.env.now)
-            if not (self.alive and listening()):
-                return
-            push(self.name, self.env.now)
-            k += 1
 
     def _reserve(self, app: str, variant: Variant) -> bool:
         if variant.memory_mb > self.free_mb + _EPS:

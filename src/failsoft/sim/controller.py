@@ -4,9 +4,10 @@ Every decision is the core's (:class:`~failsoft.orchestration.Orchestrator`), th
 runtime's controller drives, with the same policies and the same failure detector; this driver
 carries its commands out on simulated servers and feeds the outcomes back:
 
-* heartbeats of the :class:`~failsoft.sim.agent.SimAgent` processes go to
-  :meth:`Orchestrator.heartbeat`; every ``check_interval_s`` (FailLite's controller: 100 ms,
-  failsoft's runtime: 5 ms) :meth:`Orchestrator.check_health` judges them;
+* heartbeats of the :class:`~failsoft.sim.agent.SimAgent` go to :meth:`Orchestrator.heartbeat`
+  (each agent's latest, worked out by a :class:`~failsoft.sim.heartbeats.HeartbeatFeed` right before
+  a check); every ``check_interval_s`` (FailLite's controller: 100 ms, failsoft's runtime: 5 ms)
+  :meth:`Orchestrator.check_health` judges them;
 * a ``Load`` is a SimPy process on the server's agent taking the variant's profiled ``load_ms``
   (after any unload the core issued to that server, which takes ``unload_ms``); which loads run at
   once, in what order, is the core's per-server load queue (``load_slots`` at a time, by priority);
@@ -47,6 +48,7 @@ from failsoft.orchestration.loads import INFERENCE_NICE
 from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import SimConfig
+from failsoft.sim.heartbeats import HeartbeatFeed
 from failsoft.sim.metrics import Recorder
 from failsoft.sim.requests import RequestCore
 from failsoft.sim.trace import EventLog
@@ -80,8 +82,9 @@ class SimController:
         recorder: Recorder,
         requests: RequestCore | None,
         log: EventLog,
+        heartbeats: HeartbeatFeed,
     ) -> None:
-        self.env, self.policy, self.agents = env, policy, agents
+        self.env, self.policy, self.agents, self.heartbeats = env, policy, agents, heartbeats
         self.config, self.recorder, self.requests, self.log = config, recorder, requests, log
         self.state = ClusterState.deployed(scenario)
         self.core = Orchestrator(self.state, sim_settings(config), env.now)
@@ -95,12 +98,24 @@ class SimController:
         self._answering: set[str] = set()  # apps whose first request on the new route was sent
         self._changed = env.event()
         self._end_at = float("inf")
+        self._tail = False  # the heartbeats' end is scheduled
 
     # heartbeats and health ------------------------------------------------------------------------
     def heartbeat(self, server: str, now: float) -> None:
         commands = self.core.heartbeat(server, now)
         if commands:
             self._run(commands)
+
+    def _check_health(self) -> None:
+        """The heartbeats sent by now, then the detector's verdicts."""
+        self.heartbeats.catch_up(self.env.now, self.heartbeat)
+        self._run(self.core.check_health(self.env.now))
+
+    def _deaf(self) -> None:
+        """Nobody listens any more: the agents' heartbeat processes would have ended at their next
+        heartbeat; the event lasts until then, as it did when each heartbeat was a SimPy event."""
+        self._tail = True
+        self.env.timeout(max(self.heartbeats.tail_s(self.env.now) - self.env.now, 0.0))
 
     def listening(self) -> bool:
         """Whether agents keep pushing heartbeats (they cannot change anything once all is detected)."""
@@ -109,6 +124,8 @@ class SimController:
         return self.config.heartbeats_after_detection or self.injecting or bool(self.undetected)
 
     def injected(self, servers: list[str], done: bool) -> None:
+        for server in servers:
+            self.heartbeats.crashed(server, self.env.now)
         self.undetected.update(servers)
         self.injecting = not done
         if done:
@@ -118,15 +135,35 @@ class SimController:
         """Process: check health every ``check_interval_s`` until every failure is detected, then
         wait until the core has nothing left to do (or the horizon)."""
         interval = self.config.check_interval_s
-        k = 0
+        k, first = self._quiet_until_failure(phase_s, interval)
+        if first is not None:
+            yield self.env.timeout(first - self.env.now)
+            self._check_health()
         while self.injecting or self.undetected:
             k += 1
             while phase_s + k * interval < self.env.now:
                 k += 1
             yield self.env.timeout(phase_s + k * interval - self.env.now)
-            self._run(self.core.check_health(self.env.now))
+            self._check_health()
         while not self._done():
             yield self._changed
+
+    def _quiet_until_failure(self, phase_s: float, interval: float) -> tuple[int, float | None]:
+        """Skip the checks before the failure: every server heartbeats on time then and the core has
+        no timer, so none of them can change anything (they were 9 in 10 of a sweep's checks).
+        Returns the first check after the failure (its number, and its time computed as the
+        check-by-check waits would have: each wait's float sum), or ``(0, None)`` when the core has
+        work of its own to do before the failure."""
+        if self.core.next_wakeup() is not None or self.env.now != 0.0:
+            return 0, None
+        k, at = 0, 0.0
+        while True:
+            k += 1
+            due = phase_s + k * interval
+            nxt = at + (due - at) if due > at else at
+            if nxt > self.config.failure_at_s:
+                return k, nxt
+            at = nxt
 
     def _done(self) -> bool:
         """Nothing can happen any more before the horizon: no process under way, no wake-up due."""
@@ -134,6 +171,8 @@ class SimController:
 
     def stop(self) -> None:
         self.stopped = True
+        if not self._tail:
+            self._deaf()
 
     # carrying out commands ---------------------------------------------------------------------------
     def _run(self, commands: list[Command]) -> None:
@@ -197,7 +236,7 @@ class SimController:
         yield self.env.timeout(max(at - self.env.now, 0.0))
         self._wakes.discard(at)
         if self.listening():  # the runtime judges health at every tick; a wake-up is one
-            self._run(self.core.check_health(self.env.now))
+            self._check_health()
         else:
             self._run(self.core.advance(self.env.now))
 
@@ -250,6 +289,8 @@ class SimController:
         if cmd.type == "detected":
             self.recorder.detected(f["server"], f["detected_at"])
             self.undetected.discard(f["server"])
+            if not self.listening() and not self._tail:
+                self._deaf()
             self.log.add(f["detected_at"], "detected", "", f["server"], "")
         elif cmd.type == "failure" and f.get("app") is not None:
             self.recorder.affected(f["app"], f["server"], f["detected_at"])

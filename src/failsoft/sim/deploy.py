@@ -17,11 +17,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import simpy
+
 from failsoft.domain import ProactivePlan, Scenario
 from failsoft.errors import ConfigError
 from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.policies.registry import failover_names as policy_names
 from failsoft.policies.registry import get_failover_policy
+from failsoft.sim.agent import SimAgent
+from failsoft.sim.config import SimConfig
+from failsoft.sim.trace import EventLog
 
 # label -> (registered policy name, PolicyParams overrides)
 _VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -51,6 +56,28 @@ class Deployment:
     policy: FailoverPolicy
     scenario: Scenario  # ``warm`` is set
     proactive: ProactivePlan | None  # None when the scenario came with its warm backups
+
+    def steady_holdings(self) -> dict[str, tuple[dict[tuple[str, str], int], float]]:
+        """Per server: the (app, variant) copies its primaries and warm backups hold before a
+        failure, and their MB (summed in the order loads add them); worked out once, since a sweep
+        starts thousands of events from one deployment. ConfigError when a server cannot hold them."""
+        cached = self.__dict__.get("_steady_holdings")
+        if cached is None:
+            cached = self.__dict__["_steady_holdings"] = _holdings(self.scenario)  # derived, not a field
+        return cached
+
+
+def _holdings(scenario: Scenario) -> dict[str, tuple[dict[tuple[str, str], int], float]]:
+    """The agents' own memory accounting, on a scratch clock."""
+    env, config, log = simpy.Environment(), SimConfig(), EventLog(False)
+    agents = {s.name: SimAgent(env, s, config, log) for s in scenario.servers}
+    for app in scenario.apps:
+        if app.primary is not None:
+            agents[app.primary.server].preload(app.name, scenario.primary_variant(app))
+    for backup in scenario.warm or ():
+        app = scenario.app(backup.app)
+        agents[backup.server].preload(app.name, scenario.variant_of(app, backup.variant))
+    return {name: (dict(a.models), a.used_mb) for name, a in agents.items() if a.models}
 
 
 class Deployer:

@@ -26,6 +26,7 @@ from failsoft.sim.config import RequestMode, SimConfig
 from failsoft.sim.controller import SimController
 from failsoft.sim.cpu import SharedCPU, equivalent_competitors
 from failsoft.sim.deploy import Deployment
+from failsoft.sim.heartbeats import HeartbeatFeed
 from failsoft.sim.metrics import EventResult, Recorder
 from failsoft.sim.requests import RequestCore
 from failsoft.sim.trace import EventLog
@@ -49,12 +50,11 @@ def simulate_failure(
     agents = {s.name: SimAgent(env, s, config, log, cpu) for s in scenario.servers}
     _preload(deployment, agents)
     requests = _request_core(env, deployment, failed, config, rng)
-    controller = SimController(env, deployment.policy, scenario, agents, config, recorder, requests, log)
-
     beat = config.heartbeat_interval_s
-    for agent in agents.values():
-        beat_phase = rng.uniform(0.0, beat) if config.random_phases else 0.0
-        env.process(agent.heartbeats(controller.heartbeat, controller.listening, beat_phase))
+    phases = [(name, rng.uniform(0.0, beat) if config.random_phases else 0.0) for name in agents]
+    feed = HeartbeatFeed(phases, beat)
+    policy = deployment.policy
+    controller = SimController(env, policy, scenario, agents, config, recorder, requests, log, feed)
     # Fixed phases put the checks half-way between heartbeats, so neither waits on the other.
     check_phase = rng.uniform(0.0, config.check_interval_s) if config.random_phases else beat / 2
     health = env.process(controller.health_loop(check_phase))
@@ -77,13 +77,11 @@ def simulate_failure(
 
 
 def _preload(deployment: Deployment, agents: dict[str, SimAgent]) -> None:
-    scenario = deployment.scenario
-    for app in scenario.apps:
-        if app.primary is not None:
-            agents[app.primary.server].preload(app.name, scenario.primary_variant(app))
-    for backup in scenario.warm or ():
-        app = scenario.app(backup.app)
-        agents[backup.server].preload(app.name, scenario.variant_of(app, backup.variant))
+    """Every agent holds its steady-state models (worked out once per deployment: a sweep starts
+    thousands of events from the same one)."""
+    for name, (models, used_mb) in deployment.steady_holdings().items():
+        agents[name].models.update(models)
+        agents[name].used_mb = used_mb
 
 
 def _request_core(

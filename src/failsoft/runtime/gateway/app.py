@@ -158,7 +158,7 @@ class Gateway:
     # app-level health -------------------------------------------------------------------------------
     def _outcome(self, server: str, ok: bool, error: str) -> None:
         """A server's answer or failure; enough failures in a row and the controller fails it over."""
-        if not self.health.record(server, ok):
+        if not self.health.record(server, ok, error):  # timeouts are overload: never a verdict
             return
         reason = f"{self.health.errors_to_fail} inference calls in a row failed, the last: {error}"
         log.warning("server %s heartbeats but does not serve (%s): asking for a failover", server, reason)

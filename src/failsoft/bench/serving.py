@@ -1,0 +1,497 @@
+"""``failsoft bench serving CONFIG``: steady-state serving, failsoft beside what a user would compare.
+
+One app of the config (its primary variant), measured in one run, one system at a time, by one
+client (:mod:`failsoft.bench.serving_load`, a process of its own) for every system:
+
+* ``inprocess``: the model's ``predict`` called in a loop in this process at the agents' torch
+  threads, batch 1: the limit no server can pass;
+* ``failsoft``: a cluster served from the config, through its gateway, as KServe v2 JSON and as the
+  binary tensor extension;
+* ``fastapi``: a plain FastAPI app over the same model (:mod:`failsoft.bench.serving_anchor`,
+  uvicorn in a subprocess), both encodings;
+* ``ray-serve``: recorded as not installed unless ``ray.serve`` imports (``pip install 'ray[serve]'``).
+
+Each HTTP system is measured closed-loop at every ``concurrency`` (1, 8, 32 clients by default) and
+open-loop at ``rate_rps`` (default: half of failsoft's best closed-loop JSON throughput, so that the
+open-loop latency is the one a moderately loaded server gives). Per level: requests, errors (by
+status), requests/s, p50 and p99 latency, and the server's CPU per request (``psutil``: the server's
+processes' user+system time over the level, divided by its answers; the client's own CPU is not
+counted). Ratios: failsoft's requests/s to FastAPI's and to the in-process limit, per level.
+
+``phases`` breaks failsoft's request path down at one client (JSON), per request, in milliseconds:
+the client's whole latency; ``http`` (uvicorn and the client: the latency outside the gateway's
+handler); ``parse`` and ``response`` (the gateway's own decoding and encoding, timed on the same
+request in this process); ``dispatch_ray`` (the handler's time less parse, response and the agent:
+routing, the Ray actor call both ways, the event loop hand-offs); the agent's ``agent_call`` (entry
+to return, admission included) split by its serving queue into ``queue_wait``, ``batch`` (assembly),
+``inference`` (``predict``) and ``answer`` (splitting outputs, waking the caller). The figures come
+from counters the gateway (``failsoft_request_latency_seconds``) and the agents (``info()``) keep
+anyway: a few additions per request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import ConfigError, FailsoftError
+from failsoft.runtime.config import RuntimeConfig, load_config
+
+SYSTEMS = ("inprocess", "failsoft", "fastapi", "ray-serve")
+ENCODINGS = ("json", "binary")
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    app: str | None = None  # the config's app to serve (default: the first)
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    duration_s: float = 10.0  # per level, after its warm-up
+    warmup_s: float = 2.0
+    rate_rps: float | None = None  # open loop; None: half failsoft's best closed-loop JSON rps
+    systems: tuple[str, ...] = SYSTEMS
+    encodings: tuple[str, ...] = ENCODINGS
+
+    def __post_init__(self) -> None:
+        unknown = [s for s in self.systems if s not in SYSTEMS] + [
+            e for e in self.encodings if e not in ENCODINGS
+        ]
+        if unknown:
+            raise ConfigError(
+                f"unknown system or encoding {unknown} (systems: {SYSTEMS}; encodings: {ENCODINGS})"
+            )
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ConfigError(f"concurrency levels must be whole numbers >= 1, got {self.concurrency}")
+
+
+def run(
+    config_path: str | Path, settings: ServingSettings, progress: Progress | None = None
+) -> dict[str, Any]:
+    from failsoft.bench.models import ensure_families
+    from failsoft.runtime.session import prepare
+
+    say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    base = load_config(config_path)
+    app = _app(base, settings.app)
+    ensure_families(base.replace(apps=(app,)), say)
+    state = Path(tempfile.mkdtemp(prefix="failsoft-bench-serving-state-"))
+    try:
+        cfg = base.replace(state_dir=state, store_url="sqlite", admin_token=None).with_gateway(port=0)
+        primary = next(a.primary for a in prepare(cfg).deployment.apps if a.name == app.name)
+        assert primary is not None
+        return _run(cfg, app.name, app.family, primary.variant, settings, say)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _run(
+    cfg: RuntimeConfig,
+    app: str,
+    family: str,
+    variant: str,
+    settings: ServingSettings,
+    say: Progress,
+) -> dict[str, Any]:
+    threads = _torch_threads(cfg)
+    out: dict[str, Any] = {"app": app, "model": f"{family}/{variant}", "torch_threads": threads}
+    out |= {"settings": asdict(settings), "systems": {}}
+    model = _load(cfg, family, variant, threads)
+    bodies = {e: request_body(e, tuple(model.input_shape)) for e in settings.encodings}
+    systems = out["systems"]
+    if "inprocess" in settings.systems:
+        say("[inprocess] the model called in this process, batch 1")
+        systems["inprocess"] = inprocess(model, settings.duration_s)
+    del model
+    rate = None
+    if "failsoft" in settings.systems:
+        systems["failsoft"] = _failsoft(cfg, app, bodies, settings, say)
+        rate = systems["failsoft"][settings.encodings[0]]["open"]["rate_rps"]  # every open loop's
+    if "fastapi" in settings.systems:
+        systems["fastapi"] = _fastapi(cfg, family, variant, threads, bodies, settings, say, rate)
+    if "ray-serve" in settings.systems:
+        systems["ray-serve"] = {"status": _ray_serve_status()}
+    out["ratios"] = ratios(systems)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the systems
+# ----------------------------------------------------------------------------------------------
+
+
+def inprocess(model: Any, duration_s: float) -> dict[str, Any]:
+    """``predict`` at batch 1 in a loop: answers per second, latency, CPU per answer."""
+    batch = np.random.default_rng(0).random((1, *model.input_shape), dtype=np.float32)
+    for _ in range(5):
+        model.predict(batch)
+    times, cpu0, stop = [], time.process_time(), time.perf_counter() + duration_s
+    while (t := time.perf_counter()) < stop:
+        model.predict(batch)
+        times.append(time.perf_counter() - t)
+    cpu = time.process_time() - cpu0
+    ms = np.asarray(times) * 1000.0
+    return {
+        "rps": round(len(ms) / max(sum(times), 1e-9), 2),
+        "p50_ms": round(float(np.percentile(ms, 50)), 4),
+        "p99_ms": round(float(np.percentile(ms, 99)), 4),
+        "cpu_ms_per_request": round(cpu * 1000.0 / max(len(ms), 1), 4),
+        "requests": len(ms),
+    }
+
+
+def _failsoft(
+    cfg: RuntimeConfig, app: str, bodies: dict[str, Body], settings: ServingSettings, say: Progress
+) -> dict[str, Any]:
+    from failsoft.bench.cluster import wait_home
+    from failsoft.client import Client
+    from failsoft.runtime.session import Session
+
+    say("[failsoft] deploying ...")
+    with Session(cfg) as session:
+        client = Client(session.url, token=session.prepare().admin_token, timeout=30.0)
+        wait_home(client, 300.0)
+        host, port = _host_port(session.url)
+        result: dict[str, Any] = {}
+        rate = None
+        for encoding, body in bodies.items():
+            say(f"[failsoft] {encoding}")
+            result[encoding] = levels(Target(host, port, app, body, settings, _own_processes), rate)
+            rate = rate or result[encoding]["open"]["rate_rps"]  # every system's open loop at one rate
+            if encoding == "json":
+                result["phases"] = phases(session, host, port, app, body, settings)
+        client.close()
+        return result
+
+
+def _fastapi(
+    base: RuntimeConfig,
+    family: str,
+    variant: str,
+    threads: int,
+    bodies: dict[str, Body],
+    settings: ServingSettings,
+    say: Progress,
+    rate: float | None,
+) -> dict[str, Any]:
+    from failsoft.zoo import resolve_repository
+
+    port = _free_port()
+    repo = str(resolve_repository(base.repository))
+    cmd = [
+        sys.executable,
+        "-m",
+        "failsoft.bench.serving_anchor",
+        repo,
+        family,
+        variant,
+        str(port),
+        str(threads),
+    ]
+    say("[fastapi] starting uvicorn ...")
+    server = subprocess.Popen(cmd)
+    try:
+        _wait_port(port, server, 120.0)
+        pids = _pids_of(server.pid)
+        result: dict[str, Any] = {}
+        for encoding, body in bodies.items():
+            say(f"[fastapi] {encoding}")
+            result[encoding] = levels(Target("127.0.0.1", port, "app", body, settings, pids), rate)
+        return result
+    finally:
+        server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(10.0)
+        if server.poll() is None:
+            server.kill()
+
+
+# ----------------------------------------------------------------------------------------------
+# levels of load, and the server's CPU over each
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """A system under load: where it listens, what it is asked, and which processes are its own."""
+
+    host: str
+    port: int
+    app: str
+    body: Body
+    settings: ServingSettings
+    pids: Callable[[], list[int]]
+
+
+def levels(target: Target, rate_rps: float | None = None) -> dict[str, Any]:
+    """Closed loop at every concurrency, then the open loop at ``rate_rps`` (the settings' rate, else
+    this one, else half the best closed-loop rate just measured)."""
+    settings = target.settings
+    out: dict[str, Any] = {f"closed_{c}": measure(target, c, None) for c in settings.concurrency}
+    best = max(level["rps"] for level in out.values())
+    rate = settings.rate_rps or rate_rps or max(best / 2.0, 1.0)
+    out["open"] = measure(target, max(settings.concurrency), rate) | {"rate_rps": round(rate, 2)}
+    return out
+
+
+def measure(target: Target, clients: int, rate_rps: float | None) -> dict[str, Any]:
+    """One level of load from a client process; the server's CPU per answer over it."""
+    from failsoft.bench.serving_load import LoadPlan
+
+    body, settings = target.body, target.settings
+    headers = {"Content-Type": "application/json"}
+    if body.header_length is not None:
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(body.header_length),
+        }
+    path = f"/v2/models/{target.app}/infer"
+    plan = LoadPlan(
+        target.host, target.port, path, headers, clients, rate_rps, settings.duration_s, settings.warmup_s
+    )
+    client = subprocess.Popen(
+        [sys.executable, "-m", "failsoft.bench.serving_load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert client.stdin is not None and client.stdout is not None
+    client.stdin.write((json.dumps(asdict(plan)) + "\n").encode() + body.data)
+    client.stdin.close()
+    time.sleep(settings.warmup_s)
+    servers = [p for p in target.pids() if p != client.pid]
+    cpu0 = _cpu_s(servers)
+    line = client.stdout.readline()
+    cpu = _cpu_s(servers) - cpu0
+    if client.wait() != 0 or not line:
+        where = f"{target.host}:{target.port}"
+        raise FailsoftError(f"the load client failed (exit {client.returncode}) against {where}")
+    result: dict[str, Any] = json.loads(line)
+    answered = max(result["requests"] - result["errors"], 1)
+    result["server_cpu_ms_per_request"] = round(cpu * 1000.0 / answered, 4)
+    return result
+
+
+def _cpu_s(pids: list[int]) -> float:
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def _no_processes() -> list[int]:
+    return []
+
+
+def _own_processes() -> list[int]:
+    """This process (the gateway runs in it) and every process it started (Ray's, the agents')."""
+    return _pids_of(os.getpid())()
+
+
+def _pids_of(root: int) -> Callable[[], list[int]]:
+    def pids() -> list[int]:
+        import psutil
+
+        try:
+            proc = psutil.Process(root)
+            return [root, *(c.pid for c in proc.children(recursive=True))]
+        except psutil.Error:
+            return []
+
+    return pids
+
+
+# ----------------------------------------------------------------------------------------------
+# failsoft's request path, phase by phase
+# ----------------------------------------------------------------------------------------------
+
+
+def phases(
+    session: Any, host: str, port: int, app: str, body: Body, settings: ServingSettings
+) -> dict[str, Any]:
+    """Milliseconds per request along failsoft's path, at one client (JSON): see the module doc."""
+    before = _path_counters(session, app)
+    one = measure(Target(host, port, app, body, settings, _no_processes), 1, None)
+    after = _path_counters(session, app)
+    d = {k: after[k] - before[k] for k in after}
+    calls = max(d["agent_calls"], 1)
+    handled = max(d["handled"], 1)
+    handler_ms = d["handler_s"] * 1000.0 / handled
+    agent_ms = d["agent_s"] * 1000.0 / calls
+    parse_ms, response_ms = _codec_ms(session, app, body)
+    out = {
+        "client_p50_ms": one["p50_ms"],
+        "client_mean_ms": round(one["seconds"] * 1000.0 / max(one["requests"], 1), 4),
+        "gateway_handler_ms": handler_ms,
+        "http": one["seconds"] * 1000.0 / max(one["requests"], 1) - handler_ms,
+        "parse": parse_ms,
+        "dispatch_ray": handler_ms - parse_ms - response_ms - agent_ms,
+        "agent_call": agent_ms,
+        "queue_wait": d["wait_s"] * 1000.0 / calls,
+        "batch": d["batch_s"] * 1000.0 / calls,
+        "inference": d["predict_s"] * 1000.0 / calls,
+        "answer": d["answer_s"] * 1000.0 / calls,
+        "response": response_ms,
+        "requests": one["requests"],
+    }
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def _path_counters(session: Any, app: str) -> dict[str, float]:
+    """The gateway's handler time and count for ``app``, and every agent's serving counters, summed."""
+    text = _get_metrics(session.url)
+    handler_s = handled = 0.0
+    for line in text.splitlines():
+        if line.startswith("failsoft_request_latency_seconds_sum") and f'app="{app}"' in line:
+            handler_s += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("failsoft_request_latency_seconds_count") and f'app="{app}"' in line:
+            handled += float(line.rsplit(" ", 1)[1])
+    out = {"handler_s": handler_s, "handled": handled, "agent_calls": 0.0, "agent_s": 0.0}
+    out |= {"wait_s": 0.0, "batch_s": 0.0, "predict_s": 0.0, "answer_s": 0.0}
+    for agent in session.agents.values():
+        info = agent.info_sync()
+        out["agent_calls"] += info.get("infer_calls", 0)
+        out["agent_s"] += info.get("infer_s", 0.0)
+        for queue in info["queues"].values():
+            for key in ("wait_s", "batch_s", "predict_s", "answer_s"):
+                out[key] += queue.get(key, 0.0)
+    return out
+
+
+def _get_metrics(url: str) -> str:
+    import httpx
+
+    return httpx.get(f"{url}/metrics", timeout=10.0).text
+
+
+def _codec_ms(session: Any, app: str, body: Body) -> tuple[float, float]:
+    """The gateway's parse of this request and its JSON response, timed here (median of 50)."""
+    from failsoft.runtime.gateway.protocol import infer_response, parse_infer_request
+
+    family = next(a.family for a in session.config.apps if a.name == app)
+    meta = session.prepared.models[family]
+    parse, respond = [], []
+    logits = np.zeros((1, meta.num_classes), dtype=np.float32)
+    for _ in range(50):
+        t0 = time.perf_counter()
+        req = parse_infer_request(body.data, app, meta, 64, body.header_length)
+        t1 = time.perf_counter()
+        json.dumps(infer_response(app, logits, req, {}), separators=(",", ":"))
+        t2 = time.perf_counter()
+        parse.append(t1 - t0)
+        respond.append(t2 - t1)
+    return statistics.median(parse) * 1000.0, statistics.median(respond) * 1000.0
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def ratios(systems: dict[str, Any]) -> dict[str, Any]:
+    """failsoft's requests/s over FastAPI's and over the in-process limit, per encoding and level."""
+    fs, fa, limit = systems.get("failsoft"), systems.get("fastapi"), systems.get("inprocess")
+    out: dict[str, Any] = {}
+    if not fs:
+        return out
+    for encoding in ENCODINGS:
+        for level, figures in (fs.get(encoding) or {}).items():
+            key = f"{encoding}_{level}"
+            if fa and encoding in fa and level in fa[encoding] and fa[encoding][level]["rps"]:
+                out.setdefault("failsoft_to_fastapi", {})[key] = round(
+                    figures["rps"] / fa[encoding][level]["rps"], 3
+                )
+            if limit and limit["rps"]:
+                out.setdefault("failsoft_to_inprocess", {})[key] = round(figures["rps"] / limit["rps"], 3)
+    return out
+
+
+def _app(config: RuntimeConfig, name: str | None) -> Any:
+    apps = [a for a in config.apps if name is None or a.name == name]
+    if not apps:
+        known = ", ".join(a.name for a in config.apps)
+        raise ConfigError(f"no app named {name!r} in the config (apps: {known})")
+    return apps[0]
+
+
+def _torch_threads(config: RuntimeConfig) -> int:
+    from failsoft.runtime.agent import threads_for
+
+    return threads_for(config.agents.torch_threads)
+
+
+def _load(config: RuntimeConfig, family: str, variant: str, threads: int) -> Any:
+    import torch
+
+    from failsoft.zoo import ModelRepository, resolve_repository
+
+    torch.set_num_threads(threads)
+    return ModelRepository(resolve_repository(config.repository)).load(family, variant, "cpu")
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body, and the length of its JSON header when the tensor follows it as raw bytes."""
+
+    data: bytes
+    header_length: int | None = None
+
+
+def request_body(encoding: str, shape: tuple[int, ...]) -> Body:
+    """The request for one batch-1 query (a fixed random input), as KServe v2 JSON or binary."""
+    x = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
+    tensor: dict[str, Any] = {"name": "input", "shape": list(x.shape), "datatype": "FP32"}
+    if encoding == "json":
+        tensor["data"] = x.ravel().tolist()
+        return Body(json.dumps({"inputs": [tensor]}).encode())
+    raw = np.ascontiguousarray(x, dtype="<f4").tobytes()
+    tensor["parameters"] = {"binary_data_size": len(raw)}
+    head = json.dumps({"inputs": [tensor]}).encode()
+    return Body(head + raw, len(head))
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, port = url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
+    return host, int(port)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise FailsoftError(f"the FastAPI anchor exited with {proc.returncode} before serving")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1.0):
+            return
+        time.sleep(0.2)
+    raise FailsoftError(f"the FastAPI anchor did not listen on port {port} within {timeout_s:.0f} s")
+
+
+def _ray_serve_status() -> str:
+    try:
+        if importlib.util.find_spec("ray.serve") is not None:
+            __import__("ray.serve")
+            return "installed, not measured by this version of the benchmark"
+    except Exception:
+        pass
+    return "not installed (pip install 'ray[serve]')"

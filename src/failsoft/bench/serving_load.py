@@ -1,0 +1,166 @@
+"""The serving benchmark's client: closed- and open-loop HTTP load, in a process of its own.
+
+One client drives every system of ``failsoft bench serving`` the same way, so that their figures
+compare: pre-encoded request bytes (the body is built once), HTTP/1.1 keep-alive connections on
+asyncio streams (no HTTP library: a client that costs less per request than the servers it
+measures), the status line and ``Content-Length`` read back, nothing parsed beyond that.
+
+* **closed loop**: ``concurrency`` connections, each sending its next request when the last one is
+  answered (throughput at that many clients);
+* **open loop**: requests leave at ``rate_rps`` (evenly spaced) whatever the answers do, on a pool
+  of connections; a request's latency counts from when it was due, so a server that falls behind
+  is charged for the wait (no coordinated omission).
+
+Run as ``python -m failsoft.bench.serving_load`` with one JSON line on stdin (:class:`LoadPlan`'s
+fields) followed by the request body's bytes; prints one JSON line: requests, errors by status,
+requests/s, p50/p99 in milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+BROKEN = (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError)
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    host: str
+    port: int
+    path: str
+    headers: dict[str, str] = field(default_factory=dict)
+    concurrency: int = 1  # closed loop: clients; open loop: connections in the pool
+    rate_rps: float | None = None  # set: open loop at this rate
+    duration_s: float = 5.0
+    warmup_s: float = 1.0  # requests sent before this are not counted
+
+
+def request_bytes(plan: LoadPlan, body: bytes) -> bytes:
+    head = [f"POST {plan.path} HTTP/1.1", f"Host: {plan.host}:{plan.port}", f"Content-Length: {len(body)}"]
+    head += [f"{k}: {v}" for k, v in plan.headers.items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection; :meth:`call` sends the request and reads the answer."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> Connection:
+        return cls(*await asyncio.open_connection(host, port))
+
+    async def call(self, request: bytes) -> int:
+        """The answer's status code (the body is read and dropped)."""
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        if length:
+            await self.reader.readexactly(length)
+        return status
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+@dataclass
+class _Record:
+    warm_until: float
+    latencies: list[float] = field(default_factory=list)
+    codes: dict[int, int] = field(default_factory=dict)
+
+    def add(self, sent: float, status: int) -> None:
+        if sent < self.warm_until:
+            return
+        self.codes[status] = self.codes.get(status, 0) + 1
+        if status == 200:
+            self.latencies.append(time.perf_counter() - sent)
+
+
+async def _closed(plan: LoadPlan, request: bytes, rec: _Record, stop: float) -> None:
+    async def client() -> None:
+        conn = await Connection.open(plan.host, plan.port)
+        try:
+            while (sent := time.perf_counter()) < stop:
+                try:
+                    rec.add(sent, await conn.call(request))
+                except BROKEN:  # counted as status 0; a fresh connection for the next request
+                    rec.add(sent, 0)
+                    conn.close()
+                    conn = await Connection.open(plan.host, plan.port)
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client() for _ in range(plan.concurrency)))
+
+
+async def _open(plan: LoadPlan, request: bytes, rec: _Record, stop: float, rate: float) -> None:
+    pool: asyncio.Queue[Connection] = asyncio.Queue()
+    for _ in range(plan.concurrency):
+        pool.put_nowait(await Connection.open(plan.host, plan.port))
+
+    async def one(due: float) -> None:
+        conn = await pool.get()  # waiting for a free connection counts: latency is from ``due``
+        try:
+            rec.add(due, await conn.call(request))
+        except BROKEN:
+            rec.add(due, 0)
+            conn.close()
+            conn = await Connection.open(plan.host, plan.port)
+        finally:
+            pool.put_nowait(conn)
+
+    tasks, start, k = set(), time.perf_counter(), 0
+    while (due := start + k / rate) < stop:
+        await asyncio.sleep(max(due - time.perf_counter(), 0.0))
+        task = asyncio.ensure_future(one(due))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        k += 1
+    await asyncio.gather(*tasks)
+    while not pool.empty():
+        pool.get_nowait().close()
+
+
+async def run(plan: LoadPlan, body: bytes) -> dict[str, Any]:
+    request = request_bytes(plan, body)
+    started = time.perf_counter()
+    rec = _Record(started + plan.warmup_s)
+    stop = started + plan.warmup_s + plan.duration_s
+    if plan.rate_rps is None:
+        await _closed(plan, request, rec, stop)
+    else:
+        await _open(plan, request, rec, stop, plan.rate_rps)
+    elapsed = max(time.perf_counter() - rec.warm_until, 1e-9)
+    ok = np.asarray(rec.latencies) * 1000.0
+    total = sum(rec.codes.values())
+    return {
+        "requests": total,
+        "errors": total - len(ok),
+        "codes": {str(k): v for k, v in sorted(rec.codes.items())},
+        "rps": round(len(ok) / elapsed, 2),
+        "p50_ms": round(float(np.percentile(ok, 50)), 3) if len(ok) else None,
+        "p99_ms": round(float(np.percentile(ok, 99)), 3) if len(ok) else None,
+        "seconds": round(elapsed, 3),
+    }
+
+
+def main() -> None:
+    plan = LoadPlan(**json.loads(sys.stdin.buffer.readline()))
+    print(json.dumps(asyncio.run(run(plan, sys.stdin.buffer.read()))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

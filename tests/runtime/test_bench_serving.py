@@ -1,0 +1,65 @@
+"""``failsoft bench serving`` on a real one-server cluster, a real FastAPI anchor and a real client,
+with short levels: the JSON has every system's figures, and failsoft answered without errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from failsoft.bench.serving import ServingSettings, run
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+LEVEL_KEYS = {"requests", "errors", "codes", "rps", "p50_ms", "p99_ms", "server_cpu_ms_per_request"}
+PHASES = {
+    "parse",
+    "dispatch_ray",
+    "agent_call",
+    "queue_wait",
+    "batch",
+    "inference",
+    "answer",
+    "response",
+    "http",
+}
+
+
+@pytest.mark.timeout(900)  # a cluster, an anchor and 13 client processes on a busy 2-core machine
+def test_the_serving_benchmark_measures_every_system_side_by_side(tiny_zoo, tmp_path):
+    config = tmp_path / "one.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "bench-serving-test",
+                "repository": str(tiny_zoo.root),
+                "servers": [{"name": "s1", "site": "a", "memory_mb": 100, "compute": 4.0}],
+                "apps": [
+                    {"name": "ocr", "family": "digits_mlp", "primary": {"server": "s1", "variant": "mlp_s"}}
+                ],
+                "failover": {"warm_replicas": 0},
+            }
+        )
+    )
+    settings = ServingSettings(concurrency=(1, 4), duration_s=1.0, warmup_s=0.3)
+    out = run(config, settings, progress=lambda _: None)
+    json.dumps(out)  # what the command prints
+    assert out["app"] == "ocr" and out["model"] == "digits_mlp/mlp_s"
+    systems = out["systems"]
+    assert systems["inprocess"]["rps"] > 0 and systems["inprocess"]["p50_ms"] > 0
+    assert "status" in systems["ray-serve"]
+    for name in ("failsoft", "fastapi"):
+        for encoding in ("json", "binary"):
+            levels = systems[name][encoding]
+            assert set(levels) == {"closed_1", "closed_4", "open"}, levels
+            for level in levels.values():
+                assert set(level) >= LEVEL_KEYS, level
+                assert level["requests"] > 0 and level["rps"] > 0
+    for encoding in ("json", "binary"):  # failsoft answered everything
+        for level in systems["failsoft"][encoding].values():
+            assert level["errors"] == 0 and set(level["codes"]) == {"200"}, level
+            assert level["server_cpu_ms_per_request"] > 0
+    phases = systems["failsoft"]["phases"]
+    assert set(phases) >= PHASES and phases["inference"] > 0 and phases["agent_call"] >= phases["inference"]
+    assert set(out["ratios"]) == {"failsoft_to_fastapi", "failsoft_to_inprocess"}
+    assert out["ratios"]["failsoft_to_fastapi"]["json_closed_1"] > 0

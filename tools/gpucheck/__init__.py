@@ -1,0 +1,1 @@
+"""``tools/gpu-check``'s parts: the carry of packages a GPU machine lacks, the runner, the checks."""
