@@ -20,6 +20,11 @@ ParM from parity instead of computed by the app's own model), ``dropped`` (the r
 lazy drop and not computed at all) and ``attempts`` (more than one when a failover happened under the
 request).
 
+The admin API (``status``, ``admin`` for chaos, ``recoveries``) lives on its own port: give its URL
+as ``admin_url`` (``Session.client()`` and ``failsoft.runtime.discovery`` know it) and the admin
+token as ``token``, which is sent to the admin URL only. ``verify`` / ``admin_verify`` are httpx's:
+``True`` (the system's CAs), or a CA bundle or self-signed certificate file for an HTTPS gateway.
+
 ``classification=K`` asks for Triton's classification extension: the gateway answers with the ``K``
 best classes of each row instead of the logits (an output of datatype ``BYTES``, shape ``[N, K]``,
 each string ``"score:index"``), and the answer's ``classes`` holds them as ``(index, score)`` pairs,
@@ -33,6 +38,7 @@ a timeout :class:`~failsoft.errors.DeadlineExceededError`, an unreachable gatewa
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass, field
@@ -192,22 +198,69 @@ def _ws_url(url: str, app: str | None) -> str:
     return f"{base}/v2/events" + (f"?app={app}" if app else "")
 
 
-class Client:
-    """A synchronous client (httpx) of one gateway."""
+Verify = bool | str
 
-    def __init__(self, url: str = DEFAULT_URL, timeout: float = 30.0, token: str | None = None) -> None:
+
+def _ssl(verify: Verify) -> bool | ssl.SSLContext:
+    """httpx's ``verify``: a file names the CA bundle (or self-signed certificate) to trust."""
+    return ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+
+
+def _admin_headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _no_admin(url: str) -> ConfigError:
+    return ConfigError(
+        f"no admin URL for the gateway at {url}: the admin API has its own port; pass admin_url "
+        "(Session.client() and failsoft.runtime.discovery.find_gateway() give it)"
+    )
+
+
+def _transport_error(exc: httpx.HTTPError, url: str) -> Exception:
+    if isinstance(exc, httpx.TimeoutException):
+        return DeadlineExceededError(f"no answer from the gateway at {url}: {exc}")
+    return ServerUnavailableError(f"cannot reach the gateway at {url}: {exc}")
+
+
+class Client:
+    """A synchronous client (httpx) of one gateway: its inference plane, and its admin plane."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        timeout: float = 30.0,
+        token: str | None = None,
+        admin_url: str | None = None,
+        verify: Verify = True,
+        admin_verify: Verify | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
+        self.admin_url = None if admin_url is None else admin_url.rstrip("/")
         self.timeout = timeout
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, timeout=timeout + SLACK_S, headers=headers)
+        self._http = httpx.Client(base_url=self.url, timeout=timeout + SLACK_S, verify=_ssl(verify))
+        self._admin = None
+        if self.admin_url is not None:
+            self._admin = httpx.Client(
+                base_url=self.admin_url,
+                timeout=timeout + SLACK_S,
+                headers=_admin_headers(token),
+                verify=_ssl(verify if admin_verify is None else admin_verify),
+            )
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return self._http.request(method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceededError(f"no answer from the gateway at {self.url}: {exc}") from exc
-        except httpx.TransportError as exc:
-            raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
+        except httpx.TransportError as exc:  # timeouts included
+            raise _transport_error(exc, self.url) from exc
+
+    def _send_admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if self._admin is None:
+            raise _no_admin(self.url)
+        try:
+            return self._admin.request(method, path, **kwargs)
+        except httpx.TransportError as exc:  # timeouts included
+            raise _transport_error(exc, str(self.admin_url)) from exc
 
     def infer(
         self,
@@ -247,10 +300,8 @@ class Client:
                         if "error" in event:
                             raise ServingError(f"generation failed: {event['error']}")
                         yield event
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceededError(f"no answer from the gateway at {self.url}: {exc}") from exc
-        except httpx.TransportError as exc:
-            raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
+        except httpx.TransportError as exc:  # timeouts included
+            raise _transport_error(exc, self.url) from exc
 
     def live(self) -> bool:
         return self._send("GET", "/v2/health/live").is_success
@@ -266,15 +317,15 @@ class Client:
 
     def status(self) -> dict[str, Any]:
         """The cluster's state (admin: needs the token)."""
-        return checked_body(self._send("GET", "/admin/status"))
+        return checked_body(self._send_admin("GET", "/admin/status"))
 
     def admin(self, action: str, **body: Any) -> dict[str, Any]:
         """``/admin/chaos/<action>`` (kill, hang, resume, slow, break), a JSON body; admin token needed."""
-        return checked_body(self._send("POST", f"/admin/chaos/{action}", json=body))
+        return checked_body(self._send_admin("POST", f"/admin/chaos/{action}", json=body))
 
     def recoveries(self) -> dict[str, Any]:
         """Measured recoveries (detection to first answer) and recent events (admin token needed)."""
-        return checked_body(self._send("GET", "/admin/recoveries"))
+        return checked_body(self._send_admin("GET", "/admin/recoveries"))
 
     def events(self, app: str | None = None, open_timeout: float = 10.0) -> Iterator[dict[str, Any]]:
         """Events as they happen (blocking iterator); ``app`` keeps that app's (and cluster) events."""
@@ -290,6 +341,8 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
+        if self._admin is not None:
+            self._admin.close()
 
     def __enter__(self) -> Client:
         return self
@@ -307,22 +360,39 @@ class AsyncClient:
         timeout: float = 30.0,
         token: str | None = None,
         max_connections: int = 64,
+        admin_url: str | None = None,
+        verify: Verify = True,
+        admin_verify: Verify | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.admin_url = None if admin_url is None else admin_url.rstrip("/")
         self.timeout = timeout
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._http = httpx.AsyncClient(
-            base_url=self.url, timeout=timeout + SLACK_S, headers=headers, limits=limits
+            base_url=self.url, timeout=timeout + SLACK_S, limits=limits, verify=_ssl(verify)
         )
+        self._admin = None
+        if self.admin_url is not None:
+            self._admin = httpx.AsyncClient(
+                base_url=self.admin_url,
+                timeout=timeout + SLACK_S,
+                headers=_admin_headers(token),
+                verify=_ssl(verify if admin_verify is None else admin_verify),
+            )
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             return await self._http.request(method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceededError(f"no answer from the gateway at {self.url}: {exc}") from exc
-        except httpx.TransportError as exc:
-            raise ServerUnavailableError(f"cannot reach the gateway at {self.url}: {exc}") from exc
+        except httpx.TransportError as exc:  # timeouts included
+            raise _transport_error(exc, self.url) from exc
+
+    async def _send_admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        if self._admin is None:
+            raise _no_admin(self.url)
+        try:
+            return await self._admin.request(method, path, **kwargs)
+        except httpx.TransportError as exc:  # timeouts included
+            raise _transport_error(exc, str(self.admin_url)) from exc
 
     async def infer(
         self,
@@ -344,13 +414,13 @@ class AsyncClient:
         return (await self._send("GET", "/v2/health/ready")).is_success
 
     async def status(self) -> dict[str, Any]:
-        return checked_body(await self._send("GET", "/admin/status"))
+        return checked_body(await self._send_admin("GET", "/admin/status"))
 
     async def admin(self, action: str, **body: Any) -> dict[str, Any]:
-        return checked_body(await self._send("POST", f"/admin/chaos/{action}", json=body))
+        return checked_body(await self._send_admin("POST", f"/admin/chaos/{action}", json=body))
 
     async def recoveries(self) -> dict[str, Any]:
-        return checked_body(await self._send("GET", "/admin/recoveries"))
+        return checked_body(await self._send_admin("GET", "/admin/recoveries"))
 
     async def events(
         self, app: str | None = None, open_timeout: float = 10.0
@@ -367,6 +437,8 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._admin is not None:
+            await self._admin.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -110,11 +110,10 @@ def _wait_port(port: int, proc: subprocess.Popen[Any], timeout_s: float = 10.0) 
 @contextlib.contextmanager
 def serving(config: Any) -> Iterator[tuple[Any, Any]]:
     """A real embedded cluster serving ``config`` (two Ray CPUs) and an admin client; both stopped after."""
-    from failsoft.client import Client
     from failsoft.runtime.session import Session
 
     session = Session(config, num_cpus=2).start()
-    client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+    client = session.client(timeout=20.0)  # both planes, the token for the admin one only
     try:
         yield session, client
     finally:

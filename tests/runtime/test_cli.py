@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import yaml
@@ -82,23 +83,31 @@ def no_zoo_config(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", ""])
-def test_serve_refuses_a_non_loopback_gateway_unless_opted_in(no_zoo_config, host, capsys):
-    assert main(["serve", str(no_zoo_config), "--host", host]) == 2
+def test_serve_refuses_a_non_loopback_admin_plane_unless_opted_in(no_zoo_config, host, capsys):
+    assert main(["serve", str(no_zoo_config), "--admin-host", host]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: gateway host {host!r} is not a loopback address")
+    assert err.startswith(f"error: admin host {host!r} is not a loopback address")
     assert (
         "--allow-remote-admin" in err and "gateway.allow_remote: true" in err and len(err.splitlines()) == 1
     )
 
 
-def test_an_opted_in_remote_gateway_passes_the_check_with_a_loud_warning(no_zoo_config, capsys, caplog):
+def test_inference_may_listen_beyond_loopback_the_admin_plane_staying_on_it(no_zoo_config, capsys, caplog):
     with caplog.at_level(logging.WARNING, logger="failsoft.runtime.security"):
-        assert main(["serve", str(no_zoo_config), "--host", "0.0.0.0", "--allow-remote-admin"]) == 2
+        assert main(["serve", str(no_zoo_config), "--host", "0.0.0.0"]) == 2
+    assert "model repository" in capsys.readouterr().err  # past the host checks: stopped further on
+    assert "the inference API listens on 0.0.0.0:8000" in caplog.text and "SECURITY" not in caplog.text
+
+
+def test_an_opted_in_remote_admin_plane_passes_the_check_with_a_loud_warning(no_zoo_config, capsys, caplog):
+    argv = ["serve", str(no_zoo_config), "--admin-host", "0.0.0.0", "--allow-remote-admin"]
+    with caplog.at_level(logging.WARNING, logger="failsoft.runtime.security"):
+        assert main(argv) == 2
     assert "model repository" in capsys.readouterr().err  # past the host check: stopped further on
-    assert "SECURITY: the gateway listens on 0.0.0.0:8000" in caplog.text
+    assert "SECURITY: the admin API listens on 0.0.0.0:8001" in caplog.text
     assert "plaintext" in caplog.text
     data = yaml.safe_load(no_zoo_config.read_text())
-    data["gateway"] = {"host": "0.0.0.0", "allow_remote": True}  # the config key opts in as well
+    data["gateway"] = {"admin_host": "0.0.0.0", "allow_remote": True}  # the config key opts in as well
     no_zoo_config.write_text(yaml.safe_dump(data))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="failsoft.runtime.security"):
@@ -108,7 +117,7 @@ def test_an_opted_in_remote_gateway_passes_the_check_with_a_loud_warning(no_zoo_
 
 def test_loopback_hosts_need_no_opt_in(no_zoo_config, capsys):
     for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
-        assert main(["serve", str(no_zoo_config), "--host", host]) == 2
+        assert main(["serve", str(no_zoo_config), "--admin-host", host]) == 2
         assert "model repository" in capsys.readouterr().err
 
 
@@ -134,7 +143,7 @@ def test_client_commands_take_the_token_from_a_file_never_from_argv(tmp_path, ca
     assert main(["status", "--token", "a-token-on-the-command-line"]) == 2
     assert "No such option: --token" in capsys.readouterr().err
     (tmp_path / "tok").write_text("short\n")
-    assert main(["status", "--token-file", str(tmp_path / "tok"), "--url", "http://127.0.0.1:9"]) == 2
+    assert main(["status", "--token-file", str(tmp_path / "tok"), "--admin-url", "http://127.0.0.1:9"]) == 2
     assert "has 5 characters: at least 16" in capsys.readouterr().err
 
 
@@ -162,8 +171,11 @@ def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
         table = cli("status", "--state-dir", str(state), state=state).stdout
         assert "cam" in table and "s1/mlp_l" in table
         token_file = ["--token-file", str(state / "admin_token")]  # the token never on argv
-        by_file = cli("status", "--json", "--url", _url(state), *token_file, state=state)
+        by_file = cli("status", "--json", "--admin-url", _admin_url(state), *token_file, state=state)
         assert json.loads(by_file.stdout)["servers"] == status["servers"], by_file.stderr
+        token = (state / "admin_token").read_text().strip()
+        _planes_apart(state, token)
+        assert not [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if token in _argv(p)]
 
         _controller_restart_resumes_from_sqlite(state)
 
@@ -189,7 +201,9 @@ def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
             proc.kill()
             proc.wait()
             raise
-    assert proc.returncode == 0, proc.stderr.read()
+    err = proc.stderr.read()
+    assert proc.returncode == 0, err
+    assert "admin API at http://127.0.0.1:" in err and token not in err  # said where, never the token
     assert not (state / "gateway.json").exists()
     leftovers = [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert leftovers == [], "Ray, agents, sidecars and the controller stop with the server"
@@ -214,14 +228,29 @@ def _controller_restart_resumes_from_sqlite(state: Path) -> None:
     assert [a["warm_backups"] for a in after["apps"]] == [a["warm_backups"] for a in before["apps"]]
 
 
-def _url(state: Path) -> str:
-    return json.loads((state / "gateway.json").read_text())["url"]
+def _planes_apart(state: Path, token: str) -> None:
+    """The inference port has no /admin; the admin port wants the token and serves no inference."""
+    where = json.loads((state / "gateway.json").read_text())
+    auth = {"Authorization": f"Bearer {token}"}
+    assert httpx.get(f"{where['url']}/admin/status", headers=auth).status_code == 404
+    assert httpx.get(f"{where['admin_url']}/admin/status").status_code == 401
+    assert httpx.get(f"{where['admin_url']}/admin/status", headers=auth).status_code == 200
+    assert httpx.get(f"{where['admin_url']}/v2/health/live").status_code == 404
+
+
+def _argv(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:  # gone meanwhile
+        return ""
+
+
+def _admin_url(state: Path) -> str:
+    return json.loads((state / "gateway.json").read_text())["admin_url"]
 
 
 def _admin_status(state: Path) -> dict:
-    from failsoft.client import Client
-    from failsoft.runtime.discovery import find_gateway
+    from failsoft.runtime.discovery import find_admin
 
-    target = find_gateway(state_dir=state)
-    with Client(target.url, token=target.token, timeout=5.0) as client:
+    with find_admin(state_dir=state).client(timeout=5.0) as client:
         return client.status()

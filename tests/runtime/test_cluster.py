@@ -120,7 +120,7 @@ def test_deploy_places_primaries_and_warm_backups_and_serves_real_models(cluster
 def test_bad_requests_get_a_4xx_with_a_reason_and_the_gateway_keeps_serving(cluster):
     session, client = cluster
     stable(client)  # crit-1 at home on s1
-    url = session.url
+    url, admin = session.url, session.admin_url
     good = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
     cases = [
         (httpx.post(f"{url}/v2/models/nope/infer", json=good), 404, "unknown app 'nope'"),
@@ -140,13 +140,14 @@ def test_bad_requests_get_a_4xx_with_a_reason_and_the_gateway_keeps_serving(clus
             "datatype",
         ),
         (httpx.post(f"{url}/v2/models/crit-1/infer", content=b"x" * 200_000), 413, "exceeds the limit"),
-        (httpx.get(f"{url}/admin/status"), 401, "Bearer"),
-        (httpx.get(f"{url}/admin/status", headers={"Authorization": "Bearer wrong"}), 401, "Bearer"),
+        (httpx.get(f"{admin}/admin/status"), 401, "Bearer"),
+        (httpx.get(f"{admin}/admin/status", headers={"Authorization": "Bearer wrong"}), 401, "Bearer"),
         (
-            httpx.post(f"{url}/admin/chaos/kill", json={"server": "s9"}, headers=_auth(client)),
+            httpx.post(f"{admin}/admin/chaos/kill", json={"server": "s9"}, headers=_auth(client)),
             404,
             "unknown server",
         ),
+        (httpx.get(f"{url}/admin/status", headers=_auth(client)), 404, "Not Found"),  # the admin plane's
         (httpx.get(f"{url}/v2/nothing-here"), 404, "Not Found"),
     ]
     for response, status, says in cases:
@@ -157,7 +158,9 @@ def test_bad_requests_get_a_4xx_with_a_reason_and_the_gateway_keeps_serving(clus
 
 
 def _auth(client: Client) -> dict[str, str]:
-    return {"Authorization": client._http.headers["Authorization"]}
+    assert client._admin is not None  # the token goes to the admin plane only
+    assert "Authorization" not in client._http.headers
+    return {"Authorization": client._admin.headers["Authorization"]}
 
 
 def test_a_server_killed_under_load_every_app_recovers_and_critical_clients_see_no_error(cluster):

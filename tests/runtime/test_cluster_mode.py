@@ -85,7 +85,7 @@ def test_agents_live_on_their_servers_nodes_and_losing_a_node_fails_over_its_app
 ):
     cluster, nodes = ray_cluster
     session = Session(_config(tiny_zoo, tmp_path), address=cluster.address).start()
-    client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+    client = session.client(timeout=20.0)
     try:
         x = np.zeros(64, dtype=np.float32)
         wait_for(lambda: _stable(client), 90.0, "every app at home with its warm backups")

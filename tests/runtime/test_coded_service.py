@@ -84,7 +84,7 @@ def test_a_parity_member_trained_for_another_code_is_refused_before_anything_sta
 def test_a_killed_data_member_is_reconstructed_and_no_request_of_the_service_fails(coded_zoo, tmp_path):
     config = coded_config(coded_zoo, str(tmp_path / "state"))
     with Session(config, num_cpus=2) as session:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+        client = session.client(timeout=20.0)
         try:
             wait_for(lambda: client.ready() and _all_home(client), 90.0, "the coded service deployed", 0.2)
             split = load_digits_split()

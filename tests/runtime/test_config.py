@@ -146,3 +146,44 @@ def test_the_demo_serves_examples_edge_yaml():
     assert yaml.safe_load((EXAMPLES / "edge.yaml").read_text()) == yaml.safe_load(EDGE_YAML)
     cfg = load_config(EXAMPLES / "edge.yaml")
     assert len(cfg.servers) == 6 and len(cfg.sites) == 3 and len(cfg.apps) == 12
+
+
+def test_the_admin_plane_defaults_to_loopback_on_the_next_port():
+    g = config_from_dict(base()).gateway
+    assert (g.url, g.admin_url, g.tls, g.admin_tls) == (
+        "http://127.0.0.1:8000",
+        "http://127.0.0.1:8001",
+        None,
+        None,
+    )
+    assert config_from_dict({**base(), "gateway": {"port": 0}}).gateway.admin_bind_port == 0  # any free port
+    g = config_from_dict({**base(), "gateway": {"host": "::1", "admin_port": 9100}}).gateway
+    assert (g.url, g.admin_url) == ("http://[::1]:8000", "http://127.0.0.1:9100")
+
+
+@pytest.mark.parametrize(
+    ("gateway", "expected"),
+    [
+        ({"admin_port": 8000}, "gateway.admin_port 8000 is the inference port"),
+        ({"port": 65535}, "gateway.port 65535 leaves no port + 1 for the admin API"),
+        ({"tls": {"certfile": "nope.pem", "keyfile": "k.pem"}}, "gateway.tls.certfile: no such file"),
+        ({"admin_tls": {"certfile": "c.pem"}}, "gateway.admin_tls: missing required field 'keyfile'"),
+    ],
+)
+def test_a_bad_admin_plane_or_tls_setting_is_refused(gateway, expected, tmp_path):
+    (tmp_path / "c.pem").write_text("x")
+    with pytest.raises(ConfigError, match=expected.replace("+", r"\+")):
+        config_from_dict({**base(), "gateway": gateway}, base_dir=tmp_path)
+
+
+def test_tls_files_are_read_before_anything_starts(tmp_path):
+    from failsoft.runtime.security import check_tls
+
+    (tmp_path / "c.pem").write_text("not a certificate")
+    (tmp_path / "k.pem").write_text("not a key")
+    tls = {"certfile": "c.pem", "keyfile": "k.pem"}
+    g = config_from_dict({**base(), "gateway": {"tls": tls}}, base_dir=tmp_path).gateway
+    assert g.url.startswith("https://") and g.tls is not None and g.tls.certfile == tmp_path / "c.pem"
+    says = r"gateway\.tls: cannot use certfile .*c\.pem' with keyfile .*k\.pem'"
+    with pytest.raises(ConfigError, match=says):
+        check_tls(g.tls, "gateway.tls")

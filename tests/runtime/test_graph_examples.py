@@ -12,7 +12,6 @@ import pytest
 import yaml
 
 from failsoft.bench.replication import ReplicationBenchSettings, graph_reference, plans_of
-from failsoft.client import Client
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.session import Session
 from failsoft.zoo import ModelRepository
@@ -50,7 +49,7 @@ def test_the_auto_pilot_example_serves_with_the_answers_of_its_models(gru_zoo, t
     inputs = [np.asarray([[series[i]]], dtype=np.float32) for i in range(3)]
     answers = []
     with Session(config, num_cpus=2) as session:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        client = session.client(timeout=30.0)
         try:
             wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
             for x in inputs:

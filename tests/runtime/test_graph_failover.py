@@ -107,7 +107,7 @@ def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_ex
     answers: dict[int, np.ndarray] = {}
     latency_ms: list[float] = []
     with Session(config, num_cpus=2) as session:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        client = session.client(timeout=30.0)
         try:
             wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
             wait_for(lambda: replication(client)["backup_holds"] is not None, 120.0, "p's backup placed", 0.2)
@@ -150,7 +150,7 @@ def test_under_concurrent_requests_the_failover_replays_and_answers_stay_exact(g
     inputs = [np.asarray([[series[i]]], dtype=np.float32) for i in range(n)]
     answers: dict[int, tuple[int, np.ndarray]] = {}
     with Session(config, num_cpus=2) as session:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        client = session.client(timeout=30.0)
         try:
             wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
             for node in ("p", "q"):

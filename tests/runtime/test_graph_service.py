@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from failsoft.client import Client
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.loadgen import LoadSpec, LoadThread
 from failsoft.runtime.session import Session
@@ -69,7 +68,7 @@ def graph_config(repo: ModelRepository, state_dir: str) -> Any:
 def test_a_killed_stateless_node_fails_over_and_no_request_of_the_graph_fails(tiny_zoo, tmp_path):
     config = graph_config(tiny_zoo, str(tmp_path / "state"))
     with Session(config, num_cpus=2) as session:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+        client = session.client(timeout=20.0)
         try:
             wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
             split = load_digits_split()

@@ -64,7 +64,7 @@ def cluster(tiny_zoo, tmp_path_factory):
         source="test",
     )
     session = Session(config, num_cpus=2).start()
-    client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+    client = session.client(timeout=20.0)
     http = httpx.Client(base_url=session.url, timeout=20.0)
     try:
         wait_for(client.ready, 60.0, "the gateway ready")

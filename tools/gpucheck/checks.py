@@ -169,7 +169,6 @@ def environment(ctx: Ctx) -> dict[str, Any]:
 def placement(ctx: Ctx) -> dict[str, Any]:
     """Four agents: a GPU share with ``cuda``, one with ``auto``, one pinned to ``cuda:0`` of the
     machine, and one with no share (it must see no GPU and serve on the CPU)."""
-    from failsoft.client import Client
     from failsoft.runtime.session import Session
 
     if ctx.dry:
@@ -208,7 +207,7 @@ def placement(ctx: Ctx) -> dict[str, Any]:
     session = Session(cfg, num_gpus=ctx.num_gpus).start()
     out: dict[str, Any] = {"start_s": round(time.perf_counter() - started, 2), "servers": {}, "defects": []}
     try:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=30.0)
+        client = session.client(timeout=30.0)
         for s in servers:
             name = s["name"]
             home = homes.get(name)
@@ -410,7 +409,6 @@ def restart(ctx: Ctx) -> dict[str, Any]:
     start in it with failsoft's imports, torch and
     the families' imports, the CUDA context (created at start, before the first heartbeat: the cut,
     so a recovery load does not pay it), heartbeat to ``server_up``, then a first load."""
-    from failsoft.client import Client
     from failsoft.runtime.session import Session
 
     family, variant, probe = (
@@ -426,7 +424,7 @@ def restart(ctx: Ctx) -> dict[str, Any]:
     session = Session(cfg, num_gpus=ctx.num_gpus).start()
     out: dict[str, Any] = {"defects": []}
     try:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=10.0)
+        client = session.client(timeout=10.0)
         agent = session.agents["r1"]
         before = agent.info_sync()
         kill_at = time.time()

@@ -141,7 +141,6 @@ def _run_policy(
     say: Progress,
 ) -> dict[str, Any]:
     from failsoft.bench.cluster import wait_home
-    from failsoft.client import Client
     from failsoft.runtime.config import config_from_dict
     from failsoft.runtime.session import Session
 
@@ -151,7 +150,7 @@ def _run_policy(
         config = config_from_dict(cfg, source=str(path), base_dir=path.parent)
         with Session(config, num_cpus=2) as session:
             assert session.prepared is not None
-            client = Client(session.url, token=session.prepared.admin_token, timeout=20.0)
+            client = session.client(timeout=20.0)
             try:
                 wait_home(client)
                 seconds = settings.warmup_s + settings.duration_s

@@ -46,13 +46,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from failsoft.bench.cluster import read_bench_config, wait_home
 from failsoft.bench.models import ensure_config_models
 from failsoft.errors import ConfigError, FailsoftError
+
+if TYPE_CHECKING:
+    from failsoft.runtime.discovery import Target
 
 POLICIES = ("parm", "equal-resources", "none")
 DIGITS_SHAPE = (64,)  # the digits families' input: held-out digits with labels; any other: images
@@ -168,7 +171,6 @@ class _Plan:
 def run(
     config_path: str | Path, settings: CodingBenchSettings, progress: Progress | None = None
 ) -> dict[str, Any]:
-    from failsoft.client import Client
     from failsoft.runtime.config import config_from_dict
     from failsoft.runtime.session import Session
 
@@ -183,8 +185,8 @@ def run(
         say("starting the cluster")
         with Session(config, num_cpus=2) as session:
             assert session.prepared is not None
-            url, token = session.url, session.prepared.admin_token
-            client = Client(url, token=token, timeout=20.0)
+            gateway = session.target()
+            client = gateway.client(timeout=20.0)
             try:
                 wait_home(client)
                 plan = replace(plan, input_shape=_input_shape(client, plan.er_apps[0]))
@@ -194,11 +196,11 @@ def run(
                 rate = settings.levels()[0][0]
                 warm = replace(settings, rate_rps=rate, duration_s=settings.warmup_s / len(settings.policies))
                 for policy in settings.policies:
-                    asyncio.run(_drive(url, token, _targets(plan, policy), warm, plan, stragglers=False))
+                    asyncio.run(_drive(gateway, _targets(plan, policy), warm, plan, stragglers=False))
                 levels = []
                 for rate, slow in settings.levels():
                     level = replace(settings, rate_rps=rate, slow_ms=slow, sweep=())
-                    levels.append(_measure(url, token, client, plan, level, timing, say))
+                    levels.append(_measure(gateway, client, plan, level, timing, say))
                     say(_level_line(levels[-1]))
                 if settings.sweep:
                     result["sweep"] = levels
@@ -206,7 +208,7 @@ def run(
                     result.update(levels[0])
                 if settings.failover:
                     say("failover: killing data member 1's server under load")
-                    result["failover"] = asyncio.run(_failover(url, token, client, plan, settings))
+                    result["failover"] = asyncio.run(_failover(gateway, client, plan, settings))
             finally:
                 client.close()
     result["policy_timing"] = timing
@@ -219,8 +221,7 @@ def run(
 
 
 def _measure(
-    url: str,
-    token: str,
+    gateway: Target,
     client: Any,
     plan: _Plan,
     settings: CodingBenchSettings,
@@ -254,7 +255,7 @@ def _measure(
             )
             seeded = replace(turn, seed=settings.seed + n)  # the same stragglers per policy
             shots[policy] += asyncio.run(
-                _drive(url, token, _targets(plan, policy), seeded, plan, stragglers=True)
+                _drive(gateway, _targets(plan, policy), seeded, plan, stragglers=True)
             )
     policies: dict[str, Any] = {}
     for policy in settings.policies:
@@ -393,8 +394,7 @@ def _coding(client: Any, service: str) -> dict[str, Any]:
 
 # the load ------------------------------------------------------------------------------------------
 async def _drive(
-    url: str,
-    token: str,
+    gateway: Target,
     targets: Sequence[str],
     settings: CodingBenchSettings,
     plan: _Plan,
@@ -403,11 +403,9 @@ async def _drive(
 ) -> list[Shot]:
     """Open-loop Poisson load on ``targets`` (the one with fewest in flight) until the duration ends
     or ``until`` is set; with ``stragglers``, the shuffled slowdowns run meanwhile."""
-    from failsoft.client import AsyncClient
-
     inputs, labels = _queries(plan)
     rng = np.random.default_rng(settings.seed)
-    client = AsyncClient(url, timeout=settings.timeout_s, token=token, max_connections=settings.max_in_flight)
+    client = gateway.async_client(settings.timeout_s, max_connections=settings.max_in_flight)
     in_flight = dict.fromkeys(targets, 0)
     shots: list[Shot] = []
     tasks: set[asyncio.Task[None]] = set()
@@ -478,7 +476,7 @@ async def _shuffle(client: Any, plan: _Plan, settings: CodingBenchSettings, stop
 
 # the failover --------------------------------------------------------------------------------------
 async def _failover(
-    url: str, token: str, client: Any, plan: _Plan, settings: CodingBenchSettings
+    gateway: Target, client: Any, plan: _Plan, settings: CodingBenchSettings
 ) -> dict[str, Any]:
     stop = asyncio.Event()
     victim = plan.servers[1]  # data member 1's server
@@ -499,7 +497,7 @@ async def _failover(
         stop.set()
 
     watcher = asyncio.ensure_future(kill_and_watch())
-    shots = await _drive(url, token, (plan.service,), settings, plan, stragglers=False, until=stop)
+    shots = await _drive(gateway, (plan.service,), settings, plan, stragglers=False, until=stop)
     await watcher
     t_kill = marks["kill"]
     t_back = marks.get("recovered", max(s.sent for s in shots))

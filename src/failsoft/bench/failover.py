@@ -179,13 +179,12 @@ def bench_config(base: RuntimeConfig, policy: str) -> RuntimeConfig:
 def run_once(
     cfg: RuntimeConfig, failed: Sequence[str], settings: BenchSettings, say: Progress
 ) -> dict[str, Any]:
-    from failsoft.client import Client
     from failsoft.runtime.session import Session
 
     if settings.page_cache == "warm":
         set_page_cache(cfg, warm=True)
     with Session(cfg) as session:
-        client = Client(session.url, token=session.prepare().admin_token, timeout=30.0)
+        client = session.client(timeout=30.0)
         wait_stable(client, 120.0)
         if settings.page_cache == "cold":
             set_page_cache(cfg, warm=False)

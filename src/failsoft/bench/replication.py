@@ -229,7 +229,6 @@ def _run_policy(
     say: Progress,
 ) -> Run:
     from failsoft.bench.cluster import wait_home
-    from failsoft.client import Client
     from failsoft.runtime.config import config_from_dict
     from failsoft.runtime.session import Session
 
@@ -241,7 +240,7 @@ def _run_policy(
         (graph_service,) = [s for s in config.services if s.name == plan.service]
         with Session(config, num_cpus=2) as session:
             assert session.prepared is not None
-            client = Client(session.url, token=session.prepared.admin_token, timeout=settings.timeout_s + 10)
+            client = session.client(timeout=settings.timeout_s + 10)
             try:
                 wait_home(client)
                 if policy != "none":

@@ -158,12 +158,11 @@ def _failsoft(
     cfg: RuntimeConfig, app: str, bodies: dict[str, Body], settings: ServingSettings, say: Progress
 ) -> dict[str, Any]:
     from failsoft.bench.cluster import wait_home
-    from failsoft.client import Client
     from failsoft.runtime.session import Session
 
     say("[failsoft] deploying ...")
     with Session(cfg) as session:
-        client = Client(session.url, token=session.prepare().admin_token, timeout=30.0)
+        client = session.client(timeout=30.0)  # both planes: wait_home reads the admin status
         wait_home(client, 300.0)
         host, port = _host_port(session.url)
         result: dict[str, Any] = {}

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from failsoft.cli.status import ConfigOpt, StateOpt, TokenOpt, UrlOpt, local_time
+from failsoft.cli.status import AdminUrlOpt, ConfigOpt, StateOpt, TokenOpt, local_time
 from failsoft.errors import ConfigError
 
 app = typer.Typer(
@@ -23,15 +23,17 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON 
 
 
 def _admin(
-    action: str, url: str | None, token: str | None, config: Any, state_dir: Any, as_json: bool, **body: Any
+    action: str,
+    admin_url: str | None,
+    token: str | None,
+    config: Any,
+    state_dir: Any,
+    as_json: bool,
+    **body: Any,
 ) -> None:
-    from failsoft.client import Client
-    from failsoft.runtime.discovery import find_gateway
+    from failsoft.runtime.discovery import find_admin
 
-    target = find_gateway(url, token, config, state_dir)
-    if not target.token:
-        raise ConfigError("no admin token: pass --token-file, set $FAILSOFT_ADMIN_TOKEN or use --state-dir")
-    with Client(target.url, token=target.token, timeout=10.0) as client:
+    with find_admin(admin_url, token, config, state_dir).client(timeout=10.0) as client:
         answer = client.admin(action, **body)
     typer.echo(json.dumps(answer, indent=2) if as_json else "\n".join(describe(answer)))
 
@@ -66,7 +68,7 @@ def kill(
         str | None, typer.Argument(help="Server to crash (SIGKILL)", show_default=False)
     ] = None,
     site: Annotated[str | None, typer.Option(help="Crash every server of this site at once")] = None,
-    url: UrlOpt = None,
+    admin_url: AdminUrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
@@ -76,7 +78,7 @@ def kill(
     if (server is None) == (site is None):
         raise ConfigError("name a SERVER or a --site SITE (not both)")
     body = {"server": server} if server else {"site": site}
-    _admin("kill", url, token, config, state_dir, as_json, **body)
+    _admin("kill", admin_url, token, config, state_dir, as_json, **body)
 
 
 @app.command("slow")
@@ -89,7 +91,7 @@ def slow(
         float | None,
         typer.Option("--load-ms", min=0, max=600_000, help="Added time per model load (slow disk)"),
     ] = None,
-    url: UrlOpt = None,
+    admin_url: AdminUrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
@@ -99,44 +101,44 @@ def slow(
     body: dict[str, Any] = {"server": server, "ms": ms}
     if load_ms is not None:
         body["load_ms"] = load_ms
-    _admin("slow", url, token, config, state_dir, as_json, **body)
+    _admin("slow", admin_url, token, config, state_dir, as_json, **body)
 
 
 @app.command("hang")
 def hang(
     server: Annotated[str, typer.Argument(help="Server to freeze (SIGSTOP)", show_default=False)],
-    url: UrlOpt = None,
+    admin_url: AdminUrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Freeze a server: alive but silent, detected by its missing heartbeats."""
-    _admin("hang", url, token, config, state_dir, as_json, server=server)
+    _admin("hang", admin_url, token, config, state_dir, as_json, server=server)
 
 
 @app.command("resume")
 def resume(
     server: Annotated[str, typer.Argument(help="Server to unfreeze (SIGCONT)", show_default=False)],
-    url: UrlOpt = None,
+    admin_url: AdminUrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Unfreeze a hung server; the controller restores it."""
-    _admin("resume", url, token, config, state_dir, as_json, server=server)
+    _admin("resume", admin_url, token, config, state_dir, as_json, server=server)
 
 
 @app.command("break")
 def break_(
     server: Annotated[str, typer.Argument(help="Server whose inferences fail", show_default=False)],
     mend: Annotated[bool, typer.Option("--mend", help="Undo: inferences work again")] = False,
-    url: UrlOpt = None,
+    admin_url: AdminUrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Make every inference of a server fail while it keeps heartbeating (app-level health sees it)."""
-    _admin("break", url, token, config, state_dir, as_json, server=server, broken=not mend)
+    _admin("break", admin_url, token, config, state_dir, as_json, server=server, broken=not mend)

@@ -40,14 +40,13 @@ def infer(
     state_dir: StateOpt = None,
 ) -> None:
     """Send one request to APP through the gateway; print the answer and who served it."""
-    from failsoft.client import Client
     from failsoft.runtime.discovery import find_gateway
 
     if input_file is not None and digits is not None:
         raise ConfigError("give --input FILE or --digits N, not both")
     batch, labels = read_input(input_file) if input_file is not None else digit(digits or 0)
     target = find_gateway(url, None, config, state_dir)
-    with Client(target.url, timeout=timeout) as client:
+    with target.client(timeout=timeout) as client:
         result = client.infer(app, batch, timeout=timeout, classification=top)
     if as_json:
         typer.echo(json.dumps(result.raw, indent=2))

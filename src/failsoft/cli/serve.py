@@ -23,14 +23,21 @@ def serve(
     ] = None,
     host: Annotated[
         str | None,
-        typer.Option(help="Gateway address (default 127.0.0.1; others need --allow-remote-admin)"),
+        typer.Option(help="Inference address (default 127.0.0.1; the admin API stays apart)"),
+    ] = None,
+    admin_port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Admin API port (default: gateway port + 1)")
+    ] = None,
+    admin_host: Annotated[
+        str | None,
+        typer.Option(help="Admin API address (default 127.0.0.1; others need --allow-remote-admin)"),
     ] = None,
     allow_remote_admin: Annotated[
         bool,
         typer.Option(
             "--allow-remote-admin",
-            help="Let --host be a non-loopback address although the token-protected admin API (which "
-            "can kill servers) then speaks plaintext HTTP to the network; put TLS in front "
+            help="Let --admin-host be a non-loopback address: the token-protected admin API (which "
+            "can kill servers) then answers the network; set gateway.admin_tls "
             "(config: gateway.allow_remote: true; docs/security.md)",
         ),
     ] = False,
@@ -46,8 +53,9 @@ def serve(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     cfg = load_config(config)
-    if port is not None or host is not None:
-        cfg = cfg.with_gateway(**{k: v for k, v in (("port", port), ("host", host)) if v is not None})
+    given = {"port": port, "host": host, "admin_port": admin_port, "admin_host": admin_host}
+    if any(v is not None for v in given.values()):
+        cfg = cfg.with_gateway(**{k: v for k, v in given.items() if v is not None})
     if allow_remote_admin:
         cfg = cfg.with_gateway(allow_remote=True)
     if store is not None:
@@ -64,7 +72,9 @@ def serve(
     session.start(background=False)
     session.serve_forever(
         on_started=lambda url: typer.echo(
-            f"failsoft: serving at {url} (state in {cfg.state_dir}; Ctrl-C stops everything)", err=True
+            f"failsoft: serving at {url}, admin API at {session.admin_url} "
+            f"(state in {cfg.state_dir}; Ctrl-C stops everything)",
+            err=True,
         )
     )
     typer.echo("failsoft: stopped", err=True)

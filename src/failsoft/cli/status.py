@@ -15,7 +15,13 @@ from typing import Annotated, Any
 
 import typer
 
-UrlOpt = Annotated[str | None, typer.Option(help="Gateway URL (default: found in the state directory)")]
+UrlOpt = Annotated[
+    str | None, typer.Option(help="Gateway (inference) URL (default: found in the state directory)")
+]
+AdminUrlOpt = Annotated[
+    str | None,
+    typer.Option(help="Admin API URL (default: $FAILSOFT_ADMIN_URL, else found in the state directory)"),
+]
 
 
 def _read_token_file(path: str | None) -> str | None:
@@ -39,17 +45,15 @@ StateOpt = Annotated[Path | None, typer.Option(help="The cluster's state directo
 
 def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
-    url: UrlOpt = None,
+    admin_url: AdminUrlOpt = None,
     token: TokenOpt = None,
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
 ) -> None:
     """Show every server's state and every app's primary, current route, variant and warm backups."""
-    from failsoft.client import Client
-    from failsoft.runtime.discovery import find_gateway
+    from failsoft.runtime.discovery import find_admin
 
-    target = find_gateway(url, token, config, state_dir)
-    with Client(target.url, token=target.token, timeout=10.0) as client:
+    with find_admin(admin_url, token, config, state_dir).client(timeout=10.0) as client:
         body = client.status()
     if as_json:
         typer.echo(json.dumps(_contract(body), indent=2))

@@ -292,16 +292,20 @@ class ActorOptions:
 
 @contextlib.contextmanager
 def _loopback_bootstrap(address: str | None) -> Iterator[None]:
-    """Let ``ray.init`` reach a cluster whose head listens on 127.0.0.1 only.
+    """Keep Ray on 127.0.0.1: an embedded instance (``address`` None), or a cluster whose head
+    listens on 127.0.0.1 only.
 
-    Ray resolves a loopback bootstrap address to this machine's outward IP before connecting (so
-    that the address it records is reachable from other machines); a head started with
-    ``--node-ip-address 127.0.0.1`` does not listen there, and the driver waits for it forever. For
-    a loopback address only, Ray is told for the duration of the call that this is a single-machine
-    cluster, which makes it keep 127.0.0.1. Other addresses are untouched.
+    Ray resolves a loopback node or bootstrap address to this machine's outward IP (so that the
+    address it records is reachable from other machines). Embedded, that made every Ray process
+    listen beyond loopback although ``_node_ip_address="127.0.0.1"`` was asked for: GCS, raylet,
+    object manager and workers on all interfaces, the runtime-env agent on the outward address
+    (Ray 2.60, measured). Joining a head started with ``--node-ip-address 127.0.0.1``, the driver
+    waited forever on an address the head does not listen on. Ray is told for the duration of the
+    call that this is a single-machine cluster, which makes it keep 127.0.0.1; its servers then
+    bind 127.0.0.1 only. Other addresses are untouched.
     """
     host = (address or "").rpartition(":")[0]
-    if host not in {"127.0.0.1", "localhost", "::1", "[::1]"}:
+    if address is not None and host not in {"127.0.0.1", "localhost", "::1", "[::1]"}:
         yield
         return
     from ray._private import ray_constants

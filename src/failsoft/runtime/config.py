@@ -15,7 +15,7 @@ state directory and store, the admin token::
          primary: {server: s1, variant: cnn_large}}
     failover: {policy: faillite, alpha: 0.1, site_independent: true}
     heartbeat: {interval_ms: 20, missed: 2}
-    gateway: {host: 127.0.0.1, port: 8000}
+    gateway: {host: 127.0.0.1, port: 8000}   # inference; admin on 127.0.0.1:8001 (admin_host, admin_port)
     store: sqlite            # or sqlite:///path/state.db, or redis://127.0.0.1:6379/0
 
 Anything wrong is refused with one :class:`~failsoft.errors.ConfigError` naming the bad entry and value
@@ -113,13 +113,25 @@ class HeartbeatModel(_Strict):
     missed: int = Field(default=2, ge=1, le=100)
 
 
+class TlsModel(_Strict):
+    """A PEM certificate (chain) and its private key: uvicorn's ``ssl_certfile`` / ``ssl_keyfile``."""
+
+    certfile: str = Field(min_length=1)
+    keyfile: str = Field(min_length=1)
+
+
 class GatewayModel(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    tls: TlsModel | None = None
+    # the admin plane (status, chaos) listens apart from inference: default 127.0.0.1, port + 1
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = Field(default=None, ge=0, le=65535)
+    admin_tls: TlsModel | None = None
     max_body_mb: float = Field(default=16.0, gt=0, le=1024)
     max_batch: int = Field(default=64, ge=1, le=4096)
     min_timeout_ms: float = Field(default=2000.0, ge=1)
-    # a non-loopback host exposes the plaintext admin API (it kills processes): only when opted in
+    # a non-loopback admin_host exposes the admin API (it kills processes): only when opted in
     allow_remote: bool = False
     # app-level health: a server is failed over after this many consecutive inference errors or
     # timeouts with no success between them (it heartbeats, but does not serve)
@@ -202,18 +214,49 @@ class HeartbeatSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """Files that exist (checked when the config is read); their contents are checked at start."""
+
+    certfile: Path
+    keyfile: Path
+
+
+@dataclass(frozen=True, slots=True)
 class GatewaySettings:
+    """The data plane (inference, events, metrics) on ``host:port``, the admin plane (status,
+    chaos) on ``admin_host:admin_port``, each in plain HTTP or, with its ``tls``, HTTPS."""
+
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     max_body_bytes: int = 16 * 1024 * 1024
     max_batch: int = 64
     min_timeout_ms: float = 2000.0
-    allow_remote: bool = False  # may bind a non-loopback host (see docs/security.md)
+    allow_remote: bool = False  # the admin plane may bind a non-loopback host (docs/security.md)
     unhealthy_after: int = 10  # consecutive failed inferences on a server before it is failed over
+    tls: TlsSettings | None = None
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None  # None: port + 1 (0, any free port, when port is 0)
+    admin_tls: TlsSettings | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{_url_host(self.host)}:{self.port}"
+
+    @property
+    def admin_bind_port(self) -> int:
+        if self.admin_port is not None:
+            return self.admin_port
+        return 0 if self.port == 0 else self.port + 1
+
+    @property
+    def admin_url(self) -> str:
+        return (
+            f"{'https' if self.admin_tls else 'http'}://{_url_host(self.admin_host)}:{self.admin_bind_port}"
+        )
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +383,10 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
             g.min_timeout_ms,
             allow_remote=g.allow_remote,
             unhealthy_after=g.unhealthy_after,
+            tls=_tls(g.tls, base_dir, source, "gateway.tls"),
+            admin_host=g.admin_host,
+            admin_port=_admin_port(g, source),
+            admin_tls=_tls(g.admin_tls, base_dir, source, "gateway.admin_tls"),
         ),
         agents=AgentSettings(
             ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms, ag.torch_threads, ag.queue
@@ -381,6 +428,30 @@ def _check_graph_state(
                 check_stateful_variants(service.params, exposes)
             except ConfigError as exc:
                 raise ConfigError(f"{source}: services[{i}] ({service.name!r}): {exc}") from exc
+
+
+def _tls(spec: TlsModel | None, base_dir: Path, source: str, where: str) -> TlsSettings | None:
+    """The TLS files, resolved against the config's directory; a missing one is refused here."""
+    if spec is None:
+        return None
+    tls = TlsSettings(_path(spec.certfile, base_dir), _path(spec.keyfile, base_dir))
+    for name, path in (("certfile", tls.certfile), ("keyfile", tls.keyfile)):
+        if not path.is_file():
+            raise ConfigError(f"{source}: {where}.{name}: no such file {str(path)!r}")
+    return tls
+
+
+def _admin_port(g: GatewayModel, source: str) -> int | None:
+    """The admin port as given; refused when it is the inference port, or port + 1 does not exist."""
+    if g.admin_port is None and g.port == 65535:
+        raise ConfigError(
+            f"{source}: gateway.port 65535 leaves no port + 1 for the admin API: set gateway.admin_port"
+        )
+    if g.admin_port is not None and g.admin_port == g.port != 0:
+        raise ConfigError(
+            f"{source}: gateway.admin_port {g.admin_port} is the inference port: the admin API needs its own"
+        )
+    return g.admin_port
 
 
 def _path(value: str, base_dir: Path) -> Path:

@@ -189,13 +189,12 @@ def write_outputs(run: DemoRun, out_dir: Path) -> dict[str, str]:
 
 def _run(settings: DemoSettings, view: Any, config: RuntimeConfig) -> DemoRun:
     """Serve, load, kill, revive: the client samples, the events, the moments, the summary."""
-    from failsoft.client import Client
 
     view.say(
         f"starting {len(config.servers)} servers in {len(config.sites)} sites, {len(config.apps)} apps ..."
     )
     with running(config) as session:
-        client = Client(session.url, token=session.prepared.admin_token, timeout=10.0)
+        client = session.client(timeout=10.0)
         shapes = {
             a.name: session.prepared.models[a.family].input_shape for a in session.prepared.deployment.apps
         }

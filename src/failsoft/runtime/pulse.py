@@ -163,6 +163,8 @@ def run_sidecar(settings: dict) -> int:
     pid, interval, wedge = int(settings["pid"]), float(settings["interval_s"]), float(settings["wedge_s"])
     stamp = Stamp(settings["stamp"])
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with contextlib.suppress(OSError):  # bound to the route's source address (127.0.0.1 embedded),
+        sock.connect(address)  # not to all interfaces as a first sendto would, and deaf to others
     seq, due, wedged = 0, time.monotonic(), False
     while True:
         state = process_state(pid)

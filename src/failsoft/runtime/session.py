@@ -12,9 +12,11 @@ run. Its life cycle is explicit (STYLE 13):
 3. :meth:`Session.stop`: stop the gateway, kill the actors this session spawned, stop Ray if it was
    embedded, remove the state directory's ``gateway.json``. Safe to call twice; ``with`` calls it.
 
-``<state_dir>/gateway.json`` tells ``failsoft status`` and ``failsoft chaos`` where the gateway is;
-``<state_dir>/admin_token`` (mode 0600) holds the admin token unless the config or
-``$FAILSOFT_ADMIN_TOKEN`` gives one.
+The gateway serves two planes: inference (``gateway.host:port``) and, on its own port, the admin
+API (``gateway.admin_host:admin_port``), each over HTTPS when its ``tls`` is set.
+``<state_dir>/gateway.json`` tells ``failsoft infer``, ``failsoft status`` and ``failsoft chaos``
+where both are (``url``, ``admin_url``, and the admin certificate to trust); ``<state_dir>/admin_token``
+(mode 0600) holds the admin token unless the config or ``$FAILSOFT_ADMIN_TOKEN`` gives one.
 """
 
 from __future__ import annotations
@@ -26,19 +28,29 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from failsoft.domain import Scenario
 from failsoft.errors import ConfigError, FailsoftError, ServingError
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.deployment import resolve
+from failsoft.runtime.discovery import Target
 from failsoft.runtime.gateway.dispatch import check_dispatchable
 from failsoft.runtime.gateway.protocol import ModelMeta
-from failsoft.runtime.security import check_bind, checked_token, read_token_file
+from failsoft.runtime.security import (
+    check_bind,
+    check_tls,
+    checked_token,
+    note_inference_bind,
+    read_token_file,
+)
 from failsoft.runtime.store import open_store
 from failsoft.services import ServiceMode
+
+if TYPE_CHECKING:
+    from failsoft.client import Client
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0
@@ -53,7 +65,7 @@ class Prepared:
     models: dict[str, ModelMeta]
     variants: dict[str, list[str]]
     repository: Path
-    admin_token: str
+    admin_token: str = field(repr=False)
 
 
 class Session:
@@ -75,6 +87,7 @@ class Session:
         self.gateway: Any = None
         self._server: Any = None
         self.port: int | None = None
+        self.admin_port: int | None = None
         self.heartbeat: Any = None
 
     # 1. validation -----------------------------------------------------------------------------
@@ -182,16 +195,30 @@ class Session:
                 chaos.remember(name, agent.info_sync(timeout_s=10.0))
             except FailsoftError as exc:
                 log.warning("no PID for server %s yet: %s", name, exc)
+        g = cfg.gateway
         uv = uvicorn.Config(
             self.gateway.app,
-            host=cfg.gateway.host,
-            port=cfg.gateway.port,
+            host=g.host,
+            port=g.port,
             log_level="warning",
             lifespan="on",
             ws_ping_interval=20.0,
             timeout_graceful_shutdown=5,
+            ssl_certfile=g.tls.certfile if g.tls else None,
+            ssl_keyfile=g.tls.keyfile if g.tls else None,
         )
-        self._server = GatewayServer(uv)  # a Ctrl-C ends serving; it is not raised again
+        admin = uvicorn.Config(
+            self.gateway.admin_app,
+            host=g.admin_host,
+            port=g.admin_bind_port,
+            log_level="warning",
+            lifespan="off",  # the inference app's lifespan runs the gateway's background work
+            timeout_graceful_shutdown=5,
+            ssl_certfile=g.admin_tls.certfile if g.admin_tls else None,
+            ssl_keyfile=g.admin_tls.keyfile if g.admin_tls else None,
+        )
+        self._server = GatewayServer(uv, admin)  # a Ctrl-C ends serving; it is not raised again
+        self.admin_port = self._server.admin_port()
         if background:
             self._server.start_in_thread("gateway")
             self._note_port()
@@ -223,12 +250,45 @@ class Session:
 
     @property
     def url(self) -> str:
-        return f"http://{self.config.gateway.host}:{self.port or self.config.gateway.port}"
+        """The inference plane's URL (``https`` with ``gateway.tls``)."""
+        return self.config.with_gateway(port=self.port or self.config.gateway.port).gateway.url
+
+    @property
+    def admin_url(self) -> str:
+        """The admin plane's URL (``https`` with ``gateway.admin_tls``)."""
+        g = self.config.gateway
+        return self.config.with_gateway(admin_port=self.admin_port or g.admin_bind_port).gateway.admin_url
+
+    def target(self) -> Target:
+        """Both planes, the admin token, and the configured certificates to trust (a self-signed
+        one is its own authority): what a client of this session needs."""
+        g = self.config.gateway
+        return Target(
+            self.url,
+            self.prepare().admin_token,
+            self.config.state_dir,
+            self.admin_url,
+            str(g.tls.certfile) if g.tls else True,
+            str(g.admin_tls.certfile) if g.admin_tls else True,
+        )
+
+    def client(self, timeout: float = 30.0) -> Client:
+        """A client of both planes (:meth:`target`)."""
+        return self.target().client(timeout)
 
     def _write_gateway_file(self) -> None:
         path = self.config.state_dir / "gateway.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"url": self.url, "pid": os.getpid(), "cluster": self.config.name}))
+        g = self.config.gateway
+        where = {
+            "url": self.url,
+            "admin_url": self.admin_url,
+            "certfile": str(g.tls.certfile) if g.tls else None,
+            "admin_certfile": str(g.admin_tls.certfile) if g.admin_tls else None,
+            "pid": os.getpid(),
+            "cluster": self.config.name,
+        }
+        path.write_text(json.dumps(where))
 
     # 3. stop -------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -252,7 +312,10 @@ def prepare(config: RuntimeConfig) -> Prepared:
     from failsoft.zoo import ModelRepository
 
     g = config.gateway
-    check_bind(g.host, g.port, g.allow_remote)  # no admin API on the network unless opted in
+    check_bind(g.admin_host, g.admin_bind_port, g.allow_remote, g.admin_tls is not None)  # opt-in only
+    note_inference_bind(g.host, g.port, g.tls is not None)
+    check_tls(g.tls, f"{config.source}: gateway.tls")
+    check_tls(g.admin_tls, f"{config.source}: gateway.admin_tls")
     token = admin_token(config)
     root = config.repository
     repo = ModelRepository(root)

@@ -138,9 +138,40 @@ def test_classification_answers_the_top_k_classes_as_triton_does(rig):
     assert "its output: 'output'" in wrong.json()["error"]
 
 
-def test_admin_actions_are_logged_with_who_and_what_and_bodies_are_bounded(rig, caplog):
-    caplog.set_level(logging.INFO, logger="failsoft.runtime.gateway")
+@pytest.fixture
+def admin(rig) -> Iterator[TestClient]:
+    """The admin plane of the rig's gateway (its own app: the session serves it on its own port)."""
+    gateway, _, _ = rig
+    with TestClient(gateway.admin_app, client=("10.1.2.3", 4567)) as client:
+        yield client
+
+
+def test_the_inference_app_has_no_admin_api_and_the_admin_app_no_inference(rig, admin):
     _, client, _ = rig
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    paths = [("GET", "/admin/status"), ("GET", "/admin/recoveries"), ("POST", "/admin/chaos/kill")]
+    for method, path in paths:
+        assert client.request(method, path, headers=auth, json={"server": "s1"}).status_code == 404
+    assert admin.get("/admin/status").status_code == 401
+    assert admin.get("/admin/status", headers={"Authorization": f"Bearer {TOKEN[:-1]}"}).status_code == 401
+    assert admin.get("/admin/status", headers=auth).status_code == 200
+    assert admin.post("/v2/models/cam/infer", json={}).status_code == 404
+    assert admin.get("/metrics").status_code == 404 and admin.get("/openapi.json").status_code == 404
+
+
+def test_the_token_is_never_logged(rig, admin, caplog):
+    caplog.set_level(logging.DEBUG)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    admin.get("/admin/status", headers=auth)
+    admin.post("/admin/chaos/slow", json={"server": "s9", "ms": 1}, headers=auth)  # logged, refused
+    admin.post("/admin/chaos/slow", json={"server": "s9", "ms": 1}, headers={"Authorization": "Bearer nope"})
+    admin.post("/admin/chaos/slow", json={"server": "s9", "ms": -1}, headers=auth)
+    assert caplog.records and all(TOKEN not in r.getMessage() for r in caplog.records)
+
+
+def test_admin_actions_are_logged_with_who_and_what_and_bodies_are_bounded(admin, caplog):
+    caplog.set_level(logging.INFO, logger="failsoft.runtime.gateway")
+    client = admin
     auth = {"Authorization": f"Bearer {TOKEN}"}
     unknown = client.post("/admin/chaos/slow", json={"server": "s9", "ms": 5}, headers=auth)
     assert unknown.status_code == 404 and "unknown server 's9'" in unknown.json()["error"]

@@ -41,6 +41,7 @@ FUZZ_EXAMPLES = 2500
 @dataclass
 class Live:
     url: str
+    admin_url: str
     token: str | None
     proc: subprocess.Popen[str]
     state: Path
@@ -71,7 +72,8 @@ def start_serve(tiny_zoo: Any, tmp: Path) -> Live:
     wait_for(lambda: (state / "gateway.json").is_file() or proc.poll() is not None, 120.0, "the gateway")
     assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
     target = find_gateway(state_dir=state)
-    return Live(target.url, target.token, proc, state)
+    assert target.admin_url is not None
+    return Live(target.url, target.admin_url, target.token, proc, state)
 
 
 def stop(live: Live, timeout_s: float = 60.0) -> tuple[int, float, str]:
@@ -223,7 +225,8 @@ def test_the_inputs_that_broke_the_gateway_are_plain_400s(live, body, headers, s
 
 def test_an_events_subscriber_that_leaves_is_forgotten_at_once(live):
     def subscribers() -> int:
-        status = httpx.get(f"{live.url}/admin/status", headers={"Authorization": f"Bearer {live.token}"})
+        auth = {"Authorization": f"Bearer {live.token}"}
+        status = httpx.get(f"{live.admin_url}/admin/status", headers=auth)
         return status.json()["gateway"]["event_subscribers"]
 
     with connect(live.url.replace("http://", "ws://") + "/v2/events"):

@@ -11,7 +11,9 @@ Endpoints:
   ``slo`` mode's ``POST /v2/clients``, ``POST /v2/clients/{id}/bandwidth`` and
   ``DELETE /v2/clients/{id}`` (:mod:`failsoft.runtime.gateway.slo_clients`);
 * ``GET /metrics``: Prometheus text (:mod:`failsoft.runtime.gateway.metrics`);
-* ``/admin/...`` (:mod:`failsoft.runtime.gateway.admin`): need ``Authorization: Bearer <token>``.
+* ``/admin/...`` (:mod:`failsoft.runtime.gateway.admin`), on a separate ASGI app
+  (:attr:`Gateway.admin_app`) that the session serves on its own port (the admin plane); they need
+  ``Authorization: Bearer <token>``. The inference app answers 404 there.
 
 A request is served by its service's dispatcher (:mod:`failsoft.runtime.gateway.dispatch`): the
 gateway validates it, gives it a deadline and an id, and maps what the dispatcher raises to HTTP by
@@ -80,7 +82,8 @@ class Served:
 
 
 class Gateway:
-    """Holds the gateway's parts; :attr:`app` is the ASGI application to serve."""
+    """Holds the gateway's parts; :attr:`app` is the ASGI application of the data plane (it runs
+    the background work), :attr:`admin_app` that of the admin plane, served beside it."""
 
     def __init__(
         self,
@@ -125,6 +128,7 @@ class Gateway:
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
         self.controller_stats: dict[str, Any] | None = None
         self.app = self._build()
+        self.admin_app = self._build_admin()
 
     # background tasks ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -257,6 +261,11 @@ class Gateway:
         self._inference_routes(api)
         self._observability_routes(api)
         self._mode_routes(api)
+        return api
+
+    def _build_admin(self) -> FastAPI:
+        api = FastAPI(title="failsoft admin", docs_url=None, redoc_url=None, openapi_url=None)
+        _install_error_handlers(api)
         admin.install(api, self)
         return api
 

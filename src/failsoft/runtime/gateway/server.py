@@ -8,21 +8,54 @@ error, so :class:`GatewayServer` does not raise the signal again.
 Both sessions (``failsoft serve``'s and ``failsoft llm serve``'s) run it either in the main thread
 (:meth:`uvicorn.Server.run`) or in a daemon thread (:meth:`GatewayServer.start_in_thread`, for tests,
 benchmarks and the demo), and stop it the same way (:meth:`GatewayServer.stop`).
+
+The admin plane (``admin``: another uvicorn config, its own address, app and TLS) is served by a
+second uvicorn server in the same event loop, started after the gateway's and stopped before it,
+so that it lives exactly as long. Its socket is bound when the :class:`GatewayServer` is made: a
+port in use is an error there, and :meth:`GatewayServer.admin_port` is known at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import socket
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 
 import uvicorn
 
 from failsoft.errors import ServingError
 
 
+class _Companion(uvicorn.Server):
+    """A server in another's loop: the signals (Ctrl-C) are that one's to handle."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except (OSError, OverflowError) as exc:  # in use, no such address; a port past 65535
+        raise ServingError(
+            f"the admin API cannot listen on {host}:{port}: {getattr(exc, 'strerror', None) or exc}"
+        ) from exc
+
+
 class GatewayServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, admin: uvicorn.Config | None = None) -> None:
+        super().__init__(config)
+        if admin is not None and not admin.loaded:
+            admin.load()  # its app and TLS context now: a bad certificate is an error here, not later
+        self.admin = None if admin is None else _Companion(admin)
+        self._admin_socket = None if admin is None else _listening_socket(admin.host, admin.port)
+        self._admin_task: asyncio.Task[None] | None = None
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         with super().capture_signals():
@@ -30,6 +63,32 @@ class GatewayServer(uvicorn.Server):
             self._captured_signals.clear()  # handled: the caller stops everything and exits
 
     _thread: threading.Thread | None = None
+
+    def admin_port(self) -> int | None:
+        return None if self._admin_socket is None else int(self._admin_socket.getsockname()[1])
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        with self._closing_admin_socket():
+            await super().serve(sockets)
+
+    @contextlib.contextmanager
+    def _closing_admin_socket(self) -> Iterator[None]:
+        try:
+            yield
+        finally:  # served and closed by the companion, or never served (the gateway did not start)
+            if self._admin_socket is not None:
+                self._admin_socket.close()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.admin is not None and self._admin_socket is not None and not self.should_exit:
+            self._admin_task = asyncio.create_task(self.admin.serve(sockets=[self._admin_socket]))
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.admin is not None and self._admin_task is not None:
+            self.admin.should_exit = True
+            await asyncio.gather(self._admin_task, return_exceptions=True)
+        await super().shutdown(sockets)
 
     def start_in_thread(self, name: str = "gateway", timeout_s: float = 30.0) -> int:
         """Serve from a daemon thread; returns the bound port once it listens (port 0 picks one).
