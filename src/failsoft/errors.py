@@ -22,6 +22,7 @@ and a non-zero exit code, never a traceback. The gateway maps each class to one 
         ├── CapacityError            a load would exceed a server's memory capacity                  500
         ├── ModelNotLoadedError      a server was asked to serve a variant it does not hold          503
         └── DeadlineExceededError    a routed request got no answer before its deadline              504
+            └── DroppedError         the serving queue dropped it unrun: it could not make its deadline  504
 
 Client mistakes (:class:`InvalidRequestError`) are not serving errors: a retrying router must never
 retry them, and metrics count them apart.
@@ -114,6 +115,16 @@ class ModelNotLoadedError(ServingError):
 
 class DeadlineExceededError(ServingError):
     """A request had a route but no answer came back before its deadline."""
+
+
+class DroppedError(DeadlineExceededError):
+    """A serving queue dropped a request without running it: it could not be answered before its
+    deadline (it arrived with no time left, or a lazy discipline judged it could not make it).
+
+    The queue's own verdict, like :class:`OverloadedError`'s refusal: the server is alive and
+    deciding, so app-level health does not count it against the server (a timeout with no verdict
+    does). Still a 504 to the client: its deadline was not met.
+    """
 
 
 def http_status(exc: FailsoftError) -> int:

@@ -36,3 +36,28 @@ def test_the_sidecar_needs_only_the_standard_library():
         for a in (n.names if isinstance(n, ast.Import) else [n])
     }
     assert not modules & {"failsoft", "numpy", "ray", "torch", "pydantic"}, modules
+
+
+def test_the_gateway_app_knows_no_mode():
+    """The gateway's app reaches each mode through the dispatch contract and the factory only: it
+    imports no dispatcher module, no mode class (not even re-exported by the factory) and no mode's
+    own endpoints module; those come from :meth:`Dispatcher.http_routes`."""
+    import failsoft.runtime.gateway.dispatch as factory
+    from failsoft.runtime.gateway.dispatch.interface import Dispatcher
+
+    allowed = {"failsoft.runtime.gateway.dispatch", "failsoft.runtime.gateway.dispatch.interface"}
+    tree = ast.parse((SRC / "runtime" / "gateway" / "app.py").read_text())
+    imported: list[tuple[str, str]] = []  # (module, name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            imported += [(node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            imported += [(a.name, "") for a in node.names]
+    modules = {m if not n else f"{m}.{n}" for m, n in imported}
+    dispatch = {m for m, _ in imported if m.startswith("failsoft.runtime.gateway.dispatch")}
+    assert dispatch and dispatch <= allowed, sorted(dispatch - allowed)
+    assert not {m for m in modules if m.startswith("failsoft.runtime.gateway.slo")}, modules
+    for module, name in imported:
+        if module == "failsoft.runtime.gateway.dispatch":
+            obj = getattr(factory, name)
+            assert not (isinstance(obj, type) and issubclass(obj, Dispatcher) and obj is not Dispatcher), name

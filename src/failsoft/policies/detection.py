@@ -165,9 +165,11 @@ class RouteHealth:
     """Consecutive failed inferences per server, as the gateway sees them: a verdict at a threshold.
 
     Only the server's own failures count (an error it raised while serving, or no answer within the
-    deadline on an unchanged route); a refusal by a full queue (back-pressure), a client's bad input
-    or a model unloaded under the request do not. A success clears the count. The verdict is given
-    once per run of errors; the count restarts after it.
+    deadline on an unchanged route); a refusal or a drop by the server's queue (back-pressure), a
+    client's bad input or a model unloaded under the request do not (the gateway's one call
+    primitive, ``runtime/gateway/dispatch/calls.py``, applies this rule for every dispatcher). A
+    success clears the count. The verdict is given once per run of errors; the count restarts
+    after it.
     """
 
     def __init__(self, errors_to_fail: int = 10) -> None:

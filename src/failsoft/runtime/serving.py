@@ -13,8 +13,8 @@ model at once, with no order, no batching, no deadline and no bound. Instead, :m
   ``Retry-After``, never a wait that ends in a timeout);
 * **batching**: the worker asks the discipline for the next batch, concatenates its rows, runs one
   ``predict`` and splits the outputs back; requests the discipline drops (past their deadline, or,
-  for the lazy disciplines, unable to make it) are answered
-  :class:`~failsoft.errors.DeadlineExceededError` without running;
+  for the lazy disciplines, unable to make it) are answered :class:`~failsoft.errors.DroppedError`
+  (a :class:`~failsoft.errors.DeadlineExceededError`) without running;
 * **cancellation**: :meth:`ServingQueue.cancel` withdraws a queued request (its caller timed out or
   moved to another server); its waiting thread is released at once;
 * **unload**: :meth:`ServingQueue.close` refuses new requests and answers the queued ones
@@ -51,6 +51,7 @@ import numpy as np
 from failsoft.errors import (
     ConfigError,
     DeadlineExceededError,
+    DroppedError,
     FailsoftError,
     ModelNotLoadedError,
     OverloadedError,
@@ -169,7 +170,7 @@ class ServingQueue:
         """Queue ``batch`` (admission decides), returning the ticket to :meth:`wait` on."""
         ticket = _Ticket(self._rows_of(batch), request_id)
         if timeout_s is not None and timeout_s <= self._margin_s:
-            raise DeadlineExceededError(f"{self.name}: the request arrived with no time left")
+            raise DroppedError(f"{self.name}: the request arrived with no time left")
         with self._cond:
             if self._closed:
                 raise ModelNotLoadedError(f"{self.name}: not loaded (unloaded)")
@@ -260,9 +261,7 @@ class ServingQueue:
                 run, drop = self._take(self._clock())
             for ticket in drop:
                 ticket.future.set_exception(
-                    DeadlineExceededError(
-                        f"{self.name}: dropped, it could not be answered before its deadline"
-                    )
+                    DroppedError(f"{self.name}: dropped, it could not be answered before its deadline")
                 )
             if run:
                 self._run(run)

@@ -12,31 +12,33 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import ClassVar
 
 import numpy as np
 import pytest
+from fastapi import APIRouter
 from starlette.testclient import TestClient, WebSocketDenialResponse
 
 from failsoft.clock import MonotonicClock
 from failsoft.domain import App, Server
-from failsoft.errors import DeadlineExceededError, OverloadedError
+from failsoft.errors import DeadlineExceededError, OverloadedError, UnknownNameError
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.config import GatewaySettings
 from failsoft.runtime.gateway import Gateway, ModelMeta
+from failsoft.runtime.gateway.dispatch import DISPATCHERS, Dispatcher, SingleDispatcher
+from failsoft.services import ServiceMode
 from tests.runtime.gateway.fakes import CLASSES, FakeAgent, FakeController, route_entry
 
 TOKEN = "a-test-token-of-some-length"
 ROW = [0.5] * 4
 
 
-@pytest.fixture
-def rig() -> Iterator[tuple[Gateway, TestClient, dict[str, FakeAgent]]]:
-    clock = MonotonicClock()
-    controller = FakeController(clock, {"cam": route_entry("s1"), "ocr": route_entry("s2")})  # type: ignore[arg-type]
-    agents = {s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")}  # type: ignore[arg-type]
+def gateway_of(agents: dict[str, FakeAgent]) -> Gateway:
+    """A gateway serving ``cam`` (on s1) and ``ocr`` (on s2), singles, over a fake controller."""
+    controller = FakeController(agents["s1"].clock, {"cam": route_entry("s1"), "ocr": route_entry("s2")})  # type: ignore[arg-type]
     servers = [Server("s1", "a", 100.0), Server("s2", "b", 100.0)]
-    gateway = Gateway(
+    return Gateway(
         GatewaySettings(max_batch=8),
         controller,  # type: ignore[arg-type]
         agents,  # type: ignore[arg-type]
@@ -46,6 +48,13 @@ def rig() -> Iterator[tuple[Gateway, TestClient, dict[str, FakeAgent]]]:
         {"fam": ["small", "big"]},
         TOKEN,
     )
+
+
+@pytest.fixture
+def rig() -> Iterator[tuple[Gateway, TestClient, dict[str, FakeAgent]]]:
+    clock = MonotonicClock()
+    agents = {s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")}  # type: ignore[arg-type]
+    gateway = gateway_of(agents)
     with TestClient(gateway.app, client=("10.1.2.3", 4567)) as client:
         client.get("/v2/health/ready")
         yield gateway, client, agents
@@ -203,3 +212,43 @@ def test_a_client_that_leaves_is_counted_as_499_and_its_call_is_withdrawn(rig):
     (call,) = agents["s1"].calls
     assert agents["s1"].cancelled == [call["request_id"]]
     assert codes(gateway) == {"499": 1}
+
+
+class HookedSingle(SingleDispatcher):
+    """A single dispatcher that uses every hook of the contract, to see the gateway call them."""
+
+    calls: ClassVar[list[str]] = []
+
+    @classmethod
+    def http_routes(cls, dispatchers: Mapping[str, Dispatcher]) -> APIRouter:
+        cls.calls.append(f"routes {sorted(dispatchers)}")
+        router = APIRouter()
+
+        @router.get("/v2/hooked/{name}")
+        async def hooked(name: str) -> dict[str, object]:
+            if name not in dispatchers:
+                raise UnknownNameError(f"no service {name!r}")
+            return {"front": dispatchers[name].front_app()}
+
+        return router
+
+    async def start(self) -> None:
+        self.calls.append(f"start {self.app}")
+
+    async def close(self) -> None:
+        self.calls.append(f"close {self.app}")
+
+
+def test_the_gateway_serves_a_modes_routes_and_runs_its_background_work_through_the_contract(monkeypatch):
+    HookedSingle.calls = []
+    monkeypatch.setitem(DISPATCHERS, ServiceMode.SINGLE, HookedSingle)  # type: ignore[index]
+    clock = MonotonicClock()
+    gateway = gateway_of({s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")})  # type: ignore[arg-type]
+    assert HookedSingle.calls == ["routes ['cam', 'ocr']"]  # once per mode, with all its services
+    with TestClient(gateway.app) as client:
+        assert sorted(HookedSingle.calls[1:]) == ["start cam", "start ocr"]  # before serving
+        assert client.get("/v2/hooked/ocr").json() == {"front": "ocr"}
+        missing = client.get("/v2/hooked/nope")  # the gateway's error mapping covers them
+        assert missing.status_code == 404 and "no service 'nope'" in missing.json()["error"]
+        assert infer(client).status_code == 200
+    assert sorted(HookedSingle.calls[3:]) == ["close cam", "close ocr"]

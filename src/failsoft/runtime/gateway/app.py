@@ -7,17 +7,19 @@ Endpoints:
   ``name`` names a *service*: an app served alone is a service of the app's name;
 * ``POST /v2/repository/index`` (Triton's repository extension): every service with its state;
 * ``GET /v2/events`` (websocket, optional ``?app=NAME``): the controller's events as JSON;
-* ``POST /v2/clients``, ``POST /v2/clients/{id}/bandwidth``, ``DELETE /v2/clients/{id}``: the
-  clients of ``slo`` services (:mod:`failsoft.runtime.gateway.slo_clients`);
+* the endpoints a mode serves beside inference (:meth:`Dispatcher.http_routes`), such as the
+  ``slo`` mode's ``POST /v2/clients``, ``POST /v2/clients/{id}/bandwidth`` and
+  ``DELETE /v2/clients/{id}`` (:mod:`failsoft.runtime.gateway.slo_clients`);
 * ``GET /metrics``: Prometheus text (:mod:`failsoft.runtime.gateway.metrics`);
 * ``/admin/...`` (:mod:`failsoft.runtime.gateway.admin`): need ``Authorization: Bearer <token>``.
 
 A request is served by its service's dispatcher (:mod:`failsoft.runtime.gateway.dispatch`): the
 gateway validates it, gives it a deadline and an id, and maps what the dispatcher raises to HTTP by
-class (:func:`failsoft.errors.http_status`). The gateway is stateless: routes come from the
-controller by long-poll. A bad request gets a 4xx with ``{"error": ...}`` naming the problem; a
-service with no route before the deadline gets 503 with ``Retry-After``; nothing a client sends
-produces a 5xx or stops the gateway.
+class (:func:`failsoft.errors.http_status`). The gateway knows no mode: it builds the dispatchers
+through the factory and asks each, through the contract, for its front app, its endpoints and its
+background work. The gateway is stateless: routes come from the controller by long-poll. A bad
+request gets a 4xx with ``{"error": ...}`` naming the problem; a service with no route before the
+deadline gets 503 with ``Retry-After``; nothing a client sends produces a 5xx or stops the gateway.
 """
 
 from __future__ import annotations
@@ -53,11 +55,9 @@ from failsoft.policies.detection import RouteHealth
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
-from failsoft.runtime.gateway import admin, slo_clients
+from failsoft.runtime.gateway import admin
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
-from failsoft.runtime.gateway.dispatch.graph import front_app
-from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
 from failsoft.runtime.gateway.events import EventHub, Feed
 from failsoft.runtime.gateway.link import ControllerLink
 from failsoft.runtime.gateway.metrics import GatewayMetrics
@@ -119,7 +119,9 @@ class Gateway:
             servers=self._servers,
         )
         dispatchers = build_dispatchers(services, context)
-        self.served = {s.name: Served(s, dispatchers[s.name], apps[front_app(s)]) for s in services}
+        self.served = {
+            s.name: Served(s, dispatchers[s.name], apps[dispatchers[s.name].front_app()]) for s in services
+        }
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
         self.controller_stats: dict[str, Any] | None = None
         self.app = self._build()
@@ -128,9 +130,10 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         loops = [self.mirror.run(), self.hub.run(), self._poll_stats()]
-        loops += [d.run() for d in self._slo_dispatchers().values()]  # their re-planning
         tasks = [asyncio.create_task(c) for c in loops]
         try:
+            for served in self.served.values():  # their background work (re-planning, backups)
+                await served.dispatcher.start()
             yield
         finally:
             for task in tasks:
@@ -241,9 +244,6 @@ class Gateway:
         finally:
             self.metrics.observe(label, code, time.perf_counter() - started, answer if code == 200 else None)
 
-    def _slo_dispatchers(self) -> dict[str, SloDispatcher]:
-        return {n: s.dispatcher for n, s in self.served.items() if isinstance(s.dispatcher, SloDispatcher)}
-
     def repository_index(self) -> list[dict[str, Any]]:
         return [
             {"name": name, "mode": s.service.mode.value, **s.dispatcher.describe()}
@@ -256,9 +256,19 @@ class Gateway:
         _install_error_handlers(api)
         self._inference_routes(api)
         self._observability_routes(api)
-        slo_clients.install(api, self._slo_dispatchers())
+        self._mode_routes(api)
         admin.install(api, self)
         return api
+
+    def _mode_routes(self, api: FastAPI) -> None:
+        """Each mode's own endpoints (:meth:`Dispatcher.http_routes`), once per mode."""
+        modes: dict[type[Dispatcher], dict[str, Dispatcher]] = {}
+        for name, served in self.served.items():
+            modes.setdefault(type(served.dispatcher), {})[name] = served.dispatcher
+        for cls, dispatchers in modes.items():
+            router = cls.http_routes(dispatchers)
+            if router is not None:
+                api.include_router(router)
 
     def _inference_routes(self, api: FastAPI) -> None:
         @api.get("/v2")

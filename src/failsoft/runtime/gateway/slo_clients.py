@@ -1,5 +1,9 @@
 """The client endpoints of ``slo`` services (Jellyfish): register, report bandwidth, leave.
 
+The ``slo`` dispatcher serves them (:meth:`SloDispatcher.http_routes
+<failsoft.runtime.gateway.dispatch.slo.SloDispatcher.http_routes>`); the gateway includes them
+without knowing the mode.
+
 * ``POST /v2/clients`` with ``{"service": NAME, "slo_ms": 100, "fps": 15}`` (optional: ``slo_ms``,
   default the service's ``params.slo_ms``; ``bandwidth_kbps``, the client's first estimate, default
   20000; ``rtt_ms``, default 1) answers
@@ -19,19 +23,36 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 
 from failsoft.errors import InvalidRequestError, UnknownNameError
-from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
 
 MAX_BODY_BYTES = 4096
 FIELDS = frozenset({"service", "slo_ms", "fps", "bandwidth_kbps", "rtt_ms"})
 
 
-def install(api: FastAPI, services: Mapping[str, SloDispatcher]) -> None:
-    def owner(client_id: str) -> SloDispatcher:
+class ClientRegistry(Protocol):
+    """What these endpoints need of an slo service (its dispatcher): its clients, by id."""
+
+    @property
+    def clients(self) -> Mapping[str, Any]: ...
+
+    async def register(
+        self, slo_ms: Any, fps: Any, bandwidth_kbps: Any = None, rtt_ms: Any = None
+    ) -> dict[str, Any]: ...
+
+    def report_bandwidth(self, client_id: str, kbps: Any) -> dict[str, Any]: ...
+
+    async def unregister(self, client_id: str) -> None: ...
+
+
+def router(services: Mapping[str, ClientRegistry]) -> APIRouter:
+    """The client endpoints of ``services`` (service name -> its registry), one set for all."""
+    api = APIRouter()
+
+    def owner(client_id: str) -> ClientRegistry:
         for dispatcher in services.values():
             if client_id in dispatcher.clients:
                 return dispatcher
@@ -69,6 +90,8 @@ def install(api: FastAPI, services: Mapping[str, SloDispatcher]) -> None:
     async def leave(client_id: str) -> dict[str, Any]:
         await owner(client_id).unregister(client_id)
         return {"client": client_id, "left": True}
+
+    return api
 
 
 async def _body(request: Request) -> dict[str, Any]:

@@ -63,7 +63,7 @@ from failsoft.policies.coding.groups import AnswerTracker, Group, GroupFormer, P
 from failsoft.policies.coding.interface import Encoder
 from failsoft.policies.registry import get_decoder, get_encoder
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
-from failsoft.runtime.gateway.dispatch.single import MOVED, SingleDispatcher
+from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.runtime.gateway.routes import Route
 from failsoft.services import CodedParams, Service, ServiceMode
 
@@ -90,12 +90,9 @@ class _Member(SingleDispatcher):
         self.failed_route = None  # failed over: the member serves again (maybe a smaller variant first)
         return False
 
-    async def _attempt(self, route: Route, request: Request, call_id: str, left: float) -> Any:
-        outputs = await super()._attempt(route, request, call_id, left)
-        if outputs is MOVED:
-            self.failed_route = route
-            self.on_failing()
-        return outputs
+    def moved(self, route: Route) -> None:
+        self.failed_route = route
+        self.on_failing()
 
 
 @dataclass(slots=True)

@@ -76,6 +76,14 @@ class GraphDispatcher(Dispatcher):
             self.replication.start()
         return all(self._serving(node) for node in self._calls)
 
+    def front_app(self) -> str:
+        return front_app(self.service)
+
+    async def start(self) -> None:
+        """Place the stateful nodes' backups (also done on first use, for a dispatcher driven alone)."""
+        if self.replication is not None:
+            self.replication.start()
+
     async def close(self) -> None:
         if self.replication is not None:  # its state transfers and backup placements
             await self.replication.close()

@@ -58,13 +58,11 @@ from typing import Any
 import numpy as np
 
 from failsoft.errors import (
+    ConfigError,
     DeadlineExceededError,
     FailsoftError,
     InvalidRequestError,
-    ModelNotLoadedError,
     NoRouteError,
-    OverloadedError,
-    ServerUnavailableError,
 )
 from failsoft.policies import registry
 from failsoft.policies.replication.interface import (
@@ -84,6 +82,7 @@ from failsoft.policies.replication.interface import (
     StateApplied,
     StateShipped,
 )
+from failsoft.runtime.gateway.dispatch.calls import CallResult, CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext
 from failsoft.services import STATEFUL_COPY_SUFFIX, GraphParams
 
@@ -220,26 +219,30 @@ class Replication:
                 rows = len(batch)
                 node.pending = None if node.rows_now is None else (seq, node.rows_now + rows)
                 try:
-                    outputs = await self._infer(node, copy, batch, left, f"{request_id}#{attempts}")
-                except (ServerUnavailableError, ModelNotLoadedError) as exc:
+                    result = await self._infer(node, copy, batch, deadline, f"{request_id}#{attempts}")
+                except (InvalidRequestError, ConfigError):
+                    node.pending = None  # bad input, refused before computing: the count holds
+                    raise
+                except BaseException:  # (reported by the call) computed or not: read the count again
+                    node.pending, node.rows_now = None, None
+                    raise
+                if result.status is CallStatus.MOVED:
                     node.pending = None
                     log.warning(
-                        "service %s, node %s: primary on %s failed: %s", self.service, name, copy.server, exc
-                    )
+                        "service %s, node %s: primary on %s failed: %s",
+                        self.service, name, copy.server, result.error,
+                    )  # fmt: skip
                     await self._failover(node, seq, copy)
                     if node.primary is None:  # back to the route: wait until it leaves the dead server
                         await self._route_leaves(node.app, copy.server, deadline - clock.now())
                     continue
-                except (OverloadedError, InvalidRequestError):
-                    node.pending = None  # refused before computing: the count holds
-                    raise
-                except BaseException as exc:
+                if result.status is CallStatus.REFUSED:
+                    node.pending = None  # refused or dropped before computing: the count holds
+                    result.raise_error()
+                if result.status is CallStatus.DEADLINE:
                     node.pending, node.rows_now = None, None  # computed or not: read the count again
-                    if isinstance(exc, Exception) and copy.app == node.app:
-                        self.context.outcome(copy.server, False, f"{type(exc).__name__}: {exc}")
-                    raise
-                if copy.app == node.app:
-                    self.context.outcome(copy.server, True, "")
+                    result.raise_error()
+                outputs = result.outputs
                 self._computed(node, seq, batch, rows)
                 route = self.context.routes.route(node.app)
                 return Answer(
@@ -256,36 +259,15 @@ class Replication:
         route = self.context.routes.route(node.app)
         return None if route is None else Copy(route.server, node.app, route.variant)
 
-    async def _infer(self, node: NodeCopies, copy: Copy, batch: Any, left: float, call_id: str) -> Any:
-        """The copy's answer; ServerUnavailableError when the controller moved the app's route off
-        the copy's server meanwhile (the controller's copy failed: a hung server, for one)."""
-        agent = self.context.agents(copy.server)
-        call = asyncio.ensure_future(
-            agent.infer(copy.app, copy.variant, batch, timeout_s=left, request_id=call_id)
-        )
-        if copy.app != node.app:  # our own copy: no route to watch
-            try:
-                return await call
-            except BaseException:
-                if not call.done():
-                    call.cancel()
-                    _withdraw(agent, call_id)
-                raise
-        moved = asyncio.ensure_future(self._route_leaves(node.app, copy.server, left))
-        try:
-            await asyncio.wait({call, moved}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            moved.cancel()
-            if not call.done():
-                call.cancel()
-                _withdraw(agent, call_id)
-        if call.done() and not call.cancelled():
-            return call.result()
-        if moved.done() and not moved.cancelled() and moved.result():
-            raise ServerUnavailableError(f"app {node.app!r}: the controller moved it off {copy.server!r}")
-        raise DeadlineExceededError(
-            f"app {node.app!r}: server {copy.server!r} did not answer within the deadline"
-        )
+    async def _infer(
+        self, node: NodeCopies, copy: Copy, batch: Any, deadline: float, call_id: str
+    ) -> CallResult:
+        """The copy's call; MOVED when the controller moved the app's route off the copy's server
+        meanwhile (the controller's copy failed: a hung server, for one). A copy of our own (a
+        promoted backup) is on no route: nothing to watch."""
+        watch = Watch.leaves_server(node.app, copy.server) if copy.app == node.app else None
+        target = Target(copy.server, copy.app, copy.variant)
+        return await call_on_route(self.context, target, batch, call_id, deadline, watch)
 
     async def _route_leaves(self, app: str, server: str, timeout_s: float) -> bool:
         routes, clock = self.context.routes, self.context.clock
@@ -582,10 +564,3 @@ def _bound(log_: OrderedDict[int, Any], limit: int) -> bool:
         log_.popitem(last=False)
         dropped = True
     return dropped
-
-
-def _withdraw(agent: Any, call_id: str) -> None:
-    try:
-        agent.cancel_nowait(call_id)
-    except Exception as exc:  # the server is gone: nothing left to withdraw
-        log.debug("cancel %s: %s", call_id, exc)

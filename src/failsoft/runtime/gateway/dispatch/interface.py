@@ -16,10 +16,22 @@ service's members. The contract, and who calls what, when:
   (:class:`~failsoft.errors.DeadlineExceededError`, 504), a queue that refused the work
   (:class:`~failsoft.errors.OverloadedError`, 503 with ``Retry-After``).
 * **Cancellation.** The gateway cancels the coroutine when its client leaves or the gateway stops.
-  A dispatcher then withdraws what it sent (:meth:`AgentRef.cancel_nowait` with the id it used), as
-  it does when a request times out or moves to a newer route: no server keeps working for nobody.
+  What the dispatcher sent is then withdrawn (:meth:`AgentRef.cancel_nowait` with the id it used,
+  by the call primitive), as when a request times out or moves to a newer route: no server keeps
+  working for nobody.
 * :meth:`Dispatcher.ready` and :meth:`Dispatcher.describe` answer ``/v2/models/{name}/ready`` and
   ``/v2/repository/index``; they are cheap reads of the mirror, called at any time.
+* **What the gateway asks of a mode besides requests**, so that it never imports a mode's class:
+  :meth:`Dispatcher.front_app` (the member whose model a request takes: its input is validated
+  against it, ``/v2/models/{name}`` describes it), :meth:`Dispatcher.http_routes` (endpoints the
+  mode serves beside inference, shared by its services: the ``slo`` mode's ``/v2/clients``,
+  included once at start-up), :meth:`Dispatcher.start` (background work, once the gateway's event
+  loop runs: the ``slo`` mode's re-planning loop, the ``graph`` mode's backup placement) and
+  :meth:`Dispatcher.close` (that work stopped, when the gateway stops).
+* **Every call to an agent** goes through one primitive,
+  :func:`~failsoft.runtime.gateway.dispatch.calls.call_on_route`: it owns the time left, the race
+  against a route change, withdrawal and the health rule, and returns what happened; the dispatcher
+  decides what follows (retry on a newer route, drop lazily, decode from parity, promote a backup).
 
 A dispatcher is *mechanism* (STYLE 10): deadlines, retries, backoff, cancellation, fan-out and
 reconstruction. Decisions that a paper makes (which worker a client is mapped to, which variant a
@@ -42,6 +54,8 @@ from failsoft.domain import App, Family
 from failsoft.services import Service, ServiceMode
 
 if TYPE_CHECKING:
+    from fastapi import APIRouter
+
     from failsoft.runtime.cluster import AgentRef
     from failsoft.runtime.gateway.routes import RouteMirror
 
@@ -164,7 +178,26 @@ class Dispatcher(ABC):
         """The service's entry in ``/v2/repository/index`` beside its name: ``state`` (READY or
         UNAVAILABLE), ``reason``, and what the mode can say about where it is served."""
 
+    def front_app(self) -> str:
+        """The member app whose model a request to this service takes: the gateway validates a
+        request's input against it and describes it at ``/v2/models/{name}``. The first member by
+        default."""
+        return self.service.members[0]
+
+    @classmethod
+    def http_routes(cls, dispatchers: Mapping[str, Dispatcher]) -> APIRouter | None:
+        """The HTTP endpoints this mode serves beside the inference API, shared by its services
+        (``dispatchers``: this mode's, by service name); the gateway includes them once, when it
+        builds its app, and maps their errors as it maps any. None (the default): no endpoints."""
+        return None
+
+    async def start(self) -> None:
+        """Start the mode's background work (a re-planning loop, backup placement) as tasks the
+        dispatcher owns: called once, on the gateway's event loop, before it serves. It must not
+        wait on that work. Nothing by default."""
+        return None
+
     async def close(self) -> None:
-        """Stop the background work the dispatcher started (timers, transfers) when the gateway
-        stops; requests in flight are the server's to finish or cancel. Nothing by default."""
+        """Stop the background work the dispatcher started (loops, timers, transfers) when the
+        gateway stops; requests in flight are the server's to finish or cancel. Nothing by default."""
         return None

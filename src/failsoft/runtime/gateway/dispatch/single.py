@@ -18,24 +18,16 @@ module owns only the mechanism: deadlines, moves, retries and cancellation, all 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
-from failsoft.errors import (
-    DeadlineExceededError,
-    InvalidRequestError,
-    ModelNotLoadedError,
-    NoRouteError,
-    OverloadedError,
-    ServerUnavailableError,
-)
+from failsoft.errors import NoRouteError
+from failsoft.runtime.gateway.dispatch.calls import CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.routes import Route
 from failsoft.services import Service, ServiceMode
 
 log = logging.getLogger(__name__)
-MOVED = object()  # an attempt's outcome when the request must go to a newer route
 
 
 class SingleDispatcher(Dispatcher):
@@ -75,11 +67,28 @@ class SingleDispatcher(Dispatcher):
                 await routes.wait_route_change(self.app, None, left)
                 continue
             attempts += 1
-            outputs = await self._attempt(route, request, f"{request.request_id}#{attempts}", left)
-            if outputs is not MOVED:
-                return _answer(outputs, route, attempts)
+            result = await call_on_route(
+                self.context,
+                Target.route(self.app, route),
+                request.batch,
+                f"{request.request_id}#{attempts}",
+                request.deadline,
+                Watch.route_changes(self.app, route),
+            )
+            if result.status is CallStatus.ANSWERED:
+                return _answer(result.outputs, route, attempts)
+            if result.status is not CallStatus.MOVED:
+                result.raise_error()  # refused by its queue, or late: there is no other route to try
+            log.debug("%s: %s; waiting for a new route", self.app, result.error)
+            self.moved(route)
             failed = route
             await routes.wait_route_change(self.app, route, request.deadline - clock.now())
+
+    def moved(self, route: Route) -> None:
+        """A call found ``route`` dead (its server gone or not holding the model, or the route moved
+        under it); the request now waits for a newer one. Nothing by default (a coded service's
+        members remember it)."""
+        return None
 
     def _no_route(self, failed: Route | None, waited_s: float) -> NoRouteError:
         if failed is None:
@@ -87,52 +96,6 @@ class SingleDispatcher(Dispatcher):
         return NoRouteError(
             f"app {self.app!r}: server {failed.server!r} failed and no new route came in time"
         )
-
-    async def _attempt(self, route: Route, request: Request, call_id: str, left: float) -> Any:
-        """The outputs, or MOVED when the request must go to a newer route."""
-        try:
-            agent = self.context.agents(route.server)
-        except ServerUnavailableError as exc:
-            log.debug("%s: %s; waiting for a new route", self.app, exc)
-            return MOVED
-        call = asyncio.ensure_future(
-            agent.infer(self.app, route.variant, request.batch, timeout_s=left, request_id=call_id)
-        )
-        moved = asyncio.ensure_future(self.context.routes.wait_route_change(self.app, route, left))
-        try:
-            await asyncio.wait({call, moved}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            moved.cancel()
-            answered = call.done()
-            if not answered:  # timed out, moved, or the client left: withdraw it
-                call.cancel()
-                _withdraw(agent, call_id)
-        if answered:
-            try:
-                outputs = call.result()
-            except (ServerUnavailableError, ModelNotLoadedError) as exc:
-                log.debug("%s on %s: %s; waiting for a new route", self.app, route.server, exc)
-                return MOVED
-            except (OverloadedError, InvalidRequestError):
-                raise  # back-pressure or the client's mistake: not the server's health
-            except Exception as exc:
-                self.context.outcome(route.server, False, f"{type(exc).__name__}: {exc}")
-                raise
-            self.context.outcome(route.server, True, "")
-            return outputs
-        if self.context.routes.route(self.app) != route:
-            return MOVED  # the route moved while we waited (a hung server was failed over)
-        self.context.outcome(route.server, False, "no answer within the deadline")
-        raise DeadlineExceededError(
-            f"app {self.app!r}: server {route.server!r} did not answer within the deadline"
-        )
-
-
-def _withdraw(agent: Any, call_id: str) -> None:
-    try:
-        agent.cancel_nowait(call_id)
-    except Exception as exc:  # the server is gone: nothing left to withdraw
-        log.debug("cancel %s: %s", call_id, exc)
 
 
 def _answer(outputs: Any, route: Route, attempts: int) -> Answer:

@@ -49,7 +49,7 @@ import uuid
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -57,12 +57,10 @@ from failsoft.adaptation_data import DEFAULT_BATCH_COST, LOW_RES_PX, upscaled_ac
 from failsoft.domain import Family
 from failsoft.errors import (
     ConfigError,
-    DeadlineExceededError,
     FailsoftError,
     InvalidRequestError,
     ModelNotLoadedError,
     OverloadedError,
-    ServerUnavailableError,
     UnknownNameError,
 )
 from failsoft.policies import registry
@@ -80,10 +78,14 @@ from failsoft.policies.adaptation.network import (
     next_frame_rung,
     server_deadline_s,
 )
+from failsoft.runtime.gateway.dispatch.calls import CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
-from failsoft.runtime.gateway.dispatch.single import _withdraw
 from failsoft.runtime.gateway.routes import Route
+from failsoft.runtime.gateway.slo_clients import router as client_router
 from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
 
 log = logging.getLogger(__name__)
 SIZE_LADDER_PX = (224, 240, 260, 300, 380, 456, 528, 600)  # EfficientNet B0-B7 inputs (step 1)
@@ -211,6 +213,7 @@ class SloDispatcher(Dispatcher):
         self._generation = 0
         self._lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.Task[None] | None = None
 
     # clients ---------------------------------------------------------------------------------
     async def register(
@@ -266,9 +269,28 @@ class SloDispatcher(Dispatcher):
             "frame_sizes_px": sorted({r.px for r in self.ladder.rungs}),
         }
 
+    # the gateway's hooks ---------------------------------------------------------------------
+    @classmethod
+    def http_routes(cls, dispatchers: Mapping[str, Dispatcher]) -> APIRouter:
+        """``POST /v2/clients`` and the rest (:mod:`failsoft.runtime.gateway.slo_clients`)."""
+        return client_router({n: d for n, d in dispatchers.items() if isinstance(d, SloDispatcher)})
+
+    async def start(self) -> None:
+        """Run :meth:`run` (the re-planning loop) until :meth:`close`."""
+        if self._loop is None:
+            self._loop = asyncio.ensure_future(self.run())
+
+    async def close(self) -> None:
+        """Stop the re-planning loop and the variant loads and unloads under way."""
+        tasks = [*self._tasks, *([self._loop] if self._loop is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loop = None
+
     # planning --------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Re-plan every ``replan_s`` and whenever the routing table changes (the gateway runs it)."""
+        """Re-plan every ``replan_s`` and whenever the routing table changes (:meth:`start` runs it)."""
         while True:
             try:
                 await self.replan_now()
@@ -440,13 +462,13 @@ class SloDispatcher(Dispatcher):
             deadline = server_deadline_s(
                 received, client.slo_ms, kbit, bw, client.rtt_ms, self.overhead.dispatch_ms
             )
-            left = min(deadline, request.deadline) - clock.now()
-            if left <= 0:
+            deadline = min(deadline, request.deadline)
+            if deadline - clock.now() <= 0:
                 return self._dropped(client, w, attempts, "deadline", received)
             attempts += 1
             self.in_flight[w.member] += 1
             try:
-                outcome = await self._attempt(w, request, f"{request.request_id}#{attempts}", left)
+                outcome = await self._attempt(w, request, f"{request.request_id}#{attempts}", deadline)
             finally:
                 self.in_flight[w.member] -= 1
             if outcome is _LAZY_DROP:
@@ -455,40 +477,36 @@ class SloDispatcher(Dispatcher):
                 continue
             return self._served(client, w, wp, outcome, attempts, received, kbit)
 
-    async def _attempt(self, w: _Worker, request: Request, call_id: str, left: float) -> Any:
+    async def _attempt(self, w: _Worker, request: Request, call_id: str, deadline: float) -> Any:
+        """The outputs; _LAZY_DROP when the frame cannot make its deadline (the queue refused or
+        dropped it, or no answer came in time); _RETRY once the worker's failure is handled (its
+        server gone or its route moved off it: re-mapped; our switch target unloaded: back to the
+        route's variant)."""
         app, variant = w.serving
-        try:
-            agent = self.context.agents(w.server)
-        except ServerUnavailableError:
-            await self._worker_failed(w)
-            return _RETRY
         started = self.context.clock.now()
-        try:
-            outputs = await agent.infer(app, variant, request.batch, timeout_s=left, request_id=call_id)
-        except (DeadlineExceededError, OverloadedError):
-            _withdraw(agent, call_id)
+        result = await call_on_route(
+            self.context,
+            Target(w.server, app, variant),
+            request.batch,
+            call_id,
+            deadline,
+            Watch.leaves_server(w.member, w.server),
+        )
+        if result.status in (CallStatus.REFUSED, CallStatus.DEADLINE):
             return _LAZY_DROP  # dropped by the serving queue, refused by its admission, or late
-        except ModelNotLoadedError:
-            if app != w.member and w.serving == (app, variant):  # our switch target was unloaded
+        if result.status is CallStatus.MOVED:
+            if not isinstance(result.error, ModelNotLoadedError):  # its server is gone or left it
+                await self._worker_failed(w)
+            elif app != w.member and w.serving == (app, variant):  # our switch target was unloaded
                 w.serving = (w.member, w.route_variant)
             elif w.serving == (app, variant):
                 await self._worker_failed(w)
             return _RETRY
-        except ServerUnavailableError:
-            await self._worker_failed(w)
-            return _RETRY
-        except asyncio.CancelledError:
-            _withdraw(agent, call_id)
-            raise
-        except FailsoftError as exc:
-            self.context.outcome(w.server, False, f"{type(exc).__name__}: {exc}")
-            raise
-        self.context.outcome(w.server, True, "")
         call_ms = (self.context.clock.now() - started) * 1000.0
         compute_ms = float(self.ladder.latency_ms[self.ladder.index(variant), 0])
         self.dispatch_times.observe(self.context.clock.now(), max(call_ms - compute_ms, 0.0) / 2)
         self._track_overhead()
-        return outputs
+        return result.outputs
 
     def _track_overhead(self) -> None:
         """The overhead the budgets charge: the dispatch time as :class:`DispatchTimes` sees it now."""

@@ -1,0 +1,218 @@
+"""One call to an agent on behalf of a route: the primitive every dispatcher sends its work through.
+
+A dispatcher decides *where* a request goes and what to do when it does not come back (retry on a
+newer route, drop it lazily, decode it from parity, promote a backup); :func:`call_on_route` owns
+what every one of them must do the same way around the call itself:
+
+* **the deadline**: the agent is given the time left before the request's deadline, and the
+  deadline is kept on the context's clock whatever the transport does;
+* **the race against a route change**: while the call waits, the app's route is watched
+  (:class:`Watch`); once it no longer holds (a hung server was failed over), the call is abandoned
+  and the caller told :attr:`CallStatus.MOVED`;
+* **withdrawal**: a call abandoned while the server may still hold it (the deadline passed, the
+  route moved, or the caller was cancelled because its client left) is withdrawn from the server's
+  queue (:meth:`AgentRef.cancel_nowait` with the call's id): no server keeps working for nobody;
+* **health**: :attr:`DispatchContext.outcome` hears, by one rule, how each call the server took on
+  ended. An answer is ok; an error raised while serving, or no answer by the deadline on a route
+  that did not move, is not. The server's queue refusing or dropping the work (back-pressure:
+  :class:`~failsoft.errors.OverloadedError`, :class:`~failsoft.errors.DroppedError`), bad input, a
+  route that moved, a server that is gone or no longer holds the model are not outcomes: the first
+  is the queue working as designed, the second the client's mistake, the rest the failover's.
+
+The result is a small :class:`CallResult`; only bad input and the server's own errors are raised
+(after being reported), and :class:`asyncio.CancelledError` passes through once the call is withdrawn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from failsoft.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    DroppedError,
+    FailsoftError,
+    InvalidRequestError,
+    ModelNotLoadedError,
+    OverloadedError,
+    ServerUnavailableError,
+)
+from failsoft.runtime.gateway.dispatch.interface import DispatchContext
+from failsoft.runtime.gateway.routes import Route
+
+log = logging.getLogger(__name__)
+
+
+class CallStatus(enum.Enum):
+    """How a call ended, when it did not raise."""
+
+    ANSWERED = "answered"  # the outputs are in
+    MOVED = "moved"  # the route moved, the server is gone, or it no longer holds the model
+    REFUSED = "refused"  # the server's queue refused it (OverloadedError) or dropped it unrun (DroppedError)
+    DEADLINE = "deadline"  # no answer by the deadline on a route that did not move
+
+
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """A call's end: ``outputs`` when answered; otherwise ``error`` says why not (the queue's
+    refusal, the move's cause, the deadline's error), ready to be raised by a caller that gives up."""
+
+    status: CallStatus
+    outputs: Any = None
+    error: FailsoftError | None = None
+
+    def raise_error(self) -> None:
+        """Raise :attr:`error` (a dispatcher with no other route to try)."""
+        assert self.error is not None, f"a {self.status.value} call has no error"
+        raise self.error
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a call goes: ``server``'s agent, the model it holds under ``key`` (the app's name, or
+    the name of a copy a dispatcher keeps), in ``variant``."""
+
+    server: str
+    key: str
+    variant: str
+
+    @classmethod
+    def route(cls, app: str, route: Route) -> Target:
+        """``app``'s model on its route."""
+        return cls(route.server, app, route.variant)
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """What a call relies on about ``app``'s route; the call is abandoned once it no longer holds.
+
+    :meth:`route_changes`: any change of ``route`` (FailLite's single path: a newer route is a
+    better one). :meth:`leaves_server`: only the route moving to another server (a copy that stays
+    valid while the controller re-routes the app on its own server, or unroutes it for a while:
+    HAMS's primary, a Jellyfish worker).
+    """
+
+    app: str
+    route: Route | None = None
+    server: str | None = None
+
+    @classmethod
+    def route_changes(cls, app: str, route: Route | None) -> Watch:
+        return cls(app, route=route)
+
+    @classmethod
+    def leaves_server(cls, app: str, server: str) -> Watch:
+        return cls(app, server=server)
+
+    def moved(self, now: Route | None) -> bool:
+        if self.server is not None:
+            return now is not None and now.server != self.server
+        return now != self.route
+
+
+async def call_on_route(
+    context: DispatchContext,
+    target: Target,
+    batch: Any,
+    call_id: str,
+    deadline: float,
+    watch: Watch | None = None,
+) -> CallResult:
+    """Call ``target`` with ``batch`` until ``deadline`` (on ``context.clock``), racing ``watch``.
+
+    ``call_id`` names the call at the agent (what a withdrawal names); a dispatcher derives one per
+    call from its request's id. Raises bad input (:class:`~failsoft.errors.InvalidRequestError`,
+    :class:`~failsoft.errors.ConfigError`) unreported, any other error the server raised while
+    serving after reporting it, and :class:`asyncio.CancelledError` after withdrawing the call.
+    """
+    clock = context.clock
+    left = deadline - clock.now()
+    if left <= 0:  # nothing sent: nothing to withdraw or report
+        return CallResult(CallStatus.DEADLINE, error=_late(target))
+    try:
+        agent = context.agents(target.server)
+    except ServerUnavailableError as exc:  # being replaced: wait for a newer route
+        return CallResult(CallStatus.MOVED, error=exc)
+    call = asyncio.ensure_future(
+        agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id)
+    )
+    watcher = asyncio.ensure_future(_until_moved(context, watch, deadline))
+    try:
+        await asyncio.wait({call, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        ended = call.done()
+        if not ended:  # the deadline, a move, or the caller's cancellation came first
+            call.cancel()
+            withdraw(agent, call_id)
+    if ended:
+        result = _settled(context, target, call, watch)
+        if result.status is CallStatus.DEADLINE:  # the transport gave up: the queue may still hold it
+            withdraw(agent, call_id)
+        return result
+    if watch is not None and watch.moved(context.routes.route(watch.app)):
+        log.debug("%s: the route of %s moved off %s during the call", call_id, watch.app, target.server)
+        moved = ServerUnavailableError(f"app {watch.app!r}: the controller moved it off {target.server!r}")
+        return CallResult(CallStatus.MOVED, error=moved)
+    context.outcome(target.server, False, "no answer within the deadline")
+    return CallResult(CallStatus.DEADLINE, error=_late(target))
+
+
+def _settled(
+    context: DispatchContext, target: Target, call: asyncio.Future[Any], watch: Watch | None
+) -> CallResult:
+    """A call that ended on its own: its outputs, or its error classified by the one rule."""
+    try:
+        outputs = call.result()
+    except (ServerUnavailableError, ModelNotLoadedError) as exc:
+        log.debug("%s on %s: %s; the call moves", target.key, target.server, exc)
+        return CallResult(CallStatus.MOVED, error=exc)
+    except (OverloadedError, DroppedError) as exc:  # back-pressure: the queue's verdict
+        return CallResult(CallStatus.REFUSED, error=exc)
+    except (InvalidRequestError, ConfigError):  # the client's mistake: not the server's health
+        raise
+    except DeadlineExceededError as exc:  # the transport's own timeout: no answer in time
+        if watch is not None and watch.moved(context.routes.route(watch.app)):
+            return CallResult(CallStatus.MOVED, error=exc)
+        context.outcome(target.server, False, f"{type(exc).__name__}: {exc}")
+        return CallResult(CallStatus.DEADLINE, error=exc)
+    except Exception as exc:  # the server failed while serving
+        context.outcome(target.server, False, f"{type(exc).__name__}: {exc}")
+        raise
+    context.outcome(target.server, True, "")
+    return CallResult(CallStatus.ANSWERED, outputs=outputs)
+
+
+async def _until_moved(context: DispatchContext, watch: Watch | None, deadline: float) -> bool:
+    """True once ``watch`` no longer holds; False at ``deadline`` (on the context's clock)."""
+    clock, routes = context.clock, context.routes
+    while True:
+        left = deadline - clock.now()
+        if watch is None:
+            if left > 0:
+                await clock.sleep(left)
+            return False
+        now = routes.route(watch.app)
+        if watch.moved(now):
+            return True
+        if left <= 0:
+            return False
+        await routes.wait_route_change(watch.app, now, left)
+
+
+def withdraw(agent: Any, call_id: str) -> None:
+    """Withdraw ``call_id`` from ``agent``'s queue, fire and forget (a gone server holds nothing)."""
+    try:
+        agent.cancel_nowait(call_id)
+    except Exception as exc:
+        log.debug("cancel %s: %s", call_id, exc)
+
+
+def _late(target: Target) -> DeadlineExceededError:
+    return DeadlineExceededError(
+        f"app {target.key!r}: server {target.server!r} did not answer within the deadline"
+    )
