@@ -36,7 +36,7 @@ from typing import Any
 from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import Scenario
 from failsoft.errors import StoreError
-from failsoft.orchestration import ClusterState, OrchestrationSettings, Orchestrator
+from failsoft.orchestration import ClusterState, OrchestrationSettings, Orchestrator, Priority
 from failsoft.runtime import cluster
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
@@ -181,6 +181,29 @@ class Controller:
         commands = self.core.unhealthy(server, self.clock.now(), reason)
         self._feed(commands)
         return bool(commands)
+
+    async def pin(
+        self,
+        app: str,
+        variant: str,
+        server: str | None,
+        owner: str,
+        priority: int = Priority.WARM,
+        avoid: tuple[str, ...] = (),
+        avoid_sites: tuple[str, ...] = (),
+    ) -> str:
+        """A mechanism's copy (a Jellyfish rung, a HAMS backup): the core plans its load, counts it
+        and publishes it in the routing table (``pinned``, ``ready`` once loaded). ``server`` None:
+        the core picks one outside ``avoid`` and ``avoid_sites``. The server; CapacityError or
+        UnknownNameError when it cannot be placed."""
+        now, away = self.clock.now(), (tuple(avoid), tuple(avoid_sites))
+        server, commands = self.core.pin(app, variant, server, owner, now, Priority(priority), *away)
+        self._feed(commands)
+        return server
+
+    async def unpin(self, app: str, server: str, owner: str) -> None:
+        """``owner`` gives its copy of ``app`` on ``server`` up (unloaded after the drain period)."""
+        self._feed(self.core.unpin(app, server, owner, self.clock.now()))
 
     async def wait_ready(self, timeout_s: float) -> bool:
         with contextlib.suppress(TimeoutError):

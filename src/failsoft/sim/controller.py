@@ -43,7 +43,7 @@ from failsoft.orchestration import (
     Publish,
     Unload,
 )
-from failsoft.orchestration.loads import INFERENCE_NICE
+from failsoft.orchestration.loads import INFERENCE_NICE, Priority
 from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import SimConfig
@@ -52,6 +52,7 @@ from failsoft.sim.requests import RequestCore
 from failsoft.sim.trace import EventLog
 
 Process = Generator[simpy.Event, Any, None]
+_SWITCHES = ("warm", "promoted")  # failovers to a loaded copy (a warm backup, a pinned copy)
 
 
 def sim_settings(config: SimConfig) -> OrchestrationSettings:
@@ -134,6 +135,26 @@ class SimController:
 
     def stop(self) -> None:
         self.stopped = True
+
+    # a mechanism's copies (the runtime's gateway asks its controller; a simulated one asks here) ---
+    def pin(
+        self,
+        app: str,
+        variant: str,
+        server: str | None,
+        owner: str,
+        priority: Priority = Priority.WARM,
+        avoid: tuple[str, ...] = (),
+        avoid_sites: tuple[str, ...] = (),
+    ) -> str:
+        """Pin a copy as the runtime's ``Controller.pin`` does: the core's Load, carried out here."""
+        away = (avoid, avoid_sites)
+        server, commands = self.core.pin(app, variant, server, owner, self.env.now, priority, *away)
+        self._run(commands)
+        return server
+
+    def unpin(self, app: str, server: str, owner: str) -> None:
+        self._run(self.core.unpin(app, server, owner, self.env.now))
 
     # carrying out commands ---------------------------------------------------------------------------
     def _run(self, commands: list[Command]) -> None:
@@ -253,7 +274,7 @@ class SimController:
             self.log.add(f["detected_at"], "detected", "", f["server"], "")
         elif cmd.type == "failure" and f.get("app") is not None:
             self.recorder.affected(f["app"], f["server"], f["detected_at"])
-        elif cmd.type == "failover" and f["kind"] == "warm" and f.get("app") in self.recorder.result.apps:
+        elif cmd.type == "failover" and f["kind"] in _SWITCHES and f.get("app") in self.recorder.result.apps:
             self.recorder.failover(f["app"], ActionKind.WARM, f["server"])  # switched before any plan
 
     def _planned(self, cmd: Planned) -> None:
