@@ -56,7 +56,6 @@ from failsoft.orchestration.warm import WarmBackups
 from failsoft.policies.detection import HealthChange, HeartbeatDetector
 from failsoft.policies.failover.common import affected_apps, initial_ledger, warm_switches
 from failsoft.policies.failover.ledger import Ledger
-from failsoft.services import dispatcher_owned
 
 log = logging.getLogger(__name__)
 LONG_AGO_S = 3600.0
@@ -518,7 +517,7 @@ class Orchestrator:
         held = self._note_report(server, report)
         needed = self.state.needed_on(server)
         for app, variant in sorted(held - needed):
-            if app not in self.operations and not self.warm.loading(app) and not dispatcher_owned(app):
+            if app not in self.operations and not self.warm.loading(app):
                 self.fx.unload(server, app, variant)
         for app, variant in sorted(needed - held):
             route = self.state.apps[app].route

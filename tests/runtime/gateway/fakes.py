@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from failsoft.clock import ManualClock
-from failsoft.errors import FailsoftError, ServerUnavailableError
+from failsoft.errors import CapacityError, FailsoftError, ServerUnavailableError
 from failsoft.runtime.gateway.routes import RouteMirror
 from failsoft.runtime.longpoll import EventLog, VersionedValue, wait_event
 
@@ -51,6 +51,7 @@ class FakeController:
         self.resumed = asyncio.Event()  # clear: a restarted controller still resuming (not ready)
         self.resumed.set()
         self.agents: dict[str, Any] = {}  # what pin() loads on
+        self.allowed: tuple[str, ...] = ()  # where pin() may place a copy (empty: any agent's server)
         self.pins: list[tuple[str, str, str, str]] = []
         self.unpins: list[tuple[str, str, str]] = []
         self._loading: set[asyncio.Task[Any]] = set()
@@ -99,7 +100,15 @@ class FakeController:
     ) -> str:
         self._check()
         if server is None:
-            server = next(s for s in sorted(self.agents) if s not in avoid)
+            allowed = self.allowed or tuple(self.agents)
+            fit = [
+                s
+                for s in sorted(allowed)
+                if s not in avoid and not getattr(self.agents[s], "dead", False)
+            ]
+            if not fit:
+                raise CapacityError(f"no server outside {list(avoid)} has room for {app}/{variant}")
+            server = fit[0]
         self.pins.append((app, variant, server, owner))
         self._set_pinned(app, server, variant, owner, ready=False)
         task = asyncio.ensure_future(self._load_pinned(app, variant, server, owner))
@@ -122,6 +131,22 @@ class FakeController:
         self._set_pinned(app, server, None, owner, ready=False)
         for p in gone:
             await self.agents[server].unload(app, p["variant"])
+
+    def pinned(self, app: str) -> list[dict[str, Any]]:
+        return list((self.table.value.get(app) or {}).get("pinned", []))
+
+    def fail_server(self, server: str) -> None:
+        """As the core declares ``server`` failed: the pinned copies there are dropped."""
+        for app in list(self.table.value):
+            if any(p["server"] == server for p in self.pinned(app)):
+                self._set_pinned(app, server, None, "", ready=False)
+
+    def promote(self, app: str, server: str, variant: str) -> None:
+        """As the core's warm switch to a pinned copy: the copy becomes the route (``promoted``)."""
+        entry = self.table.value.get(app) or {}
+        pinned = [p for p in entry.get("pinned", []) if p["server"] != server]
+        route = route_entry(server, variant, "promoted")["route"]
+        self.table.publish({**self.table.value, app: {**entry, "route": route, "pinned": pinned}})
 
     def _set_pinned(self, app: str, server: str, variant: str | None, owner: str, ready: bool) -> None:
         entry = dict(self.table.value.get(app) or {"route": None})

@@ -223,7 +223,7 @@ async def test_a_frame_whose_switched_variant_was_unloaded_is_retried_on_the_rou
     worker = d.plan.worker_of(client).worker
     agent = rig.agents["s1" if worker == "w1" else "s2"]
     await asyncio.sleep(0)
-    await rig.clock.run_for(LOAD_S)  # switched to worker~slo/v2
+    await rig.clock.run_for(LOAD_S)  # switched to the pinned v2 copy
     await asyncio.sleep(0)
     agent.missing.add((worker, "v2"))  # unloaded behind the dispatcher's back (a restarted agent)
     answer = await rig.finish(rig.send(client))
