@@ -156,7 +156,9 @@ async def call_on_route(
         return result
     if watch is not None and watch.moved(context.routes.route(watch.app)):
         log.debug("%s: the route of %s moved off %s during the call", call_id, watch.app, target.server)
-        moved = ServerUnavailableError(f"app {watch.app!r}: the controller moved it off {target.server!r}")
+        moved = ServerUnavailableError(
+            f"app {watch.app!r}: the controller moved its route during the call to {target.server!r}"
+        )
         return CallResult(CallStatus.MOVED, error=moved)
     context.outcome(target.server, False, "no answer within the deadline")
     return CallResult(CallStatus.DEADLINE, error=_late(target))
