@@ -75,8 +75,9 @@ class Orchestrator:
 
     It detects failures, plans failovers and decides what runs when; two collaborators it holds carry
     out the rest, each owning its state: :attr:`operations` (per-app recoveries, upgrades, returns
-    home and repairs: :class:`~failsoft.orchestration.operations.Operations`) and :attr:`warm` (warm
-    backups re-planned: :class:`~failsoft.orchestration.warm.WarmBackups`). All three act on the
+    home and repairs: :class:`~failsoft.orchestration.operations.Operations`), :attr:`warm` (warm
+    backups re-planned: :class:`~failsoft.orchestration.warm.WarmBackups`) and :attr:`copies` (the
+    copies mechanisms pin: :class:`~failsoft.orchestration.copies.MechanismCopies`). All three act on the
     cluster through one :class:`~failsoft.orchestration.effects.Effects` (:attr:`fx`): its loads,
     routes, timers and outbox.
     """
