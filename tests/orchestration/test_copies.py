@@ -10,10 +10,14 @@ import pytest
 
 from failsoft.domain import BackupState, Placement, ProactivePlan, WarmBackup
 from failsoft.errors import CapacityError, UnknownNameError
-from failsoft.orchestration import Load, PlanProactive, Priority, Publish, Unload
+from failsoft.orchestration import CopyRequest, Load, PlanProactive, Priority, Publish, Unload
 from tests.orchestration.test_core import Harness, cluster
 
 OWNER = "graph:g"
+
+
+def pin(h: Harness, app: str, variant: str, server: str | None, owner: str, now: float, *args, **kw):
+    return h.core.pin(CopyRequest(app, variant, owner, server, *args, **kw), now)
 
 
 def pinned(h: Harness, app: str) -> list[dict]:
@@ -22,7 +26,7 @@ def pinned(h: Harness, app: str) -> list[dict]:
 
 def test_a_pin_is_a_load_at_its_priority_published_and_ready_once_loaded():
     h = Harness(cluster())
-    server, out = h.core.pin("B", "small", "s2", OWNER, 1.0, Priority.FAILOVER)
+    server, out = pin(h, "B", "small", "s2", OWNER, 1.0, Priority.FAILOVER)
     h.take(out)
     (load,) = h.of(Load, out)
     assert (server, load.server, load.app, load.variant, load.priority) == (
@@ -38,13 +42,13 @@ def test_a_pin_is_a_load_at_its_priority_published_and_ready_once_loaded():
 
 def test_a_pin_counts_against_memory_and_is_refused_when_it_does_not_fit():
     h = Harness(cluster())
-    h.take(h.core.pin("B", "big", "s2", OWNER, 1.0)[1])
+    h.take(pin(h, "B", "big", "s2", OWNER, 1.0)[1])
     assert h.state.used_mb("s2") == 300
     with pytest.raises(CapacityError, match="s2"):
-        h.core.pin("C", "big", "s2", OWNER, 1.1)  # 600 of 450 MB
+        pin(h, "C", "big", "s2", OWNER, 1.1)  # 600 of 450 MB
     assert ("C", "s2") not in h.state.warm and not [c for c in h.of(Load) if c.app == "C"]
     with pytest.raises(UnknownNameError, match="huge"):
-        h.core.pin("C", "huge", "s2", OWNER, 1.1)
+        pin(h, "C", "huge", "s2", OWNER, 1.1)
     h.finish("B", "big", 1.5)
     less = h.state.snapshot(with_warm=False)  # what warm-backup planning sees
     assert next(s for s in less.servers if s.name == "s2").memory_mb == 150
@@ -52,15 +56,15 @@ def test_a_pin_counts_against_memory_and_is_refused_when_it_does_not_fit():
 
 def test_placement_picks_the_roomiest_server_away_from_the_primary_and_its_site():
     h = Harness(cluster())
-    server, _ = h.core.pin("B", "small", None, OWNER, 1.0, avoid=("s0",))
+    server, _ = pin(h, "B", "small", None, OWNER, 1.0, avoid=("s0",))
     assert server == "s2"  # 450 MB free against s1's 300
     with pytest.raises(CapacityError, match="sites"):  # s1 and s2 are both at site b
-        h.core.pin("C", "small", None, OWNER, 1.0, avoid=("s0",), avoid_sites=("b",))
+        pin(h, "C", "small", None, OWNER, 1.0, avoid=("s0",), avoid_sites=("b",))
 
 
 def test_pinned_copies_survive_a_warm_replan_that_wants_none():
     h = Harness(cluster(), replan_warm=True, replan_delay_s=0.0)
-    h.take(h.core.pin("B", "small", "s2", OWNER, 1.0)[1])
+    h.take(pin(h, "B", "small", "s2", OWNER, 1.0)[1])
     h.finish("B", "small", 1.1)
     h.core.warm.dirty = True
     (proactive,) = h.of(PlanProactive, h.take(h.core.advance(2.0)))
@@ -72,9 +76,9 @@ def test_pinned_copies_survive_a_warm_replan_that_wants_none():
 
 def test_unpin_unloads_after_the_drain_and_a_replacing_pin_keeps_the_old_copy_until_ready():
     h = Harness(cluster())
-    h.take(h.core.pin("B", "small", "s2", OWNER, 1.0)[1])
+    h.take(pin(h, "B", "small", "s2", OWNER, 1.0)[1])
     h.finish("B", "small", 1.1)
-    h.take(h.core.pin("B", "big", "s2", OWNER, 2.0)[1])  # another rung, same server
+    h.take(pin(h, "B", "big", "s2", OWNER, 2.0)[1])  # another rung, same server
     assert h.state.needed_on("s2") == {("B", "small"), ("B", "big")}
     assert not h.of(Unload, h.take(h.core.advance(3.0)))  # the old copy serves until the new is warm
     h.finish("B", "big", 3.1)
@@ -91,7 +95,7 @@ def test_unpin_unloads_after_the_drain_and_a_replacing_pin_keeps_the_old_copy_un
 
 def test_a_failed_servers_pinned_copies_are_dropped_and_the_table_says_so():
     h = Harness(cluster())
-    h.take(h.core.pin("C", "small", "s0", "slo:s", 0.01)[1])  # a Jellyfish rung beside C's route
+    h.take(pin(h, "C", "small", "s0", "slo:s", 0.01)[1])  # a Jellyfish rung beside C's route
     h.finish("C", "small", 0.02)
     assert pinned(h, "C")[0]["ready"]
     out = h.fail_s0()
@@ -101,7 +105,7 @@ def test_a_failed_servers_pinned_copies_are_dropped_and_the_table_says_so():
 
 def test_a_crash_promotes_the_warm_pinned_copy_and_the_app_stays_there():
     h = Harness(cluster())
-    h.take(h.core.pin("B", "big", None, OWNER, 0.01, avoid=("s0",))[1])
+    h.take(pin(h, "B", "big", None, OWNER, 0.01, avoid=("s0",))[1])
     h.finish("B", "big", 0.02)
     h.fail_s0()
     rec = h.state.apps["B"]

@@ -30,6 +30,7 @@ from failsoft.orchestration.commands import (
     Publish,
     Unload,
 )
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.orchestration.core import Orchestrator, Phase
 from failsoft.orchestration.loads import LoadQueue, Priority
 from failsoft.orchestration.settings import OrchestrationSettings
@@ -39,6 +40,7 @@ __all__ = [
     "AppRecord",
     "ClusterState",
     "Command",
+    "CopyRequest",
     "Emit",
     "Inspect",
     "InspectPurpose",

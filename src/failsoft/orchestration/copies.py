@@ -26,6 +26,7 @@ copy, and the variant it replaces is unloaded only once the new one is warm (mak
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from failsoft.domain import BackupState, WarmBackup
 from failsoft.errors import CapacityError, UnknownNameError
@@ -36,6 +37,22 @@ from failsoft.orchestration.state import WarmRecord
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class CopyRequest:
+    """A mechanism asks for a copy of ``app`` in ``variant`` for ``owner`` (``slo:<service>``,
+    ``graph:<service>``): on ``server``, or (None) on the up server with the most free memory outside
+    ``avoid`` and the sites in ``avoid_sites``; loaded at ``priority``. The gateway sends it to the
+    controller as it is."""
+
+    app: str
+    variant: str
+    owner: str
+    server: str | None = None
+    priority: Priority = Priority.WARM
+    avoid: tuple[str, ...] = ()
+    avoid_sites: tuple[str, ...] = ()
+
+
 class MechanismCopies:
     """The pinned copies of the :class:`~failsoft.orchestration.core.Orchestrator`; see the module
     docstring. It keeps no state of its own: the copies are ``ClusterState.warm`` records."""
@@ -43,13 +60,18 @@ class MechanismCopies:
     def __init__(self, effects: Effects, drain_s: float) -> None:
         self.fx, self.state, self.drain_s = effects, effects.state, drain_s
 
-    def pin(
-        self, app: str, variant: str, server: str, owner: str, now: float, priority: Priority = Priority.WARM
-    ) -> None:
-        """Load ``app``'s ``variant`` on ``server`` for ``owner`` and keep it there until unpinned.
+    def pin(self, request: CopyRequest, now: float) -> str:
+        """Load the copy and keep it until unpinned; the server it is on.
 
         Raises UnknownNameError for an unknown app, variant or server, CapacityError when the server
-        is not up or has no room for it (the core's view: what it holds, keeps and is loading)."""
+        is not up or has no room for it (the core's view: what it holds, keeps and is loading), or
+        when no server outside ``avoid`` has."""
+        r = request
+        server = r.server if r.server is not None else self._place(r)
+        self._pin(r.app, r.variant, server, r.owner, r.priority)
+        return server
+
+    def _pin(self, app: str, variant: str, server: str, owner: str, priority: Priority) -> None:
         self._check(app, variant, server)
         if not self.state.live(server):
             raise CapacityError(f"server {server!r} is not up: no copy of {app!r} can be pinned there")
@@ -70,18 +92,10 @@ class MechanismCopies:
         self.fx.load(app, server, variant, priority, pinned=True)
         self.fx.publish(force=True)
 
-    def place(
-        self,
-        app: str,
-        variant: str,
-        owner: str,
-        now: float,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-        priority: Priority = Priority.WARM,
-    ) -> str:
-        """:meth:`pin` on the up server with the most free memory that fits, is not in ``avoid`` nor
-        at a site in ``avoid_sites``; that server (CapacityError when none has room)."""
+    def _place(self, r: CopyRequest) -> str:
+        """The up server with the most free memory that fits, not in ``avoid`` nor at a site in
+        ``avoid_sites`` (CapacityError when none has room)."""
+        app, variant, avoid, avoid_sites = r.app, r.variant, r.avoid, r.avoid_sites
         self._check(app, variant, None)
         up = [
             rec.server
@@ -95,9 +109,7 @@ class MechanismCopies:
                 f"no up server outside {sorted(avoid)} (sites {sorted(avoid_sites)}) "
                 f"has room for {app}/{variant}"
             )
-        server = min(room, key=lambda s: (-room[s], s))
-        self.pin(app, variant, server, owner, now, priority)
-        return server
+        return min(room, key=lambda s: (-room[s], s))
 
     def unpin(self, app: str, server: str, owner: str, now: float) -> bool:
         """Give the copy up: unloaded after the drain period unless a route needs it. False when no

@@ -46,9 +46,8 @@ from failsoft.orchestration.commands import (
     PlanFailover,
     Planned,
 )
-from failsoft.orchestration.copies import MechanismCopies
+from failsoft.orchestration.copies import CopyRequest, MechanismCopies
 from failsoft.orchestration.effects import Effects
-from failsoft.orchestration.loads import Priority
 from failsoft.orchestration.operations import Group, Operations
 from failsoft.orchestration.settings import OrchestrationSettings
 from failsoft.orchestration.state import ClusterState, RouteKind
@@ -77,7 +76,7 @@ class Orchestrator:
     out the rest, each owning its state: :attr:`operations` (per-app recoveries, upgrades, returns
     home and repairs: :class:`~failsoft.orchestration.operations.Operations`), :attr:`warm` (warm
     backups re-planned: :class:`~failsoft.orchestration.warm.WarmBackups`) and :attr:`copies` (the
-    copies mechanisms pin: :class:`~failsoft.orchestration.copies.MechanismCopies`). All three act on the
+    copies mechanisms pin: :class:`~failsoft.orchestration.copies.MechanismCopies`). All of them act on the
     cluster through one :class:`~failsoft.orchestration.effects.Effects` (:attr:`fx`): its loads,
     routes, timers and outbox.
     """
@@ -139,24 +138,11 @@ class Orchestrator:
         return self._flush(now)
 
     # inputs: mechanism copies (HAMS backups, Jellyfish rungs; see orchestration/copies.py) ------
-    def pin(
-        self,
-        app: str,
-        variant: str,
-        server: str | None,
-        owner: str,
-        now: float,
-        priority: Priority = Priority.WARM,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-    ) -> tuple[str, list[Command]]:
-        """Pin a copy of ``app``'s ``variant`` for ``owner`` on ``server`` (None: where the core's
-        capacity view finds room, outside ``avoid`` and ``avoid_sites``): the server, and the
-        commands (its :class:`Load`). Raises UnknownNameError or CapacityError, changing nothing."""
-        if server is None:
-            server = self.copies.place(app, variant, owner, now, avoid, avoid_sites, priority)
-        else:
-            self.copies.pin(app, variant, server, owner, now, priority)
+    def pin(self, request: CopyRequest, now: float) -> tuple[str, list[Command]]:
+        """Pin a mechanism's copy (:class:`~failsoft.orchestration.copies.CopyRequest`): the server
+        it is on, and the commands (its :class:`Load`). Raises UnknownNameError or CapacityError,
+        changing nothing."""
+        server = self.copies.pin(request, now)
         return server, self._flush(now)
 
     def unpin(self, app: str, server: str, owner: str, now: float) -> list[Command]:

@@ -40,7 +40,7 @@ from failsoft.errors import (
     ServerUnavailableError,
     ServingError,
 )
-from failsoft.orchestration.loads import Priority
+from failsoft.orchestration.copies import CopyRequest
 
 # A Ray call made after shutdown (a straggling thread) must fail, not start a new Ray instance.
 auto_init_hook.enable_auto_connect = False
@@ -207,20 +207,9 @@ class ControllerRef(_ActorRef):
     async def report_unhealthy(self, server: str, reason: str, timeout_s: float = 5.0) -> bool:
         return await self._call("report_unhealthy", server, reason, timeout_s=timeout_s)
 
-    async def pin(
-        self,
-        app: str,
-        variant: str,
-        server: str | None,
-        owner: str,
-        priority: int = Priority.WARM,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-        timeout_s: float = 5.0,
-    ) -> str:
+    async def pin(self, request: CopyRequest, timeout_s: float = 5.0) -> str:
         """Ask the core for a mechanism's copy (``Controller.pin``); the server it is pinned on."""
-        args = (app, variant, server, owner, priority, avoid, avoid_sites)
-        return str(await self._call("pin", *args, timeout_s=timeout_s))
+        return str(await self._call("pin", request, timeout_s=timeout_s))
 
     async def unpin(self, app: str, server: str, owner: str, timeout_s: float = 5.0) -> None:
         await self._call("unpin", app, server, owner, timeout_s=timeout_s)

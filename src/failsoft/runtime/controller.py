@@ -36,7 +36,7 @@ from typing import Any
 from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import Scenario
 from failsoft.errors import StoreError
-from failsoft.orchestration import ClusterState, OrchestrationSettings, Orchestrator, Priority
+from failsoft.orchestration import ClusterState, CopyRequest, OrchestrationSettings, Orchestrator
 from failsoft.runtime import cluster
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
@@ -182,22 +182,11 @@ class Controller:
         self._feed(commands)
         return bool(commands)
 
-    async def pin(
-        self,
-        app: str,
-        variant: str,
-        server: str | None,
-        owner: str,
-        priority: int = Priority.WARM,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-    ) -> str:
+    async def pin(self, request: CopyRequest) -> str:
         """A mechanism's copy (a Jellyfish rung, a HAMS backup): the core plans its load, counts it
-        and publishes it in the routing table (``pinned``, ``ready`` once loaded). ``server`` None:
-        the core picks one outside ``avoid`` and ``avoid_sites``. The server; CapacityError or
-        UnknownNameError when it cannot be placed."""
-        now, away = self.clock.now(), (tuple(avoid), tuple(avoid_sites))
-        server, commands = self.core.pin(app, variant, server, owner, now, Priority(priority), *away)
+        and publishes it in the routing table (``pinned``, ``ready`` once loaded). The server it is
+        on; CapacityError or UnknownNameError when it cannot be placed."""
+        server, commands = self.core.pin(request, self.clock.now())
         self._feed(commands)
         return server
 

@@ -32,6 +32,7 @@ from failsoft.domain import ActionKind, Scenario, Variant
 from failsoft.orchestration import (
     ClusterState,
     Command,
+    CopyRequest,
     Emit,
     Inspect,
     Load,
@@ -43,7 +44,7 @@ from failsoft.orchestration import (
     Publish,
     Unload,
 )
-from failsoft.orchestration.loads import INFERENCE_NICE, Priority
+from failsoft.orchestration.loads import INFERENCE_NICE
 from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import SimConfig
@@ -137,19 +138,9 @@ class SimController:
         self.stopped = True
 
     # a mechanism's copies (the runtime's gateway asks its controller; a simulated one asks here) ---
-    def pin(
-        self,
-        app: str,
-        variant: str,
-        server: str | None,
-        owner: str,
-        priority: Priority = Priority.WARM,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-    ) -> str:
+    def pin(self, request: CopyRequest) -> str:
         """Pin a copy as the runtime's ``Controller.pin`` does: the core's Load, carried out here."""
-        away = (avoid, avoid_sites)
-        server, commands = self.core.pin(app, variant, server, owner, self.env.now, priority, *away)
+        server, commands = self.core.pin(request, self.env.now)
         self._run(commands)
         return server
 

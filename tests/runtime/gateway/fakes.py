@@ -19,6 +19,7 @@ import numpy as np
 
 from failsoft.clock import ManualClock
 from failsoft.errors import CapacityError, FailsoftError, ServerUnavailableError
+from failsoft.orchestration import CopyRequest
 from failsoft.runtime.gateway.routes import RouteMirror
 from failsoft.runtime.longpoll import EventLog, VersionedValue, wait_event
 
@@ -88,17 +89,10 @@ class FakeController:
 
     # mechanism copies: a stand-in for the orchestration core's pin/unpin (tests/orchestration
     # tests the real one); it loads through ``agents`` and publishes ``pinned`` as the core does
-    async def pin(
-        self,
-        app: str,
-        variant: str,
-        server: str | None,
-        owner: str,
-        priority: int = 3,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-    ) -> str:
+    async def pin(self, request: CopyRequest) -> str:
         self._check()
+        app, variant, server, owner = request.app, request.variant, request.server, request.owner
+        avoid = request.avoid
         if server is None:
             allowed = self.allowed or tuple(self.agents)
             fit = [

@@ -69,6 +69,7 @@ from failsoft.errors import (
     InvalidRequestError,
     NoRouteError,
 )
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.policies import registry
 from failsoft.policies.replication.interface import (
     ApplyState,
@@ -563,8 +564,8 @@ class Replication:
         tries.append((primary.server,))
         for away in tries:
             try:
-                copies = self.context.copies
-                server = await copies.pin(node.app, primary.variant, None, self.owner, avoid=away)
+                request = CopyRequest(node.app, primary.variant, self.owner, avoid=away)
+                server = await self.context.copies.pin(request)
             except FailsoftError as exc:
                 log.debug("service %s, node %s: no backup outside %s: %s", self.service, node.name, away, exc)
                 continue

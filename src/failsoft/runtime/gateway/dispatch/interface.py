@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from failsoft.clock import AsyncClock
 from failsoft.domain import App, Family
 from failsoft.errors import CapacityError
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.services import Service, ServiceMode
 
 if TYPE_CHECKING:
@@ -84,16 +85,7 @@ class CopyControl(Protocol):
     (:meth:`~failsoft.runtime.gateway.routes.RouteMirror.wait_pinned`). A dispatcher never loads,
     unloads or promotes a model itself."""
 
-    async def pin(
-        self,
-        app: str,
-        variant: str,
-        server: str | None,
-        owner: str,
-        priority: int = ...,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-    ) -> str: ...
+    async def pin(self, request: CopyRequest) -> str: ...
 
     async def unpin(self, app: str, server: str, owner: str) -> None: ...
 
@@ -101,17 +93,8 @@ class CopyControl(Protocol):
 class NoCopies:
     """No controller to ask (a dispatcher built without one): every pin is refused."""
 
-    async def pin(
-        self,
-        app: str,
-        variant: str,
-        server: str | None,
-        owner: str,
-        priority: int = 3,
-        avoid: tuple[str, ...] = (),
-        avoid_sites: tuple[str, ...] = (),
-    ) -> str:
-        raise CapacityError(f"no controller to pin a copy of {app!r} with")
+    async def pin(self, request: CopyRequest) -> str:
+        raise CapacityError(f"no controller to pin a copy of {request.app!r} with")
 
     async def unpin(self, app: str, server: str, owner: str) -> None:
         return None

@@ -65,6 +65,7 @@ from failsoft.errors import (
     OverloadedError,
     UnknownNameError,
 )
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.policies import registry
 from failsoft.policies.adaptation.interface import AdaptationPolicy
 from failsoft.policies.adaptation.model import ClientSnapshot, Ladder, Plan, Rung, Snapshot, WorkerPlan
@@ -393,7 +394,7 @@ class SloDispatcher(Dispatcher):
     async def _pin(self, w: _Worker, variant: str) -> None:
         """Ask the core for ``variant`` on ``w``'s server; serve it once published ready."""
         try:
-            await self.context.copies.pin(w.member, variant, w.server, self.owner)
+            await self.context.copies.pin(CopyRequest(w.member, variant, self.owner, w.server))
         except FailsoftError as exc:  # no room, or the server is gone: keep serving what it has
             log.warning(
                 "service %s: %s cannot switch to %s on %s: %s",
