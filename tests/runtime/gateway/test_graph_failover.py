@@ -367,3 +367,36 @@ def test_stop_and_copy_holds_each_output_until_its_state_is_applied_and_fails_ov
     assert report["failovers"] == 1 and report["lost"] == 0 and report["divergent"] == 0
     assert sorted(failed["answers"]) == list(range(1, 41))
     assert _outputs(failed) == _outputs(every)
+
+
+def test_a_state_shipped_again_while_its_first_apply_waits_to_start_is_applied_too() -> None:
+    """The flake of the live concurrent test: after an upstream failover the protocol may ship one
+    state (one ``seq``) twice; its bytes must go with each ``ApplyState`` as it is commanded, or the
+    first apply throws the second's away and the node's state is never durable again."""
+    from failsoft.policies.replication.interface import ApplyState
+    from failsoft.runtime.gateway.dispatch.hams import Copy
+
+    async def go() -> None:
+        clock = ManualClock(1000.0)
+        agents = {s: StatefulAgent(s, clock, 0.005) for s in SERVERS}
+        agents["s2"].models[("app-c", "v")] = Model()
+        routes = {app: route_entry(server, "v") for app, server in (("app-a", "s3"), ("app-c", "s1"))}
+        routes["app-d"] = route_entry("s3", "v")
+        async with mirrored(clock, routes) as (controller, mirror):
+            context = DispatchContext(mirror, agents.__getitem__, clock, copies=controller)  # type: ignore[arg-type]
+            d = GraphDispatcher(SERVICE, context)
+            rep = d.replication
+            assert rep is not None
+            node = rep.nodes["c"]
+            node.backup = Copy("s2", "app-c", "v")
+            epoch = rep._epoch("c")
+            node.buffered[5] = _state_bytes(5, 1.0)
+            rep._run([ApplyState("c", 5, epoch)])
+            node.buffered[5] = _state_bytes(5, 2.0)  # shipped again before the first apply started
+            rep._run([ApplyState("c", 5, epoch)])
+            await clock.run_for(0.1)
+            assert agents["s2"].applied == [5, 5]
+            assert agents["s2"].models[("app-c", "v")].acc == 2.0  # the newer bytes, applied last
+            await rep.close()
+
+    sync(go)()

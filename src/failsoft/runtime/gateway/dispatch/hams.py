@@ -410,8 +410,14 @@ class Replication:
             if isinstance(c, SendState):
                 self._spawn(self._ship(c))
             elif isinstance(c, ApplyState):
-                task = self._spawn(self._apply(c))
-                self.nodes[c.node].applying = task
+                # the bytes are taken now, as the protocol takes the state off its buffer now: taken
+                # when the task starts, a newer transfer of the same state buffered meanwhile was
+                # thrown away with them, its apply found nothing, and the node's state was never
+                # durable again (the flake of test_graph_failover's concurrent test)
+                node = self.nodes[c.node]
+                data = node.buffered.pop(c.seq, None)
+                node.buffered = {s: b for s, b in node.buffered.items() if s > c.seq}
+                node.applying = self._spawn(self._apply(c, data))
             elif isinstance(c, PlaceBackup):
                 self._spawn(self._place(c.node))
             elif isinstance(c, ReleaseOutput) and c.node in self.nodes:
@@ -505,13 +511,15 @@ class Replication:
             return node.pending[0]
         return next((s for s, r in reversed(node.rows.items()) if r == rows), None)
 
-    async def _apply(self, c: ApplyState) -> None:
+    async def _apply(self, c: ApplyState, data: bytes | None) -> None:
         node = self.nodes[c.node]
-        data = node.buffered.get(c.seq)
-        node.buffered = {s: b for s, b in node.buffered.items() if s > c.seq}
         copy = node.backup
         try:
             if copy is None or data is None or self._epoch(c.node) != c.epoch:
+                if data is None and copy is not None and self._epoch(c.node) == c.epoch:
+                    log.error(  # the protocol now waits for this apply for good: say so
+                        "service %s, node %s: no bytes for state %d", self.service, c.node, c.seq
+                    )
                 return
             try:
                 await self.context.agents(copy.server).apply_state(copy.app, copy.variant, data)
