@@ -20,7 +20,13 @@ import numpy as np
 import pytest
 
 from failsoft.domain import Server, Variant
-from failsoft.errors import ConfigError, DeadlineExceededError, ModelNotLoadedError, OverloadedError
+from failsoft.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    DroppedError,
+    ModelNotLoadedError,
+    OverloadedError,
+)
 from failsoft.policies import registry
 from failsoft.policies.queueing import ServiceModel, warmup_sizes
 from failsoft.runtime.serving import ServingQueue, calibrated
@@ -189,7 +195,7 @@ def test_the_worker_drops_requests_past_their_deadline_at_dequeue(model):
     now[0] = 102.0  # the batch ahead outlasted the deadline
     model.gate.set()
     late[0].join(WAIT_S)
-    assert isinstance(late[1]["error"], DeadlineExceededError) and "dropped" in str(late[1]["error"])
+    assert isinstance(late[1]["error"], DroppedError) and "dropped" in str(late[1]["error"])
     assert len(model.calls) == 1 and queue.stats()["dropped"] == 1
     queue.close()
 
@@ -204,7 +210,7 @@ def test_lazy_drop_drops_at_dequeue_what_can_no_longer_finish_in_time(model):
     now[0] = 100.16  # 40 ms left: fifo would still run it, late
     model.gate.set()
     tight[0].join(WAIT_S)
-    assert isinstance(tight[1]["error"], DeadlineExceededError) and "dropped" in str(tight[1]["error"])
+    assert isinstance(tight[1]["error"], DroppedError) and "dropped" in str(tight[1]["error"])
     assert len(model.calls) == 1
     queue.close()
 
@@ -231,7 +237,7 @@ def test_a_queue_plans_to_answer_a_margin_before_the_deadline(model):
     queue = make_queue(model, margin_s=0.03)
     with pytest.raises(OverloadedError):
         queue.infer(rows(1), 0.07)  # 50 ms to run, but the answer must be ready 30 ms early
-    with pytest.raises(DeadlineExceededError, match="no time left"):
+    with pytest.raises(DroppedError, match="no time left"):  # the queue's verdict: not sickness
         queue.infer(rows(1), 0.03)
     np.testing.assert_array_equal(queue.infer(rows(1), 0.09), rows(1) @ WEIGHTS)
     queue.close()
