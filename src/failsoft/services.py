@@ -33,18 +33,6 @@ from annotated_types import Ge, Gt, Le
 from failsoft.bounds import STRICT, check_bounds
 from failsoft.errors import ConfigError
 
-# Models a dispatcher loads itself (the slo mode's variant switches, the graph mode's backups of
-# stateful nodes) are held under the member app's name plus one of these suffixes, which no
-# configured app name can contain; the controller's garbage collection leaves them to their
-# dispatcher (:func:`dispatcher_owned`).
-DISPATCHER_OWNED_SUFFIX = "~slo"
-STATEFUL_COPY_SUFFIX = "~hams"
-
-
-def dispatcher_owned(app: str) -> bool:
-    """Whether a server's holding ``app`` was loaded by a dispatcher, not by the controller."""
-    return app.endswith((DISPATCHER_OWNED_SUFFIX, STATEFUL_COPY_SUFFIX))
-
 
 class ServiceMode(StrEnum):
     SINGLE = "single"

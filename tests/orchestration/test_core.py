@@ -300,11 +300,11 @@ def test_garbage_collection_never_overlaps_and_repairs_what_a_server_lost():
     h = Harness(cluster(), gc_s=2.0)  # the first round starts with the core
     assert {c.server for c in h.of(Inspect)} == {"s0", "s1", "s2"}
     assert not h.of(Inspect, h.take(h.core.advance(2.5)))  # the last round has not answered
-    held = {"models": [["A", "small"], ["Z", "v"], ["A~slo", "small"]]}  # A~slo: an slo dispatcher's
+    held = {"models": [["A", "small"], ["Z", "v"], ["A~slo", "small"]]}  # A~slo: an old gateway's
     h.take(h.core.inspected("s1", InspectPurpose.GC, held, 2.6))
     h.take(h.core.inspected("s2", InspectPurpose.GC, {"models": []}, 2.6))
     out = h.take(h.core.inspected("s0", InspectPurpose.GC, {"models": [["A", "big"], ["B", "big"]]}, 2.6))
-    assert [(u.server, u.app) for u in h.of(Unload)] == [("s1", "Z")]
+    assert [(u.server, u.app) for u in h.of(Unload)] == [("s1", "A~slo"), ("s1", "Z")]
     (repair,) = h.of(Load, out)
     assert (repair.app, repair.server, repair.priority) == ("C", "s0", Priority.FAILOVER)
     assert len(h.of(Inspect, out)) == 3  # the overdue round starts the moment the last one ended

@@ -61,3 +61,30 @@ def test_the_gateway_app_knows_no_mode():
         if module == "failsoft.runtime.gateway.dispatch":
             obj = getattr(factory, name)
             assert not (isinstance(obj, type) and issubclass(obj, Dispatcher) and obj is not Dispatcher), name
+
+
+def model_calls(path: Path, root: Path = SRC) -> list[str]:
+    """Calls in ``path`` that load or unload a model: ``<anything>.load(...)`` or ``.unload(...)``
+    with arguments (an LLM worker's argument-less ``load()`` is a report of its load, not a model)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [
+        f"{path.relative_to(root)}:{node.lineno}: .{node.func.attr}(...)"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("load", "unload")
+        and (node.args or node.keywords)
+    ]
+
+
+def test_no_dispatcher_loads_or_unloads_a_model_itself(tmp_path: Path):
+    """Every copy in the cluster is the orchestration core's: a dispatcher asks for one
+    (``DispatchContext.copies``: pin, unpin) and the core plans, counts and publishes it; a
+    promotion is the core's failover moving the route. So nothing in the gateway calls an agent's
+    ``load``/``unload``; the AST check is checked against a line that would break it."""
+    gateway = SRC / "runtime" / "gateway"
+    found = [c for p in sorted(gateway.rglob("*.py")) for c in model_calls(p)]
+    assert found == [], found
+    bad = tmp_path / "probe.py"
+    bad.write_text("async def f(agent):\n    await agent.load('a', 'fam', 'v', background=True)\n")
+    assert model_calls(bad, tmp_path) == ["probe.py:2: .load(...)"]

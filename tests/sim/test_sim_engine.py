@@ -8,7 +8,7 @@ import math
 import pytest
 from sim_tiny import BIG, DETECTED_AT, FAILURE_AT, NOTIFY_S, SMALL, tiny_scenario
 
-from failsoft.domain import ActionKind, Family
+from failsoft.domain import ActionKind, Family, WarmBackup
 from failsoft.errors import ConfigError
 from failsoft.sim import Deployer, PageCache, RequestMode, SimConfig, simulate_failure, summarize
 
@@ -214,3 +214,15 @@ def test_warm_up_and_first_answers_are_modelled_as_the_runtime_does_them(tiny, f
     b = event.apps["B"]
     assert b.first_answer_ms == pytest.approx(b.mttr_ms - NOTIFY_S * 1000 + SMALL.latency_ms)
     assert math.isinf(_run(tiny, "faillite", fixed).apps["B"].first_answer_ms)  # not modelled: none
+
+
+def test_a_pinned_copy_is_promoted_at_detection_as_in_the_runtime(fixed):
+    """HAMS's backup twinned: B's pinned big copy on s2 takes B over the moment s0 is declared
+    failed (a switch, like A's warm backup: no load), and counts against s2's memory meanwhile."""
+    scenario = tiny_scenario().replace(
+        warm=(WarmBackup("A", "small", "s1"), WarmBackup("B", "big", "s2", pinned=True))
+    )
+    event = _run(scenario, "faillite", fixed)
+    assert event.apps["B"].mttr_ms == pytest.approx(NOTIFY_S * 1000)
+    assert event.apps["B"].final_at == pytest.approx(DETECTED_AT)
+    assert event.apps["A"].mttr_ms == pytest.approx(NOTIFY_S * 1000)

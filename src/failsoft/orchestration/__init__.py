@@ -4,9 +4,10 @@
   of it that policies plan on;
 * :mod:`~failsoft.orchestration.core`: :class:`Orchestrator`, every decision from a silent server to
   every app served again, as inputs in and :mod:`~failsoft.orchestration.commands` out;
-* :mod:`~failsoft.orchestration.operations` and :mod:`~failsoft.orchestration.warm`: two
-  collaborators the orchestrator holds, each owning its state: the per-app operations (recover,
-  upgrade, return home, repair) and the warm-backup re-planning;
+* :mod:`~failsoft.orchestration.operations`, :mod:`~failsoft.orchestration.warm` and
+  :mod:`~failsoft.orchestration.copies`: collaborators the orchestrator holds, each owning its state:
+  the per-app operations (recover, upgrade, return home, repair), the warm-backup re-planning, and
+  the copies a mechanism pins (a Jellyfish rung, a HAMS backup);
 * :mod:`~failsoft.orchestration.effects`: what all three do to the cluster (loads, routes, timers,
   the commands out), the one layer they share;
 * :mod:`~failsoft.orchestration.loads`: per-server load slots by priority;
@@ -29,6 +30,7 @@ from failsoft.orchestration.commands import (
     Publish,
     Unload,
 )
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.orchestration.core import Orchestrator, Phase
 from failsoft.orchestration.loads import LoadQueue, Priority
 from failsoft.orchestration.settings import OrchestrationSettings
@@ -38,6 +40,7 @@ __all__ = [
     "AppRecord",
     "ClusterState",
     "Command",
+    "CopyRequest",
     "Emit",
     "Inspect",
     "InspectPurpose",

@@ -46,6 +46,7 @@ from failsoft.orchestration.commands import (
     PlanFailover,
     Planned,
 )
+from failsoft.orchestration.copies import CopyRequest, MechanismCopies
 from failsoft.orchestration.effects import Effects
 from failsoft.orchestration.operations import Group, Operations
 from failsoft.orchestration.settings import OrchestrationSettings
@@ -54,7 +55,6 @@ from failsoft.orchestration.warm import WarmBackups
 from failsoft.policies.detection import HealthChange, HeartbeatDetector
 from failsoft.policies.failover.common import affected_apps, initial_ledger, warm_switches
 from failsoft.policies.failover.ledger import Ledger
-from failsoft.services import dispatcher_owned
 
 log = logging.getLogger(__name__)
 LONG_AGO_S = 3600.0
@@ -74,8 +74,9 @@ class Orchestrator:
 
     It detects failures, plans failovers and decides what runs when; two collaborators it holds carry
     out the rest, each owning its state: :attr:`operations` (per-app recoveries, upgrades, returns
-    home and repairs: :class:`~failsoft.orchestration.operations.Operations`) and :attr:`warm` (warm
-    backups re-planned: :class:`~failsoft.orchestration.warm.WarmBackups`). All three act on the
+    home and repairs: :class:`~failsoft.orchestration.operations.Operations`), :attr:`warm` (warm
+    backups re-planned: :class:`~failsoft.orchestration.warm.WarmBackups`) and :attr:`copies` (the
+    copies mechanisms pin: :class:`~failsoft.orchestration.copies.MechanismCopies`). All of them act on the
     cluster through one :class:`~failsoft.orchestration.effects.Effects` (:attr:`fx`): its loads,
     routes, timers and outbox.
     """
@@ -87,6 +88,7 @@ class Orchestrator:
         )
         self.fx = Effects(state, settings.load_slots, now)
         self.warm = WarmBackups(self.fx)
+        self.copies = MechanismCopies(self.fx, settings.drain_s)
         self.operations = Operations(self.fx, settings, routes_moved_home=self.warm.mark_dirty)
         self.failed_queue: dict[str, float] = {}  # server -> when it was detected
         self.last_heard: dict[str, float] = {}
@@ -133,6 +135,20 @@ class Orchestrator:
         for name in sorted(self._verify_pending):
             self.fx.send(Inspect(name, InspectPurpose.VERIFY))
         self._finish_verify(now)
+        return self._flush(now)
+
+    # inputs: mechanism copies (HAMS backups, Jellyfish rungs; see orchestration/copies.py) ------
+    def pin(self, request: CopyRequest, now: float) -> tuple[str, list[Command]]:
+        """Pin a mechanism's copy (:class:`~failsoft.orchestration.copies.CopyRequest`): the server
+        it is on, and the commands (its :class:`Load`). Raises UnknownNameError or CapacityError,
+        changing nothing."""
+        server = self.copies.pin(request, now)
+        return server, self._flush(now)
+
+    def unpin(self, app: str, server: str, owner: str, now: float) -> list[Command]:
+        """``owner`` gives up its copy of ``app`` on ``server`` (unloaded after the drain period)."""
+        if self.copies.unpin(app, server, owner, now):
+            self.warm.mark_dirty()
         return self._flush(now)
 
     # inputs: health -----------------------------------------------------------------------------
@@ -250,8 +266,8 @@ class Orchestrator:
                     "failure", None, None, server=server, detected_at=detected_at, last_heartbeat_at=heard
                 )
         self.fx.publish(force=True)  # clients hear of the failure, then of the new routes
-        for action in switched:
-            self.fx.failover_event(action.app, "warm", detected_at, now)
+        for app, kind in switched:
+            self.fx.failover_event(app, kind, detected_at, now)
 
     def _unroute(
         self, failed: set[str], detected_at: float, now: float
@@ -281,35 +297,45 @@ class Orchestrator:
         self.warm.finish_if_done()
         return hit
 
-    def _switch_to_warm(self, detected_at: float, now: float) -> list[FailoverAction]:
+    def _switch_to_warm(self, detected_at: float, now: float) -> list[tuple[str, str]]:
         """FailLite's first reaction: an affected app with a live warm backup switches to it now,
-        before any planning (every policy makes the same choice: the most accurate live backup)."""
+        before any planning (every policy makes the same choice: the most accurate live backup).
+        An app with a warm *pinned* copy switches to that one (it holds what others do not: HAMS's
+        state), and the route is ``promoted``. The apps switched, with the kind of their failover."""
         down = self.state.down()
         backups: dict[str, int] = {}
-        for (app, server), w in self.state.warm.items():
+        pinned: dict[str, str] = {}
+        for (app, server), w in sorted(self.state.warm.items()):
             if w.state is BackupState.WARM and server not in down:
                 backups[app] = backups.get(app, 0) + 1
+                if w.backup.pinned:
+                    pinned.setdefault(app, server)
         waiting = [
             a
-            for a in self.fx.unrouted
+            for a in sorted(self.fx.unrouted)
             if a in backups and a not in self.operations and self.state.apps[a].final is None
         ]  # affected apps (no route, capacity reserved at a down home) with a live backup
         if not waiting:
             return []
+        switched = [(a, self._take_backup(a, pinned[a], detected_at, now)) for a in waiting if a in pinned]
         scenario = self.state.snapshot()
-        affected = [a for a in affected_apps(scenario, down) if a.name in waiting]
+        affected = [a for a in affected_apps(scenario, down) if a.name in waiting and a.name not in pinned]
         ties = any(backups[a.name] > 1 for a in affected)  # only ties need the capacity ledger
         ledger = initial_ledger(scenario, down) if ties else Ledger({})
         actions, _ = warm_switches(scenario, affected, down, ledger)
-        for action in actions:
-            rec = self.state.apps[action.app]
-            self.fx.set_route(
-                rec, Placement(action.server, action.final_variant), RouteKind.WARM, detected_at, now
-            )
-            self.state.warm.pop((action.app, action.server), None)
-        if actions:
+        switched += [(a.app, self._take_backup(a.app, a.server, detected_at, now)) for a in actions]
+        if switched:
             self.warm.dirty = True
-        return actions
+        return switched
+
+    def _take_backup(self, app: str, server: str, detected_at: float, now: float) -> str:
+        """Route ``app`` to its warm backup on ``server`` (which stops being a backup); the kind of
+        failover: ``warm``, or ``promoted`` for a pinned copy."""
+        rec = self.state.apps[app]
+        backup = self.state.warm.pop((app, server))
+        kind = RouteKind.PROMOTED if backup.backup.pinned else RouteKind.WARM
+        self.fx.set_route(rec, Placement(server, backup.backup.variant), kind, detected_at, now)
+        return kind.value
 
     # planning --------------------------------------------------------------------------------------
     def _plan(self, now: float) -> None:
@@ -377,15 +403,11 @@ class Orchestrator:
         actions = [a for a in plan.actions if self._applicable(a, failed_at)]
         self.fx.send(Planned(plan, now, tuple(actions)))
         warm = [a for a in actions if a.kind is ActionKind.WARM]
-        for action in warm:
-            rec = self.state.apps[action.app]
-            where = Placement(action.server, action.final_variant)
-            self.fx.set_route(rec, where, RouteKind.WARM, failed_at[action.app], now)
-            self.state.warm.pop((action.app, action.server), None)
+        kinds = [self._take_backup(a.app, a.server, failed_at[a.app], now) for a in warm]
         if warm:
             self.fx.publish()
-        for action in warm:
-            self.fx.failover_event(action.app, "warm", failed_at[action.app], now)
+        for action, kind in zip(warm, kinds, strict=True):
+            self.fx.failover_event(action.app, kind, failed_at[action.app], now)
         for backup in plan.released:  # before any load: the loads need that memory
             rec = self.state.warm.get((backup.app, backup.server))
             if rec is not None and rec.backup == backup:
@@ -418,6 +440,8 @@ class Orchestrator:
         if job.orphan or (not job.warm and op is None):
             if ok and not self.fx.needed(job.app, job.server, job.variant):
                 self.fx.unload(job.server, job.app, job.variant)
+        elif job.pinned:
+            self.copies.loaded(ok, job.app, job.server, job.variant, now)
         elif job.warm:
             self.warm.loaded(load_id, ok, job.app, job.server, job.variant)
         else:
@@ -480,7 +504,7 @@ class Orchestrator:
         held = self._note_report(server, report)
         needed = self.state.needed_on(server)
         for app, variant in sorted(held - needed):
-            if app not in self.operations and not self.warm.loading(app) and not dispatcher_owned(app):
+            if app not in self.operations and not self.warm.loading(app):
                 self.fx.unload(server, app, variant)
         for app, variant in sorted(needed - held):
             route = self.state.apps[app].route
@@ -564,7 +588,7 @@ class Orchestrator:
             home_up = self.state.servers[rec.home.server].state is ServerState.UP
             if rec.final is not None:
                 self.operations.resume_upgrade(name, now)
-            elif rec.route != rec.home and home_up:
+            elif rec.route != rec.home and home_up and rec.kind is not RouteKind.PROMOTED:
                 self.operations.return_home(name, now)
         needs_plan = any(
             a not in self.operations and not self.operations.backing_off(a, now) for a in self.fx.unrouted

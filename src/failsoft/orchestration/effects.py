@@ -35,6 +35,7 @@ class LoadJob:
     variant: str
     priority: Priority
     warm: bool
+    pinned: bool = False  # a mechanism's copy (:mod:`~failsoft.orchestration.copies`)
     started: bool = False
     orphan: bool = False  # the operation waiting for it is gone: what it loads is unwanted
 
@@ -127,10 +128,18 @@ class Effects:
             self._changed_routes = []
 
     # loads and unloads --------------------------------------------------------------------------
-    def load(self, app: str, server: str, variant: str, priority: Priority, warm: bool = False) -> int:
+    def load(
+        self,
+        app: str,
+        server: str,
+        variant: str,
+        priority: Priority,
+        warm: bool = False,
+        pinned: bool = False,
+    ) -> int:
         """Ask for a load; it is sent now if a slot of ``server`` is free, else when one frees."""
         load_id = next(self._load_ids)
-        job = LoadJob(load_id, server, app, variant, priority, warm)
+        job = LoadJob(load_id, server, app, variant, priority, warm or pinned, pinned)
         self.jobs[load_id] = job
         if self.loads.submit(server, load_id, priority):
             self._send_load(job)
@@ -176,7 +185,7 @@ class Effects:
         if rec.route == where or rec.final == where:
             return True
         warm = self.state.warm.get((app, server))
-        return warm is not None and warm.backup.variant == variant
+        return warm is not None and variant in (warm.backup.variant, warm.previous)
 
     # timers -------------------------------------------------------------------------------------
     def wake_at(self, at: float, item: tuple[str, Any] = ("wake", None)) -> None:

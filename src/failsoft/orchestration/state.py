@@ -43,6 +43,7 @@ class RouteKind(StrEnum):
     WARM = "warm"  # switched to a warm backup
     PROGRESSIVE = "progressive"  # a replica loaded by progressive failover (maybe upgrading)
     COLD = "cold"  # a full-size replica loaded from disk (baselines)
+    PROMOTED = "promoted"  # a mechanism's pinned copy took over (HAMS: it holds the state): it stays
 
 
 LIVE = (ServerState.UP, ServerState.SUSPECT)
@@ -109,8 +110,14 @@ class ServerRecord:
 
 @dataclass
 class WarmRecord:
+    """A warm backup and its life cycle. A pinned one (``backup.pinned``) is a mechanism's copy:
+    ``owner`` names who pinned it (``slo:<service>``, ``graph:<service>``), and ``previous`` is the
+    variant it replaces on the same server, unloaded once this one is warm (make before break)."""
+
     backup: WarmBackup
     state: BackupState = BackupState.LOADING
+    owner: str | None = None
+    previous: str | None = None
 
 
 class ClusterState:
@@ -170,13 +177,23 @@ class ClusterState:
         return [w for (a, _), w in self.warm.items() if a == app]
 
     def needed_on(self, server: str) -> set[tuple[str, str]]:
-        """What ``server`` must keep: routes, upgrade targets and warm backups placed on it."""
+        """What ``server`` must keep: routes, upgrade targets and warm backups placed on it (a pinned
+        copy's previous variant too, until the new one is warm)."""
         need = {(w.backup.app, w.backup.variant) for (_, s), w in self.warm.items() if s == server}
+        need |= {(w.backup.app, w.previous) for (_, s), w in self.warm.items() if s == server and w.previous}
         for name, rec in self.apps.items():
             for p in (rec.route, rec.final):
                 if p is not None and p.server == server:
                     need.add((name, p.variant))
         return need
+
+    def used_mb(self, server: str) -> float:
+        """Memory the core counts on ``server``: what it holds and what it must keep or is loading."""
+        models = self.servers[server].holdings | self.needed_on(server)
+        return sum(self.variant(a, v).memory_mb for a, v in models if a in self.apps)
+
+    def pinned_of(self, app: str) -> list[WarmRecord]:
+        return [w for w in self.warm_of(app) if w.backup.pinned]
 
     # the policies' view ----------------------------------------------------------------------
     def snapshot(self, with_warm: bool = True, live_only: bool = False) -> Scenario:
@@ -244,6 +261,15 @@ class ClusterState:
             "slo_ms": rec.app.slo_ms,
             "home": _placement_doc(rec.home),
             "route": None,
+            "pinned": [
+                {
+                    "server": w.backup.server,
+                    "variant": w.backup.variant,
+                    "owner": w.owner,
+                    "ready": w.state is BackupState.WARM,
+                }
+                for w in self.pinned_of(name)
+            ],
         }
         if rec.route is not None:
             served = self.variant(name, rec.route.variant)
@@ -318,6 +344,7 @@ class ClusterState:
                     "variant": w.backup.variant,
                     "state": w.state.value,
                     "pinned": w.backup.pinned,
+                    "owner": w.owner,
                 }
                 for (a, s), w in self.warm.items()
             },
@@ -341,7 +368,8 @@ class ClusterState:
         for doc in docs.get("warm", {}).values():
             if doc["app"] in self.apps and doc["server"] in self.servers:
                 backup = WarmBackup(doc["app"], doc["variant"], doc["server"], bool(doc.get("pinned")))
-                self.warm[(backup.app, backup.server)] = WarmRecord(backup, BackupState(doc["state"]))
+                record = WarmRecord(backup, BackupState(doc["state"]), doc.get("owner"))
+                self.warm[(backup.app, backup.server)] = record
 
 
 def _shift(t: float | None, by: float) -> float | None:

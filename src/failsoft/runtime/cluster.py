@@ -43,6 +43,7 @@ from failsoft.errors import (
     ServerUnavailableError,
     ServingError,
 )
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.runtime.devices import ON_CPU, Placement
 
 # A Ray call made after shutdown (a straggling thread) must fail, not start a new Ray instance.
@@ -210,6 +211,13 @@ class ControllerRef(_ActorRef):
 
     async def report_unhealthy(self, server: str, reason: str, timeout_s: float = 5.0) -> bool:
         return await self._call("report_unhealthy", server, reason, timeout_s=timeout_s)
+
+    async def pin(self, request: CopyRequest, timeout_s: float = 5.0) -> str:
+        """Ask the core for a mechanism's copy (``Controller.pin``); the server it is pinned on."""
+        return str(await self._call("pin", request, timeout_s=timeout_s))
+
+    async def unpin(self, app: str, server: str, owner: str, timeout_s: float = 5.0) -> None:
+        await self._call("unpin", app, server, owner, timeout_s=timeout_s)
 
     def wait_ready_sync(self, timeout_s: float) -> bool:
         return self._call_sync("wait_ready", timeout_s, timeout_s=timeout_s + 10.0)

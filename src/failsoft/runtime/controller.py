@@ -36,7 +36,7 @@ from typing import Any
 from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import Scenario
 from failsoft.errors import StoreError
-from failsoft.orchestration import ClusterState, OrchestrationSettings, Orchestrator
+from failsoft.orchestration import ClusterState, CopyRequest, OrchestrationSettings, Orchestrator
 from failsoft.runtime import cluster
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
@@ -181,6 +181,18 @@ class Controller:
         commands = self.core.unhealthy(server, self.clock.now(), reason)
         self._feed(commands)
         return bool(commands)
+
+    async def pin(self, request: CopyRequest) -> str:
+        """A mechanism's copy (a Jellyfish rung, a HAMS backup): the core plans its load, counts it
+        and publishes it in the routing table (``pinned``, ``ready`` once loaded). The server it is
+        on; CapacityError or UnknownNameError when it cannot be placed."""
+        server, commands = self.core.pin(request, self.clock.now())
+        self._feed(commands)
+        return server
+
+    async def unpin(self, app: str, server: str, owner: str) -> None:
+        """``owner`` gives its copy of ``app`` on ``server`` up (unloaded after the drain period)."""
+        self._feed(self.core.unpin(app, server, owner, self.clock.now()))
 
     async def wait_ready(self, timeout_s: float) -> bool:
         with contextlib.suppress(TimeoutError):

@@ -33,6 +33,7 @@ from failsoft.domain import ActionKind, Scenario, Variant
 from failsoft.orchestration import (
     ClusterState,
     Command,
+    CopyRequest,
     Emit,
     Inspect,
     Load,
@@ -54,6 +55,7 @@ from failsoft.sim.requests import RequestCore
 from failsoft.sim.trace import EventLog
 
 Process = Generator[simpy.Event, Any, None]
+_SWITCHES = ("warm", "promoted")  # failovers to a loaded copy (a warm backup, a pinned copy)
 
 
 def sim_settings(config: SimConfig) -> OrchestrationSettings:
@@ -173,6 +175,16 @@ class SimController:
         self.stopped = True
         if not self._tail:
             self._deaf()
+
+    # a mechanism's copies (the runtime's gateway asks its controller; a simulated one asks here) ---
+    def pin(self, request: CopyRequest) -> str:
+        """Pin a copy as the runtime's ``Controller.pin`` does: the core's Load, carried out here."""
+        server, commands = self.core.pin(request, self.env.now)
+        self._run(commands)
+        return server
+
+    def unpin(self, app: str, server: str, owner: str) -> None:
+        self._run(self.core.unpin(app, server, owner, self.env.now))
 
     # carrying out commands ---------------------------------------------------------------------------
     def _run(self, commands: list[Command]) -> None:
@@ -294,7 +306,7 @@ class SimController:
             self.log.add(f["detected_at"], "detected", "", f["server"], "")
         elif cmd.type == "failure" and f.get("app") is not None:
             self.recorder.affected(f["app"], f["server"], f["detected_at"])
-        elif cmd.type == "failover" and f["kind"] == "warm" and f.get("app") in self.recorder.result.apps:
+        elif cmd.type == "failover" and f["kind"] in _SWITCHES and f.get("app") in self.recorder.result.apps:
             self.recorder.failover(f["app"], ActionKind.WARM, f["server"])  # switched before any plan
 
     def _planned(self, cmd: Planned) -> None:

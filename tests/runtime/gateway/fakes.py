@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from failsoft.clock import ManualClock
-from failsoft.errors import FailsoftError, ServerUnavailableError
+from failsoft.errors import CapacityError, FailsoftError, ServerUnavailableError
+from failsoft.orchestration import CopyRequest
 from failsoft.runtime.gateway.routes import RouteMirror
 from failsoft.runtime.longpoll import EventLog, VersionedValue, wait_event
 
@@ -50,9 +51,15 @@ class FakeController:
         self.calls = 0
         self.resumed = asyncio.Event()  # clear: a restarted controller still resuming (not ready)
         self.resumed.set()
+        self.agents: dict[str, Any] = {}  # what pin() loads on
+        self.allowed: tuple[str, ...] = ()  # where pin() may place a copy (empty: any agent's server)
+        self.pins: list[tuple[str, str, str, str]] = []
+        self.unpins: list[tuple[str, str, str]] = []
+        self._loading: set[asyncio.Task[Any]] = set()
 
     def set_route(self, app: str, entry: dict[str, Any] | None) -> None:
-        self.table.publish({**self.table.value, app: entry or {"route": None}})
+        pinned = (self.table.value.get(app) or {}).get("pinned", [])
+        self.table.publish({**self.table.value, app: {**(entry or {"route": None}), "pinned": pinned}})
 
     def _check(self) -> None:
         self.calls += 1
@@ -79,6 +86,68 @@ class FakeController:
     async def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
         self._check()
         return {"servers": [], "apps": []}
+
+    # mechanism copies: a stand-in for the orchestration core's pin/unpin (tests/orchestration
+    # tests the real one); it loads through ``agents`` and publishes ``pinned`` as the core does
+    async def pin(self, request: CopyRequest) -> str:
+        self._check()
+        app, variant, server, owner = request.app, request.variant, request.server, request.owner
+        avoid = request.avoid
+        if server is None:
+            allowed = self.allowed or tuple(self.agents)
+            fit = [
+                s
+                for s in sorted(allowed)
+                if s not in avoid and not getattr(self.agents[s], "dead", False)
+            ]
+            if not fit:
+                raise CapacityError(f"no server outside {list(avoid)} has room for {app}/{variant}")
+            server = fit[0]
+        self.pins.append((app, variant, server, owner))
+        self._set_pinned(app, server, variant, owner, ready=False)
+        task = asyncio.ensure_future(self._load_pinned(app, variant, server, owner))
+        self._loading.add(task)
+        task.add_done_callback(self._loading.discard)
+        return server
+
+    async def _load_pinned(self, app: str, variant: str, server: str, owner: str) -> None:
+        try:
+            await self.agents[server].load(app, "fam", variant, background=True)
+        except FailsoftError:
+            self._set_pinned(app, server, None, owner, ready=False)
+            return
+        self._set_pinned(app, server, variant, owner, ready=True)
+
+    async def unpin(self, app: str, server: str, owner: str) -> None:
+        self._check()
+        self.unpins.append((app, server, owner))
+        gone = [p for p in self.table.value.get(app, {}).get("pinned", []) if p["server"] == server]
+        self._set_pinned(app, server, None, owner, ready=False)
+        for p in gone:
+            await self.agents[server].unload(app, p["variant"])
+
+    def pinned(self, app: str) -> list[dict[str, Any]]:
+        return list((self.table.value.get(app) or {}).get("pinned", []))
+
+    def fail_server(self, server: str) -> None:
+        """As the core declares ``server`` failed: the pinned copies there are dropped."""
+        for app in list(self.table.value):
+            if any(p["server"] == server for p in self.pinned(app)):
+                self._set_pinned(app, server, None, "", ready=False)
+
+    def promote(self, app: str, server: str, variant: str) -> None:
+        """As the core's warm switch to a pinned copy: the copy becomes the route (``promoted``)."""
+        entry = self.table.value.get(app) or {}
+        pinned = [p for p in entry.get("pinned", []) if p["server"] != server]
+        route = route_entry(server, variant, "promoted")["route"]
+        self.table.publish({**self.table.value, app: {**entry, "route": route, "pinned": pinned}})
+
+    def _set_pinned(self, app: str, server: str, variant: str | None, owner: str, ready: bool) -> None:
+        entry = dict(self.table.value.get(app) or {"route": None})
+        copies = [p for p in entry.get("pinned", []) if p["server"] != server]
+        if variant is not None:
+            copies.append({"server": server, "variant": variant, "owner": owner, "ready": ready})
+        self.table.publish({**self.table.value, app: {**entry, "pinned": copies}})
 
 
 class FakeAgent:

@@ -29,7 +29,7 @@ from failsoft.errors import (
 from failsoft.policies.adaptation.network import frame_kbit
 from failsoft.runtime.gateway.dispatch import DispatchContext, Request, SloDispatcher
 from failsoft.runtime.gateway.dispatch.slo import DISPATCH_WINDOW_S, IDLE_S, DispatchTimes
-from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
+from failsoft.services import Service, ServiceMode, SloParams
 from tests.asyncwait import until
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
 
@@ -103,9 +103,17 @@ async def rigged(params: SloParams | None = None) -> AsyncIterator[Rig]:
         return agents[server]
 
     routes = {"w1": route_entry("s1", "v0"), "w2": route_entry("s2", "v0")}
-    async with mirrored(clock, routes) as (_, mirror):
+    async with mirrored(clock, routes) as (controller, mirror):
+        controller.agents = agents
         apps = {w: App(w, "fam") for w in ("w1", "w2")}
-        context = DispatchContext(mirror, agent, clock, apps=apps, families={"fam": FAMILY})  # type: ignore[arg-type]
+        context = DispatchContext(
+            mirror,
+            agent,
+            clock,
+            apps=apps,
+            families={"fam": FAMILY},
+            copies=controller,  # type: ignore[arg-type]
+        )
         service = Service("pool", ServiceMode.SLO, ("w1", "w2"), params or SloParams())
         yield Rig(clock, agents, SloDispatcher(service, context))
 
@@ -183,18 +191,20 @@ async def test_a_variant_switch_loads_in_the_background_and_drops_no_frame(rig):
     worker = d.plan.worker_of(client).worker
     server = "s1" if worker == "w1" else "s2"
     assert d.ladder.rungs[d.plan.worker_of(client).rung].name == "v2"  # room for the most accurate
-    key = worker + DISPATCHER_OWNED_SUFFIX
-    await until(lambda: rig.agents[server].loads, "the background load starts")
-    assert rig.agents[server].loads[:1] == [(key, "v2", True)]
+    await until(lambda: rig.agents[server].loads, "the core is asked, and the background load starts")
+    assert rig.dispatcher.context.copies.pins == [(worker, "v2", server, "slo:pool")]  # type: ignore[attr-defined]
+    assert rig.agents[server].loads[:1] == [(worker, "v2", True)]
     during = await rig.finish(rig.send(client, "r1"))  # the load is still running
     assert (during.variant, during.dropped) == ("v0", False)
     await rig.clock.run_for(LOAD_S)
     await until(lambda: d.switches == 1, "the switch to v2 lands")
     after = await rig.finish(rig.send(client, "r2"))
     assert (after.variant, after.dropped) == ("v2", False)
-    assert rig.agents[server].calls[-1]["app"] == key
+    assert (rig.agents[server].calls[-1]["app"], rig.agents[server].calls[-1]["variant"]) == (worker, "v2")
     assert rig.agents[server].unloads == []  # the route's v0 stays with the controller
     assert d.switches == 1 and d.describe()["switches"] == 1
+    await d.close()  # the rung is given back to the core
+    assert d.context.copies.unpins == [(worker, server, "slo:pool")]  # type: ignore[attr-defined]
 
 
 @rigged_test
@@ -218,13 +228,12 @@ async def test_a_frame_whose_switched_variant_was_unloaded_is_retried_on_the_rou
     worker = d.plan.worker_of(client).worker
     agent = rig.agents["s1" if worker == "w1" else "s2"]
     await until(lambda: agent.loads, "the background load starts")
-    await rig.clock.run_for(LOAD_S)  # switched to worker~slo/v2
+    await rig.clock.run_for(LOAD_S)  # switched to the pinned v2 copy
     await until(lambda: d.switches == 1, "the switch to v2 lands")
-    key = worker + DISPATCHER_OWNED_SUFFIX
-    agent.missing.add((key, "v2"))  # unloaded behind the dispatcher's back (a restarted agent)
+    agent.missing.add((worker, "v2"))  # unloaded behind the dispatcher's back (a restarted agent)
     answer = await rig.finish(rig.send(client))
     assert (answer.variant, answer.dropped, answer.attempts) == ("v0", False, 2)
-    assert [(c["app"], c["variant"]) for c in agent.calls[-2:]] == [(key, "v2"), (worker, "v0")]
+    assert [(c["app"], c["variant"]) for c in agent.calls[-2:]] == [(worker, "v2"), (worker, "v0")]
 
 
 @rigged_test

@@ -120,6 +120,7 @@ class Gateway:
             input_shape=self._input_shape,
             event=self._publish,
             servers=self._servers,
+            copies=controller,
         )
         dispatchers = build_dispatchers(services, context)
         self.served = {

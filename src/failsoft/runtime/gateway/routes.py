@@ -53,6 +53,17 @@ class Route:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class PinnedCopy:
+    """A mechanism's copy of an app (``Controller.pin``): where, which variant, whose, and whether
+    its load has finished (``ready``: it serves)."""
+
+    server: str
+    variant: str
+    owner: str | None
+    ready: bool
+
+
 class RouteMirror:
     """The routing table as last heard from the controller; waits for changes on the injected clock."""
 
@@ -66,6 +77,7 @@ class RouteMirror:
         self.version = -1
         self.ready = False
         self.routes: dict[str, Route | None] = {}
+        self.pinned: dict[str, tuple[PinnedCopy, ...]] = {}
         self._changed = asyncio.Event()
 
     def route(self, app: str) -> Route | None:
@@ -75,6 +87,13 @@ class RouteMirror:
         """Take a snapshot ``{"epoch", "version", "ready", "value": {app: {"route": entry}}}``."""
         self.epoch, self.version, self.ready = snap["epoch"], snap["version"], bool(snap.get("ready"))
         self.routes = {name: Route.from_entry(e["route"]) for name, e in snap["value"].items()}
+        self.pinned = {
+            name: tuple(
+                PinnedCopy(p["server"], p["variant"], p.get("owner"), bool(p["ready"]))
+                for p in e.get("pinned", ())
+            )
+            for name, e in snap["value"].items()
+        }
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -92,6 +111,30 @@ class RouteMirror:
                 self.ready,
             ):
                 self.update(snap)
+
+    def pinned_copy(self, app: str, server: str) -> PinnedCopy | None:
+        """``app``'s pinned copy on ``server`` as last published (None: there is none)."""
+        return next((p for p in self.pinned.get(app, ()) if p.server == server), None)
+
+    async def wait_pinned(self, app: str, server: str, variant: str, timeout_s: float) -> bool:
+        """Wait until ``app``'s pinned copy of ``variant`` on ``server`` is published ready: True;
+        False when it is gone once seen (its load failed, its server failed, it was replaced), or
+        when ``timeout_s`` passed first. The pin's own publish may arrive after the pin answered:
+        a copy not seen yet is waited for."""
+        deadline = self.clock.now() + timeout_s
+        seen = False
+        while True:
+            copy = self.pinned_copy(app, server)
+            if copy is not None and copy.variant == variant:
+                if copy.ready:
+                    return True
+                seen = True
+            elif seen:
+                return False
+            left = deadline - self.clock.now()
+            if left <= 0:
+                return False
+            await self.wait_change(left)
 
     async def wait_change(self, timeout_s: float) -> bool:
         """Wait for the next table update; False when ``timeout_s`` passed first."""

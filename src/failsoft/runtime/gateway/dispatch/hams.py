@@ -4,10 +4,12 @@ The ``graph`` dispatcher (:mod:`.graph`) calls a stateful node through :class:`R
 carries out what the replication protocol (:mod:`failsoft.policies.replication`, ``nspb``) commands,
 the protocol itself staying pure (events in, commands out):
 
-* **The copies.** A stateful node's *primary* is, at first, the controller's copy of its app (the
-  app's route). Its *backup* is a copy the dispatcher loads itself on another server, under the app's
-  name plus :data:`~failsoft.services.STATEFUL_COPY_SUFFIX` (the controller's garbage collection
-  leaves it alone), in the background (``PlaceBackup``, answered by ``BackupPlaced``).
+* **The copies.** A stateful node's *primary* is the controller's copy of its app (the app's route).
+  Its *backup* is a copy the orchestration core places (``PlaceBackup``): the dispatcher asks for a
+  pinned copy of the app away from the primary's server (``copies.pin``, owner ``graph:<service>``),
+  the core picks the server with its capacity view, loads it at the warm-backup priority and
+  publishes it; once the routing table shows it ready, ``BackupPlaced``. The dispatcher never loads
+  or unloads a model itself.
 * **Non-stop shipping.** A node's output is forwarded downstream the moment it is computed
   (``OutputComputed`` -> ``ReleaseOutput``); the state it left is shipped *meanwhile*
   (``SendState``: :meth:`AgentRef.state` on the primary, one transfer in flight, the newest state
@@ -28,14 +30,17 @@ the protocol itself staying pure (events in, commands out):
   or ``none`` (no backup is placed; a failed primary is a ``Restore``: the node starts over on its
   app's route).
 * **A failed primary** (its agent is gone, it does not hold the model any more, or the controller
-  moved the app's route to another server): the request at the node reports ``Crashed``; on
-  ``Promote(node, k)`` the backup, which holds the state after ``k`` (an apply under way is awaited
-  first), becomes the primary; ``Replay(node, k + 1)`` computes the logged inputs after ``k`` on it in
-  ``seq`` order (their outputs were released already and are not sent again: the replay rebuilds the
-  state); then the request that found the failure is computed there, and the graph goes on.
-  ``PlaceBackup`` loads a new backup on another server, which the newest state is shipped to.
-  Without a backup holding a state (both copies gone, or the first one not placed yet) the protocol
-  answers ``Restore(node, 0)``: the node goes back to the app's route, its state lost (``none``).
+  moved the app's route to another server): where the node goes is the controller's decision, one
+  control loop for the whole cluster. The request at the node waits for the app's route to leave
+  the dead server: the core switches an app with a warm pinned copy to it at once when it declares
+  the server failed (route kind ``promoted``). Then the node reports ``Crashed``; on
+  ``Promote(node, k)``, if the new route is the backup (which holds the state after ``k``; an apply
+  under way is awaited first), the backup is the primary; ``Replay(node, k + 1)`` computes the
+  logged inputs after ``k`` on it in ``seq`` order (their outputs were released already and are not
+  sent again: the replay rebuilds the state); then the request that found the failure is computed
+  there, and the graph goes on. ``PlaceBackup`` asks for a new backup, which the newest state is
+  shipped to. Without a backup holding a state (both copies gone, the first one not placed yet, or
+  the route went elsewhere) the node goes on at the app's new route, its state lost (``none``).
 
 Not carried out yet (docs/hams.md, "What comes next"): holding a client's answer until every stateful
 model is durable past it (``ReleaseToClient``), and, after a failover, the ``Replay`` of the nodes
@@ -64,6 +69,7 @@ from failsoft.errors import (
     InvalidRequestError,
     NoRouteError,
 )
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.policies import registry
 from failsoft.policies.replication.interface import (
     ApplyState,
@@ -84,7 +90,7 @@ from failsoft.policies.replication.interface import (
 )
 from failsoft.runtime.gateway.dispatch.calls import CallResult, CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext
-from failsoft.services import STATEFUL_COPY_SUFFIX, GraphParams
+from failsoft.services import GraphParams
 
 log = logging.getLogger(__name__)
 POLICY = "nspb"
@@ -93,6 +99,8 @@ SHIP_TRIES = 50  # tries at RETRY_S; then the transfer is retried every SLOW_RET
 SLOW_RETRY_S = 1.0
 REPLAY_TIMEOUT_S = 10.0  # per replayed request
 UNCERTAIN = (DeadlineExceededError, asyncio.CancelledError)  # the copy may have computed it, or not
+PIN_WAIT_S = 60.0  # how long a backup placement waits for its copy to be published ready
+UNPIN_ON_CLOSE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +165,7 @@ class Replication:
                 self.nodes[n.name] = NodeCopies(n.name, n.app, app.family if app else "")
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = False
+        self.owner = f"graph:{service}"
 
     # start-up and reports --------------------------------------------------------------------
     def start(self) -> None:
@@ -172,9 +181,9 @@ class Replication:
             self._handle(Crashed(name, Role.BACKUP))
 
     def serving(self, node: str) -> bool:
-        """Whether a promoted copy (the gateway's own, on no route) serves ``node``."""
-        primary = self.nodes[node].primary
-        return primary is not None and primary.app != self.nodes[node].app
+        """Whether a primary the node holds serves it while its app has no route (never: a promoted
+        backup is the app's route, published by the controller)."""
+        return False
 
     def describe(self) -> dict[str, Any]:
         nodes: dict[str, Any] = {}
@@ -186,6 +195,14 @@ class Replication:
                 "durable": rep.durable if rep is not None else None,
                 "backup_holds": rep.held if rep is not None and rep.has_backup else None,
                 "failovers": n.failovers,
+                "shipping": None if rep is None else {  # where the transfers stand (diagnostics)
+                    "epoch": rep.epoch,
+                    "in_flight": rep.in_flight,
+                    "applying": rep.applying,
+                    "buffered": sorted(rep.buffered),
+                    "bytes_for": sorted(n.buffered),
+                    "computed": getattr(self.protocol, "computed", {}).get(name),
+                },
                 "replayed": n.replayed,
                 "divergent": n.divergent,
                 "lost": n.lost,
@@ -193,9 +210,13 @@ class Replication:
         return {"policy": self.protocol.name, "nodes": nodes}
 
     async def close(self) -> None:
+        """Stop the transfers and placements; give the backups up."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        unpins = [self._unpin(n.backup) for n in self.nodes.values() if n.backup is not None]
+        with contextlib.suppress(TimeoutError):  # the controller may be gone already
+            await asyncio.wait_for(asyncio.gather(*unpins, return_exceptions=True), UNPIN_ON_CLOSE_S)
 
     # the request path ------------------------------------------------------------------------
     async def call(self, name: str, seq: int, batch: Any, deadline: float, request_id: str) -> Answer:
@@ -232,7 +253,7 @@ class Replication:
                         "service %s, node %s: primary on %s failed: %s",
                         self.service, name, copy.server, result.error,
                     )  # fmt: skip
-                    await self._failover(node, seq, copy)
+                    await self._failover(node, seq, copy, deadline)
                     if node.primary is None:  # back to the route: wait until it leaves the dead server
                         await self._route_leaves(node.app, copy.server, deadline - clock.now())
                     continue
@@ -245,13 +266,14 @@ class Replication:
                 outputs = result.outputs
                 self._computed(node, seq, batch, rows)
                 route = self.context.routes.route(node.app)
+                on_route = route is not None and route.server == copy.server
                 return Answer(
                     outputs=outputs,
                     server=copy.server,
                     variant=copy.variant,
-                    degraded=bool(route and route.degraded and copy.app == node.app),
+                    degraded=bool(route and on_route and route.degraded),
                     accuracy=route.accuracy if route else 0.0,
-                    kind="primary" if copy.app == node.app else "promoted",
+                    kind=route.kind if route is not None and on_route else "primary",
                     attempts=attempts,
                 )
 
@@ -263,9 +285,8 @@ class Replication:
         self, node: NodeCopies, copy: Copy, batch: Any, deadline: float, call_id: str
     ) -> CallResult:
         """The copy's call; MOVED when the controller moved the app's route off the copy's server
-        meanwhile (the controller's copy failed: a hung server, for one). A copy of our own (a
-        promoted backup) is on no route: nothing to watch."""
-        watch = Watch.leaves_server(node.app, copy.server) if copy.app == node.app else None
+        meanwhile (the controller's copy failed: a hung server, for one)."""
+        watch = Watch.leaves_server(node.app, copy.server)
         target = Target(copy.server, copy.app, copy.variant)
         return await call_on_route(self.context, target, batch, call_id, deadline, watch)
 
@@ -300,8 +321,16 @@ class Replication:
         self._handle(OutputComputed(node.name, seq))
 
     # failover ----------------------------------------------------------------------------------
-    async def _failover(self, node: NodeCopies, seq: int, dead: Copy) -> None:
-        """The primary ``dead`` failed while request ``seq`` waited at the node (the lock is held)."""
+    async def _failover(self, node: NodeCopies, seq: int, dead: Copy, deadline: float) -> None:
+        """The primary ``dead`` failed while request ``seq`` waited at the node (the lock is held).
+
+        The controller decides where the app goes (it promotes a warm pinned backup, the one that
+        holds the state): this waits until the app's route leaves the dead server (no longer than
+        the request's deadline; the next request finds the failure again), then promotes the backup
+        if the route is the backup, or starts the node over on the route (its state lost)."""
+        left = deadline - self.context.clock.now()
+        if not await self._route_leaves(node.app, dead.server, left):
+            return  # not decided yet: the caller's deadline passes, the next request retries
         node.failovers += 1
         node.last_failed = dead.server
         commands = self.protocol.handle(Crashed(node.name, Role.PRIMARY))
@@ -309,12 +338,19 @@ class Replication:
             await asyncio.gather(node.applying, return_exceptions=True)
         promote = next((c for c in commands if isinstance(c, Promote) and c.node == node.name), None)
         restore = next((c for c in commands if isinstance(c, Restore) and c.node == node.name), None)
-        if promote is not None and node.backup is not None:
-            node.primary, node.backup = node.backup, None
+        route = self.context.routes.route(node.app)
+        backup = node.backup
+        promoted = (
+            backup is not None
+            and route is not None
+            and (route.server, route.variant) == (backup.server, backup.variant)
+        )
+        if promote is not None and promoted:
+            node.primary, node.backup = backup, None
             node.buffered.clear()
             log.warning(
                 "service %s, node %s: backup on %s promoted with the state after request %d; replaying %d",
-                self.service, node.name, node.primary.server, promote.seq,
+                self.service, node.name, backup.server if backup else None, promote.seq,
                 sum(1 for s in node.inputs if promote.seq < s < seq),
             )  # fmt: skip
             await self._replay(node, promote.seq, seq)
@@ -322,6 +358,9 @@ class Replication:
             node.lost += 1
             node.primary, node.rows_now = None, None  # the app's route, whatever state it has
             node.inputs.clear()
+            if backup is not None and not promoted:  # the controller routed elsewhere: give it up
+                node.backup = None
+                self._spawn(self._unpin(backup))
             log.warning(
                 "service %s, node %s: no backup state; the node's state is lost", self.service, node.name
             )
@@ -371,8 +410,14 @@ class Replication:
             if isinstance(c, SendState):
                 self._spawn(self._ship(c))
             elif isinstance(c, ApplyState):
-                task = self._spawn(self._apply(c))
-                self.nodes[c.node].applying = task
+                # the bytes are taken now, as the protocol takes the state off its buffer now: taken
+                # when the task starts, a newer transfer of the same state buffered meanwhile was
+                # thrown away with them, its apply found nothing, and the node's state was never
+                # durable again (the flake of test_graph_failover's concurrent test)
+                node = self.nodes[c.node]
+                data = node.buffered.pop(c.seq, None)
+                node.buffered = {s: b for s, b in node.buffered.items() if s > c.seq}
+                node.applying = self._spawn(self._apply(c, data))
             elif isinstance(c, PlaceBackup):
                 self._spawn(self._place(c.node))
             elif isinstance(c, ReleaseOutput) and c.node in self.nodes:
@@ -466,13 +511,15 @@ class Replication:
             return node.pending[0]
         return next((s for s, r in reversed(node.rows.items()) if r == rows), None)
 
-    async def _apply(self, c: ApplyState) -> None:
+    async def _apply(self, c: ApplyState, data: bytes | None) -> None:
         node = self.nodes[c.node]
-        data = node.buffered.get(c.seq)
-        node.buffered = {s: b for s, b in node.buffered.items() if s > c.seq}
         copy = node.backup
         try:
             if copy is None or data is None or self._epoch(c.node) != c.epoch:
+                if data is None and copy is not None and self._epoch(c.node) == c.epoch:
+                    log.error(  # the protocol now waits for this apply for good: say so
+                        "service %s, node %s: no bytes for state %d", self.service, c.node, c.seq
+                    )
                 return
             try:
                 await self.context.agents(copy.server).apply_state(copy.app, copy.variant, data)
@@ -484,7 +531,7 @@ class Replication:
                     node.backup = None
                     node.last_failed = copy.server
                     node.applying = None
-                    self._spawn(self._unload(copy))  # if its server lives on, free the memory
+                    self._spawn(self._unpin(copy))  # if its server lives on, free the memory
                     self._handle(Crashed(c.node, Role.BACKUP))
                 return
             for s in [s for s in node.inputs if s <= c.seq]:  # durable: no replay goes below it
@@ -515,6 +562,7 @@ class Replication:
                                 node.rows[self._computed_seq(name)] = node.rows_now
                 copy = await self._load_backup(node, primary)
                 if copy is not None and node.primary is not None and copy.server == node.primary.server:
+                    self._spawn(self._unpin(copy))
                     continue  # the primary moved onto that server meanwhile (a failover): elsewhere
                 if copy is not None:
                     node.backup = copy
@@ -526,21 +574,27 @@ class Replication:
             node.placing = False
 
     async def _load_backup(self, node: NodeCopies, primary: Copy) -> Copy | None:
-        others = [s for s in self.context.servers() if s != primary.server]
-        others.sort(key=lambda s: s == node.last_failed)  # the server that just failed comes last
-        key = node.app + STATEFUL_COPY_SUFFIX
-        for server in others:
+        """Ask the core for a backup away from the primary's server (and, when another has room,
+        from the server the last copy failed on); the copy once published ready (None: not now)."""
+        tries: list[tuple[str, ...]] = [(primary.server, node.last_failed)] if node.last_failed else []
+        tries.append((primary.server,))
+        for away in tries:
             try:
-                await self.context.agents(server).load(key, node.family, primary.variant, background=True)
+                request = CopyRequest(node.app, primary.variant, self.owner, avoid=away)
+                server = await self.context.copies.pin(request)
             except FailsoftError as exc:
-                log.debug("service %s, node %s: no backup on %s: %s", self.service, node.name, server, exc)
+                log.debug("service %s, node %s: no backup outside %s: %s", self.service, node.name, away, exc)
                 continue
-            return Copy(server, key, primary.variant)
+            if await self.context.routes.wait_pinned(node.app, server, primary.variant, PIN_WAIT_S):
+                return Copy(server, node.app, primary.variant)
+            return None
         return None
 
-    async def _unload(self, copy: Copy) -> None:
-        with contextlib.suppress(FailsoftError):
-            await self.context.agents(copy.server).unload(copy.app, copy.variant)
+    async def _unpin(self, copy: Copy) -> None:
+        try:
+            await self.context.copies.unpin(copy.app, copy.server, self.owner)
+        except FailsoftError as exc:
+            log.warning("service %s: could not give the backup on %s up: %s", self.service, copy.server, exc)
 
     async def _read_rows(self, copy: Copy) -> int:
         return state_seq(await self.context.agents(copy.server).state(copy.app, copy.variant))

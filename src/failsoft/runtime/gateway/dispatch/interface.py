@@ -47,10 +47,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from failsoft.clock import AsyncClock
 from failsoft.domain import App, Family
+from failsoft.errors import CapacityError
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.services import Service, ServiceMode
 
 if TYPE_CHECKING:
@@ -76,6 +78,28 @@ def _no_servers() -> tuple[str, ...]:
     return ()
 
 
+class CopyControl(Protocol):
+    """How a dispatcher asks the orchestration core for a copy of its own (a Jellyfish rung, a HAMS
+    backup) and gives it up: the controller's ``pin``/``unpin`` (``ControllerRef``). The core loads,
+    counts and publishes the copy; the dispatcher learns it is ready from the routing table
+    (:meth:`~failsoft.runtime.gateway.routes.RouteMirror.wait_pinned`). A dispatcher never loads,
+    unloads or promotes a model itself."""
+
+    async def pin(self, request: CopyRequest) -> str: ...
+
+    async def unpin(self, app: str, server: str, owner: str) -> None: ...
+
+
+class NoCopies:
+    """No controller to ask (a dispatcher built without one): every pin is refused."""
+
+    async def pin(self, request: CopyRequest) -> str:
+        raise CapacityError(f"no controller to pin a copy of {request.app!r} with")
+
+    async def unpin(self, app: str, server: str, owner: str) -> None:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchContext:
     """What a dispatcher may use. ``agents(server)`` raises ServerUnavailableError when the server
@@ -86,7 +110,8 @@ class DispatchContext:
     ``families`` are the deployment's (a dispatcher that chooses variants reads their profiles);
     ``input_shape(app)`` is the shape of one query to a member app (without the batch dimension; None
     when unknown), ``event(dict)`` publishes a gateway event to the event stream (``/v2/events``), and
-    ``servers()`` names the servers that have an agent (where a dispatcher may load a model of its own)."""
+    ``servers()`` names the servers that have an agent, and ``copies`` asks the orchestration core
+    for a copy of the dispatcher's own (:class:`CopyControl`)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
@@ -97,6 +122,7 @@ class DispatchContext:
     input_shape: Callable[[str], tuple[int, ...] | None] = _no_shape
     event: Callable[[dict[str, Any]], None] = _no_event
     servers: Callable[[], tuple[str, ...]] = _no_servers
+    copies: CopyControl = field(default_factory=NoCopies)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,15 @@ This dispatcher, one per slo service in the gateway, carries out the step-1 poli
   registers or leaves, when the routing table changes (a worker failed over or lost its route), and
   when a request finds its worker's server gone: the failed worker's clients are re-mapped to the
   live ones before the request is retried (Jellyfish meets FailLite).
-* **Variant switches**: a worker whose planned variant is not its route's loads it on the route's
-  server in the background (:meth:`AgentRef.load` with ``background=True``), under the member's name
-  plus :data:`~failsoft.services.DISPATCHER_OWNED_SUFFIX` (the controller's garbage collection leaves
-  those to the dispatcher), and keeps serving the old variant until the load answers; then requests go
-  to the new one and the previous dispatcher-owned variant is unloaded (its queued requests are
-  answered ModelNotLoadedError and retried here on the new one: no request is dropped by a switch).
-  Switching back to the route's variant needs no load: the controller keeps it.
+* **Variant switches**: a worker whose planned variant is not its route's asks the orchestration
+  core for that rung, a copy pinned on the route's server (``copies.pin``, owner ``slo:<service>``:
+  the core plans the load at the warm-backup priority, counts it against the server's memory and
+  publishes it), and keeps serving the old variant until the routing table shows the copy ready;
+  then requests go to it. Pinning another rung on the same server replaces the copy (the core
+  unloads the old one after its drain period, once the new one is warm); switching back to the
+  route's variant needs no copy and unpins it. A request that finds its rung gone (ModelNotLoadedError)
+  is retried on the route's variant: no request is dropped by a switch. The dispatcher never loads
+  or unloads a model itself.
 * **Per frame**: its server deadline is eq. 1's (:func:`~failsoft.policies.adaptation.network.
   server_deadline_s`: SLO minus the frame's transfer time at the client's estimated bandwidth, the
   RTT and the overhead), capped by the request's ``timeout``; the agent's serving queue, configured
@@ -63,6 +65,7 @@ from failsoft.errors import (
     OverloadedError,
     UnknownNameError,
 )
+from failsoft.orchestration.copies import CopyRequest
 from failsoft.policies import registry
 from failsoft.policies.adaptation.interface import AdaptationPolicy
 from failsoft.policies.adaptation.model import ClientSnapshot, Ladder, Plan, Rung, Snapshot, WorkerPlan
@@ -82,7 +85,7 @@ from failsoft.runtime.gateway.dispatch.calls import CallStatus, Target, Watch, c
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.routes import Route
 from failsoft.runtime.gateway.slo_clients import router as client_router
-from failsoft.services import DISPATCHER_OWNED_SUFFIX, Service, ServiceMode, SloParams
+from failsoft.services import Service, ServiceMode, SloParams
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -97,6 +100,8 @@ IDLE_S = 10.0  # a client that sends nothing (no frame, no report) this long has
 SEED = 0
 DISPATCH_WINDOW_S = 5.0  # dispatch times older than this are forgotten
 DISPATCH_WINDOW_CALLS = 64
+PIN_WAIT_S = 60.0  # how long a switch waits for its rung's copy to be published ready
+UNPIN_ON_CLOSE_S = 2.0
 
 
 def frame_sizes_px(count: int) -> tuple[int, ...]:
@@ -178,13 +183,15 @@ class SloClient:
 
 @dataclass(slots=True)
 class _Worker:
-    """A member app on its route's server: the (app key, variant) its requests go to now."""
+    """A member app on its route's server: the (app, variant) its requests go to now, the rung being
+    switched to, and the variant of the copy pinned for it on that server (None: none)."""
 
     member: str
     server: str
     route_variant: str
     serving: tuple[str, str]
     loading: str | None = None
+    pinned: str | None = None
 
 
 class SloDispatcher(Dispatcher):
@@ -214,6 +221,7 @@ class SloDispatcher(Dispatcher):
         self._lock: asyncio.Lock | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.Task[None] | None = None
+        self.owner = f"slo:{service.name}"
 
     # clients ---------------------------------------------------------------------------------
     async def register(
@@ -281,12 +289,16 @@ class SloDispatcher(Dispatcher):
             self._loop = asyncio.ensure_future(self.run())
 
     async def close(self) -> None:
-        """Stop the re-planning loop and the variant loads and unloads under way."""
+        """Stop the re-planning loop and the switches under way; give the pinned rungs up."""
         tasks = [*self._tasks, *([self._loop] if self._loop is not None else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._loop = None
+        held = [w for w in self.workers.values() if w.pinned is not None]
+        unpins = [self._unpin(w.member, w.server) for w in held]
+        with contextlib.suppress(TimeoutError):  # the controller may be gone already
+            await asyncio.wait_for(asyncio.gather(*unpins, return_exceptions=True), UNPIN_ON_CLOSE_S)
 
     # planning --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -358,9 +370,9 @@ class SloDispatcher(Dispatcher):
                 continue
             self.suspect.pop(member, None)
             w = self.workers.get(member)
-            if w is not None and w.server == route.server and w.route_variant != route.variant:
-                self._unload_later(w, w.serving)  # the controller moved the route on this server
             if w is None or (w.server, w.route_variant) != (route.server, route.variant):
+                if w is not None:
+                    self._release(w)  # the controller moved the route: a fresh worker
                 w = self.workers[member] = _Worker(
                     member, route.server, route.variant, (member, route.variant)
                 )
@@ -372,43 +384,59 @@ class SloDispatcher(Dispatcher):
         if w is None or variant in (w.serving[1], w.loading):
             return
         self.switches += 1
-        if variant == w.route_variant:  # the controller holds it: switch now
-            old, w.serving, w.loading = w.serving, (member, variant), None
-            self._unload_later(w, old)
+        if variant == w.route_variant:  # the controller holds it: switch now, give the rung up
+            w.serving, w.loading = (member, variant), None
+            self._release(w)
             return
         w.loading = variant
-        task = asyncio.ensure_future(self._load(w, variant))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._pin(w, variant))
 
-    async def _load(self, w: _Worker, variant: str) -> None:
-        key = w.member + DISPATCHER_OWNED_SUFFIX
+    async def _pin(self, w: _Worker, variant: str) -> None:
+        """Ask the core for ``variant`` on ``w``'s server; serve it once published ready."""
         try:
-            await self.context.agents(w.server).load(key, self.family.name, variant, background=True)
+            await self.context.copies.pin(CopyRequest(w.member, variant, self.owner, w.server))
         except FailsoftError as exc:  # no room, or the server is gone: keep serving what it has
             log.warning(
-                "service %s: %s cannot load %s on %s: %s", self.service.name, w.member, variant, w.server, exc
-            )
+                "service %s: %s cannot switch to %s on %s: %s",
+                self.service.name, w.member, variant, w.server, exc,
+            )  # fmt: skip
             if w.loading == variant:
                 w.loading = None
             return
-        if self.workers.get(w.member) is not w or w.loading != variant:
-            with contextlib.suppress(FailsoftError):  # the worker moved or was re-planned meanwhile
-                await self.context.agents(w.server).unload(key, variant)
+        w.pinned = variant
+        if self.workers.get(w.member) is not w:  # the worker moved while the core was asked
+            self._release(w)
             return
-        old, w.serving, w.loading = w.serving, (key, variant), None
-        self._unload_later(w, old)
+        ready = await self.context.routes.wait_pinned(w.member, w.server, variant, PIN_WAIT_S)
+        if not ready:  # its load failed (the core keeps the rung it replaced, if any) or took too long
+            copy = self.context.routes.pinned_copy(w.member, w.server)
+            w.pinned = None if copy is None else copy.variant
+            if w.loading == variant:
+                w.loading = None
+            return
+        if self.workers.get(w.member) is w and w.loading == variant:
+            w.serving, w.loading = (w.member, variant), None
 
-    def _unload_later(self, w: _Worker, old: tuple[str, str]) -> None:
-        if old[0] == w.member or old == w.serving:
-            return  # the route's variant belongs to the controller
-        task = asyncio.ensure_future(self._unload(w.server, old))
+    def _release(self, w: _Worker) -> None:
+        """Give ``w``'s pinned rung up (the core unloads it after its drain period)."""
+        if w.pinned is None:
+            return
+        w.pinned = None
+        successor = self.workers.get(w.member)
+        if successor is not None and successor is not w and successor.server == w.server and successor.pinned:
+            return  # a fresh worker on the same server re-pinned the copy: it is its now
+        self._spawn(self._unpin(w.member, w.server))
+
+    async def _unpin(self, member: str, server: str) -> None:
+        try:
+            await self.context.copies.unpin(member, server, self.owner)
+        except FailsoftError as exc:  # the controller is away: its gc cannot free it, say so
+            log.warning("service %s: could not unpin %s on %s: %s", self.service.name, member, server, exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _unload(self, server: str, held: tuple[str, str]) -> None:
-        with contextlib.suppress(FailsoftError):
-            await self.context.agents(server).unload(*held)
 
     def _worker_plan(self, client: SloClient) -> WorkerPlan | None:
         """The client's worker: the one the plan maps it to, or, when the plan pools the workers (the
@@ -497,7 +525,7 @@ class SloDispatcher(Dispatcher):
         if result.status is CallStatus.MOVED:
             if not isinstance(result.error, ModelNotLoadedError):  # its server is gone or left it
                 await self._worker_failed(w)
-            elif app != w.member and w.serving == (app, variant):  # our switch target was unloaded
+            elif variant != w.route_variant and w.serving == (app, variant):  # our rung was unloaded
                 w.serving = (w.member, w.route_variant)
             elif w.serving == (app, variant):
                 await self._worker_failed(w)
