@@ -41,7 +41,7 @@ from failsoft.policies.queueing import QueueParams
 from failsoft.policies.registry import failover_names as policy_names
 from failsoft.policies.registry import names as registered
 from failsoft.runtime.devices import DEVICE_PATTERN, MAX_GPUS, Placement, check_placement
-from failsoft.runtime.security import MIN_TOKEN_CHARS
+from failsoft.runtime.security import MIN_TOKEN_CHARS, TlsSettings
 from failsoft.scenario import (  # one-line errors, one service parser
     ServiceSpec,
     _refuse_duplicates,
@@ -211,14 +211,6 @@ class AppConfig:
 class HeartbeatSettings:
     interval_s: float = 0.020
     missed_to_fail: int = 2
-
-
-@dataclass(frozen=True, slots=True)
-class TlsSettings:
-    """Files that exist (checked when the config is read); their contents are checked at start."""
-
-    certfile: Path
-    keyfile: Path
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,17 +22,24 @@ import ipaddress
 import logging
 import socket
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from failsoft.errors import ConfigError
-
-if TYPE_CHECKING:
-    from failsoft.runtime.config import TlsSettings
 
 log = logging.getLogger(__name__)
 MIN_TOKEN_CHARS = 16
 REMOTE_FLAG = "--allow-remote-admin"
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    """Files that exist (checked when the config is read); their contents are checked at start."""
+
+    certfile: Path
+    keyfile: Path
+
+
 REMOTE_KEY = "gateway.allow_remote: true"
 
 
