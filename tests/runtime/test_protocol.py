@@ -104,7 +104,12 @@ def test_classification_asks_for_the_top_k_and_is_validated():
     plain = parse_infer_request(
         raw(outputs=[{"name": "output", "parameters": {"binary_data": True}}]), "app", META, 8
     )
-    assert plain.classification is None  # tritonclient's default parameter, answered as JSON
+    assert plain.classification is None and plain.binary_output  # tritonclient's default: binary answer
+    assert not parse_infer_request(raw(), "app", META, 8).binary_output
+    asked_for_all = parse_infer_request(raw(parameters={"binary_data_output": True}), "app", META, 8)
+    assert asked_for_all.binary_output
+    with pytest.raises(InvalidRequestError, match="binary_data_output must be true or false"):
+        parse_infer_request(raw(parameters={"binary_data_output": "yes"}), "app", META, 8)
     for outputs, says in [
         ([{"name": "output", "parameters": {"classification": 11}}], "integer in 1..10"),
         ([{"name": "output", "parameters": {"classification": 2.0}}], "got 2.0"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 import time
 from collections.abc import Iterator, Mapping
 from typing import ClassVar
@@ -136,6 +137,40 @@ def test_classification_answers_the_top_k_classes_as_triton_does(rig):
         assert refused.status_code == 400 and says in refused.json()["error"]
     wrong = infer(client, outputs=[{"name": "probabilities", "parameters": {"classification": 2}}])
     assert "its output: 'output'" in wrong.json()["error"]
+
+
+def _binary_answer(response) -> tuple[dict, bytes]:
+    """A binary-extension answer split as tritonclient splits it: the JSON header, then the data."""
+    assert response.status_code == 200, response.text
+    length = int(response.headers["inference-header-content-length"])
+    return json.loads(response.content[:length]), response.content[length:]
+
+
+def test_binary_data_outputs_are_answered_in_binary_as_tritonclient_reads_them(rig):
+    _, client, _ = rig
+    as_json = infer(client).json()["outputs"][0]
+    header, data = _binary_answer(
+        infer(client, outputs=[{"name": "output", "parameters": {"binary_data": True}}])
+    )
+    (out,) = header["outputs"]
+    assert "data" not in out and out["parameters"] == {"binary_data_size": len(data)}
+    assert (out["datatype"], out["shape"]) == ("FP32", as_json["shape"])
+    assert np.frombuffer(data, dtype="<f4").tolist() == as_json["data"]  # the same values, no JSON
+    assert header["parameters"]["server"] == "s1"
+    asked = infer(client, parameters={"binary_data_output": True}, outputs=[{"name": "output"}])
+    assert np.frombuffer(_binary_answer(asked)[1], dtype="<f4").tolist() == as_json["data"]
+    top = infer(
+        client, outputs=[{"name": "output", "parameters": {"classification": 2, "binary_data": True}}]
+    )
+    header, data = _binary_answer(top)
+    elements, at = [], 0
+    while at < len(data):  # each BYTES element led by its 4-byte little-endian length
+        (n,) = struct.unpack_from("<I", data, at)
+        elements.append(data[at + 4 : at + 4 + n].decode())
+        at += 4 + n
+    assert header["outputs"][0]["shape"] == [2, 2] and elements[:2] == ["1.000000:3", "0.000000:0"]
+    plain = infer(client, outputs=[{"name": "output", "parameters": {"binary_data": False}}])
+    assert "inference-header-content-length" not in plain.headers and plain.json()["outputs"][0]["data"]
 
 
 @pytest.fixture

@@ -63,7 +63,13 @@ from failsoft.runtime.gateway.dispatch import Request as Work
 from failsoft.runtime.gateway.events import EventHub, Feed
 from failsoft.runtime.gateway.link import ControllerLink
 from failsoft.runtime.gateway.metrics import GatewayMetrics
-from failsoft.runtime.gateway.protocol import ModelMeta, infer_response, model_metadata, parse_infer_request
+from failsoft.runtime.gateway.protocol import (
+    ModelMeta,
+    binary_infer_response,
+    infer_response,
+    model_metadata,
+    parse_infer_request,
+)
 from failsoft.runtime.gateway.routes import RouteMirror
 from failsoft.services import Service, with_singles
 
@@ -236,6 +242,13 @@ class Gateway:
             if answer is None:
                 code = CLIENT_LEFT
                 return Response(status_code=CLIENT_LEFT)  # nobody reads it
+            if req.binary_output:
+                raw, header = binary_infer_response(name, answer.outputs, req, answer.parameters())
+                return Response(
+                    raw,
+                    media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(header)},
+                )
             return _json(infer_response(name, answer.outputs, req, answer.parameters()))
         except FailsoftError as exc:
             code = http_status(exc)

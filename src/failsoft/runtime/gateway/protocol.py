@@ -21,8 +21,12 @@ answers, per row, the K highest-scoring classes as a BYTES tensor of shape ``[N,
 are ``"score:index"`` strings, highest score first (Triton's format: the score printed with six
 decimals, then the class index), ``"score:index:label"`` where the app's models name their classes
 (a user's model added with its ``id2label`` or ``--labels``).
-A requested output may also say ``"binary_data": true`` (tritonclient's default); the answer is
-JSON all the same, which tritonclient reads.
+A requested output may also say ``"binary_data": true`` (tritonclient's default), or the request
+``"parameters": {"binary_data_output": true}``: the answer then comes as Triton sends it, the JSON
+header (its length in the ``Inference-Header-Content-Length`` HTTP header) followed by the output's
+raw little-endian bytes, the output saying ``"parameters": {"binary_data_size": BYTES}`` instead of
+``data`` (a BYTES output: each element led by its 4-byte little-endian length). Large logits then
+cost no JSON on either side.
 
 Everything a client can get wrong is refused here with an :class:`~failsoft.errors.InvalidRequestError`
 that says what is wrong (the gateway turns it into a 4xx ``{"error": ...}``), before any server sees
@@ -77,6 +81,7 @@ class InferRequest:
     classification: int | None = None  # top-K classes asked for instead of the logits
     parameters: dict[str, Any] = field(default_factory=dict)  # the request's own, as sent
     labels: tuple[str, ...] = ()  # the app's class names, for the classification extension
+    binary_output: bool = False  # answer with the binary tensor extension (Triton's binary_data)
 
 
 def show(value: Any) -> str:
@@ -127,7 +132,23 @@ def parse_infer_request(
         _classification(data.get("outputs"), app, meta),
         dict(data.get("parameters") or {}),
         meta.labels,
+        _binary_output(data),
     )
+
+
+def _binary_output(data: dict[str, Any]) -> bool:
+    """Whether the answer should carry its output as raw bytes: the output's ``binary_data`` or the
+    request's ``binary_data_output`` (both validated as booleans)."""
+    params = data.get("parameters") or {}
+    wanted = params.get("binary_data_output", False) if isinstance(params, dict) else False
+    if not isinstance(wanted, bool):
+        raise InvalidRequestError(f"parameters.binary_data_output must be true or false, got {show(wanted)}")
+    outputs = data.get("outputs")
+    if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict):
+        out_params = outputs[0].get("parameters")
+        if isinstance(out_params, dict) and "binary_data" in out_params:
+            wanted = bool(out_params["binary_data"])  # validated with the output's other parameters
+    return wanted
 
 
 def _decode(body: bytes, header_length: int | None) -> tuple[dict[str, Any], bytes]:
@@ -355,6 +376,25 @@ def infer_response(
     else:
         tensor = {"name": OUTPUT, "datatype": "FP32", "shape": list(out.shape), "data": out.ravel().tolist()}
     return _response(app, [tensor], request, parameters)
+
+
+def binary_infer_response(
+    app: str, outputs: np.ndarray | None, request: InferRequest, parameters: dict[str, Any]
+) -> tuple[bytes, int]:
+    """The v2 response with the binary tensor extension: the body (JSON header, then each output's
+    raw bytes in order) and the header's length for ``Inference-Header-Content-Length``."""
+    body = infer_response(app, outputs, request, parameters)
+    chunks = []
+    for tensor in body["outputs"]:
+        data = tensor.pop("data")
+        if tensor["datatype"] == "BYTES":
+            raw = b"".join(struct.pack("<I", len(b)) + b for b in (str(e).encode("utf-8") for e in data))
+        else:
+            raw = np.asarray(outputs, dtype="<f4").tobytes()
+        tensor["parameters"] = {"binary_data_size": len(raw)}
+        chunks.append(raw)
+    header = json.dumps(body, separators=(",", ":")).encode("utf-8")
+    return header + b"".join(chunks), len(header)
 
 
 def _response(
