@@ -361,40 +361,45 @@ def infer_response(
     app: str, outputs: np.ndarray | None, request: InferRequest, parameters: dict[str, Any]
 ) -> dict[str, Any]:
     """The v2 response; a request dropped to keep others in their SLO (``outputs`` None) has no outputs."""
-    if outputs is None:
-        tensors: list[dict[str, Any]] = []
-        return _response(app, tensors, request, parameters)
-    out = np.asarray(outputs, dtype=np.float32)
-    if request.classification is not None:
-        top = classify(out, request.classification, request.labels)
-        tensor = {
-            "name": OUTPUT,
-            "datatype": "BYTES",
-            "shape": [len(top), request.classification],
-            "data": [s for row in top for s in row],
-        }
-    else:
-        tensor = {"name": OUTPUT, "datatype": "FP32", "shape": list(out.shape), "data": out.ravel().tolist()}
-    return _response(app, [tensor], request, parameters)
+    tensors = [] if outputs is None else [_output_tensor(outputs, request, binary=False)[0]]
+    return _response(app, tensors, request, parameters)
 
 
 def binary_infer_response(
     app: str, outputs: np.ndarray | None, request: InferRequest, parameters: dict[str, Any]
 ) -> tuple[bytes, int]:
-    """The v2 response with the binary tensor extension: the body (JSON header, then each output's
-    raw bytes in order) and the header's length for ``Inference-Header-Content-Length``."""
-    body = infer_response(app, outputs, request, parameters)
-    chunks = []
-    for tensor in body["outputs"]:
-        data = tensor.pop("data")
-        if tensor["datatype"] == "BYTES":
-            raw = b"".join(struct.pack("<I", len(b)) + b for b in (str(e).encode("utf-8") for e in data))
-        else:
-            raw = np.asarray(outputs, dtype="<f4").tobytes()
-        tensor["parameters"] = {"binary_data_size": len(raw)}
-        chunks.append(raw)
-    header = json.dumps(body, separators=(",", ":")).encode("utf-8")
-    return header + b"".join(chunks), len(header)
+    """The v2 response with the binary tensor extension: the body (JSON header, then the output's
+    raw bytes) and the header's length for ``Inference-Header-Content-Length``. The output's values
+    never pass through JSON."""
+    tensors, raw = [], b""
+    if outputs is not None:
+        tensor, raw = _output_tensor(outputs, request, binary=True)
+        tensors.append(tensor)
+    header = json.dumps(_response(app, tensors, request, parameters), separators=(",", ":")).encode()
+    return header + raw, len(header)
+
+
+def _output_tensor(outputs: np.ndarray, request: InferRequest, binary: bool) -> tuple[dict[str, Any], bytes]:
+    """The answer's output: its JSON description with ``data``, or, ``binary``, with its
+    ``binary_data_size`` and the raw bytes (little-endian FP32; BYTES elements length-led)."""
+    out = np.asarray(outputs, dtype=np.float32)
+    if request.classification is not None:
+        top = classify(out, request.classification, request.labels)
+        elements = [s for row in top for s in row]
+        tensor: dict[str, Any] = {
+            "name": OUTPUT,
+            "datatype": "BYTES",
+            "shape": [len(top), request.classification],
+        }
+        if not binary:
+            return {**tensor, "data": elements}, b""
+        raw = b"".join(struct.pack("<I", len(b)) + b for b in (e.encode("utf-8") for e in elements))
+    else:
+        tensor = {"name": OUTPUT, "datatype": "FP32", "shape": list(out.shape)}
+        if not binary:
+            return {**tensor, "data": out.ravel().tolist()}, b""
+        raw = out.astype("<f4").tobytes()
+    return {**tensor, "parameters": {"binary_data_size": len(raw)}}, raw
 
 
 def _response(
