@@ -33,7 +33,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,7 @@ from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
 from failsoft.runtime.gateway import admin
+from failsoft.runtime.gateway.disconnect import CLIENT_LEFT, unless_the_client_leaves
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
 from failsoft.runtime.gateway.events import EventHub, Feed
@@ -75,7 +76,6 @@ from failsoft.services import Service, with_singles
 
 log = logging.getLogger(__name__)
 STATS_POLL_S = 2.0
-CLIENT_LEFT = 499  # nginx's code for a request whose client closed the connection first
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +238,7 @@ class Gateway:
             req = parse_infer_request(body, name, meta, self.settings.max_batch, header_length)
             deadline = self.clock.now() + self._timeout_s(served.lead, req.timeout_s)
             work = Work(name, req.batch, deadline, uuid.uuid4().hex, req.parameters)
-            answer = await _unless_the_client_leaves(request, served.dispatcher.dispatch(work))
+            answer = await unless_the_client_leaves(request, served.dispatcher.dispatch(work))
             if answer is None:
                 code = CLIENT_LEFT
                 return Response(status_code=CLIENT_LEFT)  # nobody reads it
@@ -361,29 +361,6 @@ class Gateway:
                 tasks.cancel_scope.cancel()
         finally:
             self.hub.unsubscribe(feed)
-
-
-async def _unless_the_client_leaves(request: Request, dispatched: Awaitable[Answer]) -> Answer | None:
-    """The answer, or None when the client disconnected first: the dispatch is then cancelled, which
-    withdraws its calls from the servers' queues (nobody would read the answer)."""
-    answer, error = None, None
-    async with anyio.create_task_group() as tasks:
-
-        async def watch() -> None:
-            # the body is read: the next message is the disconnect (or comes after the response)
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            tasks.cancel_scope.cancel()
-
-        tasks.start_soon(watch)
-        try:
-            answer = await dispatched
-        except Exception as exc:  # raised past the group, not wrapped in an ExceptionGroup
-            error = exc
-        tasks.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return answer
 
 
 async def _send_events(ws: WebSocket, feed: Feed, only: str | None) -> None:
