@@ -58,7 +58,8 @@ from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
 from failsoft.runtime.gateway import admin
-from failsoft.runtime.gateway.disconnect import CLIENT_LEFT, unless_the_client_leaves
+from failsoft.runtime.gateway.disconnect import CLIENT_LEFT
+from failsoft.runtime.gateway.disconnect import unless_the_client_leaves as _unless_the_client_leaves
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
 from failsoft.runtime.gateway.events import EventHub, Feed
@@ -238,7 +239,7 @@ class Gateway:
             req = parse_infer_request(body, name, meta, self.settings.max_batch, header_length)
             deadline = self.clock.now() + self._timeout_s(served.lead, req.timeout_s)
             work = Work(name, req.batch, deadline, uuid.uuid4().hex, req.parameters)
-            answer = await unless_the_client_leaves(request, served.dispatcher.dispatch(work))
+            answer = await _unless_the_client_leaves(request, served.dispatcher.dispatch(work))
             if answer is None:
                 code = CLIENT_LEFT
                 return Response(status_code=CLIENT_LEFT)  # nobody reads it

@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -157,16 +157,17 @@ async def _answer(
     gen = Generation(backend, prompt, sampling, shape.id, body.stops)
     try:
         if body.stream:
-            if not await unless_the_client_leaves(request, _started(gen)):
-                return Response(status_code=CLIENT_LEFT)
-            return EventStream(_events(gen, shape))
-        text = await unless_the_client_leaves(request, _whole(gen))
-        if text is None:
-            return Response(status_code=CLIENT_LEFT)  # nobody reads it
-        return JSONResponse(shape.whole(text, gen.finish_reason, gen.usage))
+            if await unless_the_client_leaves(request, _started(gen)):
+                return EventStream(_events(gen, shape), gen.close)
+        else:
+            text = await unless_the_client_leaves(request, _whole(gen))
+            if text is not None:
+                return JSONResponse(shape.whole(text, gen.finish_reason, gen.usage))
     except BaseException:
         await gen.close()
         raise
+    await gen.close()
+    return Response(status_code=CLIENT_LEFT)  # the client left: nobody reads it
 
 
 async def _started(gen: Generation) -> bool:
@@ -197,12 +198,13 @@ async def _events(gen: Generation, shape: Shape) -> AsyncGenerator[bytes, None]:
 
 
 class EventStream(StreamingResponse):
-    """Server-sent events whose generator is closed however the response ends (a client that
-    disconnects included), so that the backend's request is always cancelled or finished."""
+    """Server-sent events that end their generation however the response ends (a client that
+    disconnects included, even before the first event), so that the backend's request is always
+    finished or cancelled."""
 
-    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], close: Callable[[], Awaitable[None]]) -> None:
         super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self._events = events
+        self._events, self._close = events, close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -210,3 +212,4 @@ class EventStream(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._events.aclose()
+                await self._close()
