@@ -3,9 +3,10 @@
 against without Ray. The ``llm`` dispatcher runs the same engine in worker actors; here the
 engine steps on the server's own event loop, between the awaits of the requests it serves.
 
-``down`` stands for a service whose workers are all dead (:class:`NoRouteError`), which an
-in-process engine cannot be; ``step_delay_s`` slows generation so that a test can leave a stream
-before it ends.
+``down`` stands for a service whose workers are all dead (:class:`NoRouteError`) and
+``fail_after_tokens`` for a stream whose recovery failed (:class:`ServingError` after that many
+tokens), which an in-process engine cannot be; ``step_delay_s`` slows generation so that a test
+can leave a stream before it ends.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from failsoft.errors import NoRouteError
+from failsoft.errors import NoRouteError, ServingError
 from failsoft.llm import Engine, SamplingParams
 from failsoft.llm.engine import Request
 from failsoft.llm.tokens import Tokenizer
@@ -26,6 +27,7 @@ class EngineBackend:
         self.engine = engine
         self.step_delay_s = step_delay_s
         self.down = False
+        self.fail_after_tokens: int | None = None
         self.requests: dict[str, Request] = {}  # every request it was given, finished ones too
         self._work: asyncio.Event | None = None
         self._tick: asyncio.Event | None = None
@@ -50,6 +52,10 @@ class EngineBackend:
         sent = 0
         try:
             while True:
+                if self.fail_after_tokens is not None and sent >= self.fail_after_tokens:
+                    raise ServingError(
+                        f"request {request_id!r}: its worker failed and no other could take it"
+                    )
                 if sent < len(req.output):
                     new, sent = req.output[sent:], len(req.output)
                     yield {"tokens": new}

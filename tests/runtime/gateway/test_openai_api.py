@@ -233,6 +233,31 @@ def test_a_service_without_a_live_worker_answers_503(client, served):
     assert err.value.response.headers["retry-after"] == "1"
 
 
+def test_a_stream_that_fails_after_it_began_ends_with_openais_error_event(client, served):
+    _, backends, _ = served
+    backends[MODEL].fail_after_tokens = 2
+    try:
+        stream = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, stream=True)
+        with pytest.raises(openai.APIError, match="no other could take it"):
+            list(stream)
+    finally:
+        backends[MODEL].fail_after_tokens = None
+    assert free(backends[MODEL])
+
+
+def test_sampling_is_reproducible_by_seed_and_top_p_narrows_it(client, served):
+    _, _, lm = served
+
+    def answer(**sampling):
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, **sampling)
+        return out.choices[0].text
+
+    hot = [answer(temperature=1.0, seed=s) for s in (7, 7, 8)]
+    assert hot[0] == hot[1] != hot[2]
+    ref = lm.tokenizer.decode(greedy(lm, lm.tokenizer.encode(PROMPT), 12))
+    assert answer(temperature=1.0, top_p=1e-6, seed=9) == ref  # a nucleus of one token: greedy
+
+
 def test_a_client_that_leaves_mid_stream_cancels_its_request(client, served):
     _, backends, lm = served
     backend = backends[SLOW]
