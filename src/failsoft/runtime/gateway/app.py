@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -47,8 +46,6 @@ from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import App, Family
 from failsoft.errors import (
     FailsoftError,
-    InvalidRequestError,
-    OverloadedError,
     ServerUnavailableError,
     UnknownNameError,
     http_status,
@@ -58,11 +55,12 @@ from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
 from failsoft.runtime.gateway import admin
-from failsoft.runtime.gateway.disconnect import CLIENT_LEFT
-from failsoft.runtime.gateway.disconnect import unless_the_client_leaves as _unless_the_client_leaves
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
 from failsoft.runtime.gateway.events import EventHub, Feed
+from failsoft.runtime.gateway.http_io import CLIENT_LEFT, read_body, retry_after
+from failsoft.runtime.gateway.http_io import byte_count as _byte_count
+from failsoft.runtime.gateway.http_io import unless_the_client_leaves as _unless_the_client_leaves
 from failsoft.runtime.gateway.link import ControllerLink
 from failsoft.runtime.gateway.metrics import GatewayMetrics
 from failsoft.runtime.gateway.protocol import (
@@ -213,16 +211,7 @@ class Gateway:
 
     async def read_body(self, request: Request, limit: int) -> bytes:
         """The request's body, refused (413) past ``limit`` bytes, whatever Content-Length claims."""
-        declared = _byte_count(request.headers.get("content-length"), "Content-Length")
-        if declared is not None and declared > limit:
-            raise InvalidRequestError(f"request body of {declared} bytes exceeds the limit of {limit}", 413)
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise InvalidRequestError(f"request body exceeds the limit of {limit} bytes", 413)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_body(request, limit)
 
     async def infer(self, name: str, request: Request) -> Response:
         started = time.perf_counter()
@@ -387,15 +376,6 @@ async def _refuse(ws: WebSocket, message: str) -> None:
         await ws.close(code=1013, reason=message)
 
 
-def _byte_count(value: str | None, header: str) -> int | None:
-    """A header that counts bytes: ASCII digits only (``"²".isdigit()`` is true, ``int("²")`` fails)."""
-    if value is None:
-        return None
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
-        raise InvalidRequestError(f"{header} must be a number of bytes, got {value[:40]!r}")
-    return int(value)
-
-
 def _json(content: Any) -> Response:
     """JSON that may hold NaN or Infinity (a model's outputs can), written as Python's json writes them."""
     return Response(json.dumps(content, separators=(",", ":")), media_type="application/json")
@@ -403,11 +383,7 @@ def _json(content: Any) -> Response:
 
 def _error_response(exc: FailsoftError) -> JSONResponse:
     status = http_status(exc)
-    headers = None
-    if isinstance(exc, OverloadedError):
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-    elif status == 503:
-        headers = {"Retry-After": "1"}
+    headers = retry_after(exc)
     if status >= 500:
         log.warning("request failed: %s", exc)
     return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)

@@ -17,7 +17,6 @@ the error object (the ``openai`` client reads ``message`` and raises the class o
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -28,7 +27,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from failsoft.errors import FailsoftError, InvalidRequestError, OverloadedError, UnknownNameError, http_status
+from failsoft.errors import FailsoftError, InvalidRequestError, UnknownNameError, http_status
+from failsoft.runtime.gateway.http_io import retry_after
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,7 @@ def error_response(exc: Exception) -> JSONResponse:
     headers: dict[str, str] | None = None
     if isinstance(exc, FailsoftError):
         status, body = failsoft_error(exc)
-        if isinstance(exc, OverloadedError):
-            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-        elif status == 503:
-            headers = {"Retry-After": "1"}
+        headers = retry_after(exc)
         if status >= 500:
             log.warning("OpenAI request failed: %s", exc)
     elif isinstance(exc, ValidationError):

@@ -29,7 +29,7 @@ from starlette.types import Receive, Scope, Send
 
 from failsoft.errors import FailsoftError, InvalidRequestError, UnknownNameError
 from failsoft.llm.engine import MAX_TOKENS_BOUND
-from failsoft.runtime.gateway.disconnect import CLIENT_LEFT, unless_the_client_leaves
+from failsoft.runtime.gateway.http_io import CLIENT_LEFT, read_body, unless_the_client_leaves
 from failsoft.runtime.gateway.llm_backend import LlmBackend
 from failsoft.runtime.gateway.openai.errors import OpenAiRoute, failsoft_error
 from failsoft.runtime.gateway.openai.generation import Generation
@@ -72,7 +72,7 @@ def openai_router(backends: Mapping[str, LlmBackend], max_body_bytes: int = MAX_
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = CompletionRequest.model_validate_json(await _read_body(request, max_body_bytes))
+        body = CompletionRequest.model_validate_json(await read_body(request, max_body_bytes))
         backend = served(body.model)
         prompt = body.one_prompt
         ids = backend.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
@@ -81,7 +81,7 @@ def openai_router(backends: Mapping[str, LlmBackend], max_body_bytes: int = MAX_
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        body = ChatCompletionRequest.model_validate_json(await _read_body(request, max_body_bytes))
+        body = ChatCompletionRequest.model_validate_json(await read_body(request, max_body_bytes))
         backend = served(body.model)
         ids = backend.tokenizer.chat([{"role": m.role, "content": m.text} for m in body.messages])
         field = "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens"
@@ -93,17 +93,6 @@ def openai_router(backends: Mapping[str, LlmBackend], max_body_bytes: int = MAX_
 
 def _head(prefix: str, body: ChatCompletionRequest | CompletionRequest) -> tuple[str, int, str, bool]:
     return f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, body.include_usage
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) past ``limit`` bytes as it arrives (not once it is all read)."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise InvalidRequestError(f"the request body exceeds the limit of {limit} bytes", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _sampling(
