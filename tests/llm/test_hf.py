@@ -11,9 +11,9 @@ import torch
 from failsoft.errors import ConfigError, InvalidRequestError
 from failsoft.llm import CheckpointBuffer, Engine, SamplingParams, speculative_generate
 from failsoft.llm.hf import load_hf
-from tests.llm.hfmodels import hf_config as _config
-from tests.llm.hfmodels import save_model as _save
-from tests.llm.hfmodels import train_tokenizer
+from tests.llm.tinymodels import hf_config as _config
+from tests.llm.tinymodels import save_model as _save
+from tests.llm.tinymodels import train_tokenizer
 
 PROMPTS = [
     "the node",
@@ -27,7 +27,7 @@ GREEDY = SamplingParams(max_tokens=MAX_NEW)
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """A byte-level BPE with a chat template (:func:`tests.llm.hfmodels.train_tokenizer`)."""
+    """A byte-level BPE with a chat template (:func:`tests.llm.tinymodels.train_tokenizer`)."""
     return train_tokenizer()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from failsoft.llm.tokens import BYTES, HfTokenizer, IncrementalDecoder
-from tests.llm.hfmodels import train_tokenizer
+from tests.llm.tinymodels import train_tokenizer
 
 TEXT = "the node é recovers € 𝄞 cache"  # 2-, 3- and 4-byte characters
 

@@ -1,6 +1,6 @@
 """The OpenAI-compatible endpoints, driven by the official ``openai`` client over real HTTP: a
 uvicorn server on 127.0.0.1 serving :func:`openai_router` over a real engine running a tiny
-random-weight Llama with a BPE tokenizer trained here (:mod:`tests.llm.hfmodels`)."""
+random-weight Llama with a BPE tokenizer trained here (:mod:`tests.llm.tinymodels`)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from failsoft.llm.hf import load_hf
 from failsoft.runtime.gateway.app import _install_error_handlers
 from failsoft.runtime.gateway.openai import openai_router
 from failsoft.runtime.gateway.server import GatewayServer
-from tests.llm.hfmodels import save_model, train_tokenizer
+from tests.llm.tinymodels import byte_pair, save_model, train_tokenizer
 from tests.runtime.conftest import wait_for
 from tests.runtime.gateway.engine_backend import EngineBackend
 
-MODEL, SLOW = "tiny-llama", "tiny-llama-slow"
+MODEL, SLOW, BYTES = "tiny-llama", "tiny-llama-slow", "tiny-bytes"
 CHAT = [{"role": "user", "content": "recover the cache"}]  # 55 greedy tokens, then EOS
 PROMPT = "the draft token to verify a batch of"
 
@@ -38,6 +38,7 @@ def served(tmp_path_factory):
     backends = {
         MODEL: EngineBackend(MODEL, Engine(lm, kv_pages=64, page_size=8, max_batch=4)),
         SLOW: EngineBackend(SLOW, Engine(lm, kv_pages=64, page_size=8, max_batch=4), step_delay_s=0.05),
+        BYTES: EngineBackend(BYTES, Engine(byte_pair()[0], kv_pages=64, page_size=8, max_batch=4)),
     }
     app = FastAPI()
     _install_error_handlers(app)  # the gateway's KServe handlers: the router must answer as OpenAI
@@ -68,6 +69,7 @@ def test_models_are_listed_and_retrieved(client, served):
     assert [(m.id, m.object, m.owned_by) for m in client.models.list()] == [
         (MODEL, "model", "failsoft"),
         (SLOW, "model", "failsoft"),
+        (BYTES, "model", "failsoft"),
     ]
     assert client.models.retrieve(MODEL).model_dump()["max_model_len"] == 128
     with pytest.raises(openai.NotFoundError) as err:
@@ -91,6 +93,22 @@ def test_greedy_chat_answers_the_engines_greedy_tokens_decoded(client, served):
         model=MODEL, messages=CHAT, temperature=0, max_completion_tokens=14
     )
     assert bigger.choices[0].message.content.startswith(out.choices[0].message.content)
+
+
+def test_a_byte_level_model_chats_in_its_plain_convention_and_streams_whole_characters(client, served):
+    _, backends, _ = served
+    engine = backends[BYTES].engine
+    prompt = engine.tokenizer.chat(CHAT)
+    assert engine.tokenizer.decode(prompt) == "user: recover the cache\nassistant: "
+    ref = greedy(engine.lm, prompt, 40)
+    whole = client.chat.completions.create(model=BYTES, messages=CHAT, temperature=0, max_tokens=40)
+    assert whole.choices[0].message.content == engine.tokenizer.decode(ref)
+    assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (len(prompt), len(ref))
+    chunks = client.chat.completions.create(
+        model=BYTES, messages=CHAT, temperature=0, max_tokens=40, stream=True
+    )
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(deltas) == whole.choices[0].message.content
 
 
 def test_completions_of_text_and_of_token_ids(client, served):

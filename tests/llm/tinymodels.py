@@ -1,9 +1,17 @@
-"""Tiny Hugging Face models made here (no download): a byte-level BPE tokenizer trained with
-``tokenizers`` on generated text, with a chat template, and random-weight Llama, Qwen2 or Mistral
-models saved with ``save_pretrained`` beside it, as :func:`failsoft.llm.hf.load_hf` loads them."""
+"""Tiny models made here (no download), with random weights of a wide initialisation so that
+greedy outputs vary with the context (a barely trained tiny model mostly repeats one token, which
+would make every equality trivially true):
+
+* :func:`byte_pair`: a byte-level Llama (tokens are bytes) and a draft of it (the target with
+  noise added, so that some drafts are accepted and some rejected);
+* :func:`train_tokenizer` and :func:`save_model`: a byte-level BPE tokenizer trained with
+  ``tokenizers`` on generated text, with a chat template, and random-weight Llama, Qwen2 or
+  Mistral models saved with ``save_pretrained`` beside it, as :func:`failsoft.llm.hf.load_hf`
+  loads them."""
 
 from __future__ import annotations
 
+import copy
 import random
 
 import torch
@@ -83,3 +91,22 @@ def save_model(tmp, arch: str, tok, hidden: int, layers: int, seed: int, vocab_p
     model.save_pretrained(where)
     tok.save_pretrained(where)
     return where
+
+
+def byte_pair():
+    """(target, draft) :class:`~failsoft.llm.models.LoadedLm` of the byte-level Llama."""
+    from transformers import LlamaForCausalLM
+
+    from failsoft.llm.models import LmSpec, wrap
+
+    spec = LmSpec(64, 2, 4, 2, 128, 128, steps=0, batch=1, seq_len=8, lr=0.0, seed=0)
+    config = spec.config()
+    config.initializer_range = 0.3
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).eval()
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+    return wrap("test-target", target, "cpu", "test-target"), wrap("test-draft", draft, "cpu", "test-draft")
