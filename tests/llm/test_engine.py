@@ -193,6 +193,7 @@ def test_nucleus_sampling_draws_only_from_the_top_p_mass(pair):
         ({"temperature": -0.1}, "temperature must be in [0, 10.0]; got -0.1"),
         ({"top_p": 0}, "top_p must be in (0, 1]; got 0"),
         ({"top_p": 1.5}, "top_p must be in (0, 1]; got 1.5"),
+        ({"seed": 2**64}, "seed must be an integer in [-2**63, 2**64); got 18446744073709551616"),
     ],
 )
 def test_bad_sampling_parameters_are_refused(kwargs, words):

@@ -75,7 +75,7 @@ TokenCallback = Callable[["Request", int], None]
 @dataclass(frozen=True)
 class SamplingParams:
     """``max_tokens`` in [1, 4096]; ``temperature`` 0 (greedy) to 10; ``top_p`` in (0, 1] (1: the
-    whole distribution); ``seed`` for sampling."""
+    whole distribution); ``seed`` for sampling (what a torch generator takes)."""
 
     max_tokens: int = 64
     temperature: float = 0.0
@@ -96,6 +96,8 @@ class SamplingParams:
             )
         if isinstance(self.top_p, bool) or not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
             raise InvalidRequestError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
+            raise InvalidRequestError(f"seed must be an integer in [-2**63, 2**64); got {self.seed!r}")
 
 
 class PagePool:

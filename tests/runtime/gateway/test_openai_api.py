@@ -210,6 +210,7 @@ def test_an_unknown_model_is_not_found(client):
     [
         ({"temperature": 3}, "temperature", "less than or equal to 2"),
         ({"top_p": 0}, "top_p", "greater than 0"),
+        ({"seed": 2**64}, "seed", "less than 18446744073709551616"),
         ({"max_tokens": 200}, "max_tokens", "maximum context length is 128 tokens"),
         ({"logprobs": True}, "logprobs", "logprobs is not supported by this server"),
         ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when stream is true"),

@@ -20,7 +20,7 @@ import anyio
 
 from failsoft.errors import ServingError
 from failsoft.runtime.gateway.llm_backend import LlmBackend
-from failsoft.runtime.gateway.openai.text import TextStream
+from failsoft.runtime.gateway.openai.text import Piece, TextStream
 
 REASONS = {"stop": "stop", "eos": "stop", "length": "length"}  # the backend's -> OpenAI's
 
@@ -65,18 +65,18 @@ class Generation:
             return None
         event = self._next if self._next is not None else await self._read()
         self._next = None
-        if event.get("finished"):
-            piece = self._text.finish()
-            reason = str(event.get("reason", "stop"))
-            self.finish_reason = "stop" if piece.stopped else REASONS.get(reason, reason)
-            await self.close()
-            return piece.text
         tokens = event.get("tokens", ())
         self.completion_tokens += len(tokens)
-        piece = self._text.feed(tokens)
+        piece = self._text.feed(tokens) if tokens else Piece("")
         if piece.stopped:
             self.finish_reason = "stop"
             await self.close()  # the backend cancels the request: nothing after the stop is wanted
+        elif event.get("finished"):
+            last = self._text.finish()
+            reason = str(event.get("reason", "stop"))
+            self.finish_reason = "stop" if last.stopped else REASONS.get(reason, reason)
+            await self.close()
+            return piece.text + last.text
         return piece.text
 
     async def text(self) -> str:
