@@ -28,6 +28,7 @@ class EngineBackend:
         self.step_delay_s = step_delay_s
         self.down = False
         self.fail_after_tokens: int | None = None
+        self.peak_batch = 0  # the most requests one engine step ran
         self.requests: dict[str, Request] = {}  # every request it was given, finished ones too
         self._work: asyncio.Event | None = None
         self._tick: asyncio.Event | None = None
@@ -83,6 +84,7 @@ class EngineBackend:
             if self.engine.idle():
                 self._work.clear()
                 await self._work.wait()
+            self.peak_batch = max(self.peak_batch, self.engine.running)
             self.engine.step()
             tick, self._tick = self._tick, asyncio.Event()
             tick.set()

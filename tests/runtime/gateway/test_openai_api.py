@@ -5,6 +5,7 @@ random-weight Llama with a BPE tokenizer trained here (:mod:`tests.llm.tinymodel
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -155,6 +156,23 @@ def test_streamed_deltas_concatenate_to_the_whole_answer(client, served):
     assert "".join(p.choices[0].text for p in pieces) == plain.choices[0].text
     assert pieces[-1].choices[0].finish_reason == plain.choices[0].finish_reason
     assert free(backends[MODEL])
+
+
+def test_concurrent_streams_are_batched_and_each_equals_its_engine_greedy_answer(client, served):
+    _, backends, lm = served
+    prompts = ["the node", "a page of the cache", "serve the model", "verify the batch"]
+    refs = [lm.tokenizer.decode(greedy(lm, lm.tokenizer.encode(p), 16)) for p in prompts]
+
+    def stream(prompt: str) -> str:
+        chunks = client.completions.create(
+            model=MODEL, prompt=prompt, temperature=0, max_tokens=16, stream=True
+        )
+        return "".join(c.choices[0].text for c in chunks)
+
+    backends[MODEL].peak_batch = 0
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        assert list(pool.map(stream, prompts)) == refs
+    assert backends[MODEL].peak_batch > 1 and free(backends[MODEL])
 
 
 def test_the_stream_is_server_sent_events_ending_in_done(served):
