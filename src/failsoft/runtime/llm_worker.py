@@ -80,7 +80,7 @@ def sampling_params(sampling: dict[str, Any]) -> Any:
     """:class:`failsoft.llm.SamplingParams` from a request's JSON fields; unknown fields refused."""
     from failsoft.llm import SamplingParams
 
-    known = {"max_tokens", "temperature", "seed", "stop_at_eos"}
+    known = {"max_tokens", "temperature", "top_p", "seed", "stop_at_eos"}
     extra = sorted(set(sampling) - known)
     if extra:
         raise InvalidRequestError(
