@@ -13,11 +13,15 @@ those tests carry the marker by hand (``tests/runtime/test_cli.py``).
 from __future__ import annotations
 
 import functools
+import os
 import random
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from failsoft.zoo import ModelRepository
 
 _running: list[pytest.Item] = []  # the test whose setup, call or teardown runs now
 
@@ -63,3 +67,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.fixture
 def rng() -> random.Random:
     return random.Random(1234)
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+    """The real digits_mlp family (4 variants), built and quickly profiled once per session for
+    every test directory (about 20 s); tests must not modify it (copy it instead).
+    ``$FAILSOFT_TEST_ZOO`` may name a directory that keeps it between runs (then only checked)."""
+    from failsoft.zoo.testing import build_tiny_zoo
+
+    root = os.environ.get("FAILSOFT_TEST_ZOO")
+    return build_tiny_zoo(Path(root) if root else tmp_path_factory.mktemp("tiny-zoo"))

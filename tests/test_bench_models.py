@@ -17,7 +17,6 @@ from failsoft.runtime.config import config_from_dict, load_config
 from failsoft.runtime.session import prepare
 from failsoft.zoo import ModelRepository, resolve_repository
 from failsoft.zoo.parity import ParityCode, ParityTraining
-from tests.zoo.conftest import tiny_zoo  # noqa: F401
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -45,7 +44,7 @@ def test_a_bench_root_resolves_from_the_working_directory(monkeypatch, tmp_path)
 
 
 @pytest.mark.slow  # trains (one epoch) and profiles a parity model
-def test_a_coded_config_gets_its_parity_model_on_first_use(tiny_zoo, tmp_path):  # noqa: F811
+def test_a_coded_config_gets_its_parity_model_on_first_use(tiny_zoo, tmp_path):
     root = tmp_path / "zoo"
     shutil.copytree(tiny_zoo.root, root)
     data = read_bench_config(EXAMPLES / "coded.yaml", root) | {"state_dir": str(tmp_path / "state")}

@@ -26,7 +26,6 @@ import pytest
 
 from failsoft.cli import main
 from failsoft.zoo import ModelRepository
-from tests.zoo.conftest import tiny_zoo  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -85,7 +84,7 @@ def test_every_tour_command_is_run_by_a_test():
 
 
 @pytest.fixture
-def fresh_user(tiny_zoo, tmp_path, monkeypatch) -> Path:  # noqa: F811
+def fresh_user(tiny_zoo, tmp_path, monkeypatch) -> Path:
     """A scratch working directory that sees examples/, and a fresh default repository."""
     work = tmp_path / "work"
     work.mkdir()

@@ -1,4 +1,4 @@
-"""Runtime fixtures: a tiny real model repository, a real redis-server, and cluster configs.
+"""Runtime fixtures: a real redis-server, and cluster configs.
 
 Tests here start real processes (Ray, uvicorn, redis-server, heartbeat sidecars) on 127.0.0.1 and
 stop every one of them, by id. ``$FAILSOFT_TEST_ZOO`` may point at a directory that keeps the tiny
@@ -17,20 +17,9 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
-
-from failsoft.zoo import ModelRepository
-from failsoft.zoo.testing import build_tiny_zoo
-
-
-@pytest.fixture(scope="session")
-def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
-    """The real digits_mlp family (4 variants), built and quickly profiled once per session."""
-    root = os.environ.get("FAILSOFT_TEST_ZOO")
-    return build_tiny_zoo(Path(root) if root else tmp_path_factory.mktemp("tiny-zoo"))
 
 
 def free_port() -> int:

@@ -8,13 +8,6 @@ from pathlib import Path
 import pytest
 
 from failsoft.zoo import ModelRepository
-from failsoft.zoo.testing import build_tiny_zoo
-
-
-@pytest.fixture(scope="session")
-def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
-    """The digits_mlp family built and profiled once; tests must not modify it (copy it instead)."""
-    return build_tiny_zoo(tmp_path_factory.mktemp("tiny-zoo"))
 
 
 @pytest.fixture
