@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from failsoft.domain import Scenario
 from failsoft.errors import ConfigError, FailsoftError, ServingError
+from failsoft.runtime import telemetry
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.deployment import resolve
 from failsoft.runtime.discovery import Target
@@ -140,6 +141,7 @@ class Session:
             placement.device,
             torch_threads=cfg.agents.torch_threads,
             queue=cfg.agents.queue,
+            telemetry=cfg.telemetry,
             # warm up only what this deployment can load here (any app may fail over to any server),
             # not every family of the repository: a restart imported transformers for nothing
             families=tuple(f.name for f in p.deployment.families),
@@ -176,6 +178,7 @@ class Session:
         from failsoft.runtime.gateway.server import GatewayServer
 
         p, cfg = self.prepare(), self.config
+        telemetry.configure(cfg.telemetry, "failsoft-gateway")  # this process's spans: off by default
         chaos = Chaos(cfg.servers, self.agents)
         apps = {a.name: a for a in p.deployment.apps}
         self.gateway = Gateway(
