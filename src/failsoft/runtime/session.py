@@ -131,6 +131,7 @@ class Session:
         # host, which in cluster mode is not this one
         threads = cfg.agents.torch_threads
         env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if threads > 0 else {}
+        env.update(telemetry.forwarded_env())  # where spans go, and the log format
         placement = cfg.placement(server)
         options = ActorOptions(restart=cfg.agents.restart, env=env, placement=placement)
         spec = AgentSpec(

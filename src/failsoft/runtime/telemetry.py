@@ -18,9 +18,10 @@ carries the call carries the dict.
 False, and every helper here returns at its first test (no span objects, an empty ``meta``, the
 queue called directly). Turned on per process by :func:`configure` from the config's
 ``telemetry: {traces: console | otlp | none}`` or the environment (``FAILSOFT_TRACES`` wins over
-the config; ``otlp`` reads the standard ``OTEL_EXPORTER_OTLP_*`` variables and needs the
-``opentelemetry-exporter-otlp-proto-http`` package). Each process (gateway, every agent) exports
-its own spans; a collector joins them by trace id.
+the config; ``otlp`` reads the standard ``OTEL_EXPORTER_OTLP_*`` variables, which the agents are started
+with as the gateway's process has them, and needs the ``opentelemetry-exporter-otlp-proto-http``
+package: ``pip install failsoft[otlp]``). Each process (gateway, every agent) exports its own
+spans; a collector joins them by trace id.
 
 This module keeps its provider to itself rather than installing OpenTelemetry's global one, which
 can be set once per process: tests install an SDK provider with an ``InMemorySpanExporter``
@@ -111,6 +112,15 @@ def _exporter(kind: str) -> Any:
             "pip install opentelemetry-exporter-otlp-proto-http"
         ) from exc
     return module.OTLPSpanExporter()
+
+
+def forwarded_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables that steer tracing and logs (``OTEL_*``, ``FAILSOFT_TRACES``,
+    ``FAILSOFT_LOG_FORMAT``) in this process, for the agents it starts: their spans go where the
+    gateway's go, on whichever node they run."""
+    env = os.environ if environ is None else environ
+    keep = (TRACES_ENV, "FAILSOFT_LOG_FORMAT")
+    return {k: v for k, v in env.items() if k.startswith("OTEL_") or k in keep}
 
 
 def use_provider(provider: TracerProvider | None) -> None:
