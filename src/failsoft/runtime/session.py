@@ -106,6 +106,8 @@ class Session:
 
         p = self.prepare()
         cfg = self.config
+        # this process's spans (off by default); a bad FAILSOFT_TRACES is refused before anything starts
+        telemetry.configure(cfg.telemetry, "failsoft-gateway")
         self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus, self.num_gpus)
         try:
             self.cluster.start()
@@ -179,7 +181,6 @@ class Session:
         from failsoft.runtime.gateway.server import GatewayServer
 
         p, cfg = self.prepare(), self.config
-        telemetry.configure(cfg.telemetry, "failsoft-gateway")  # this process's spans: off by default
         chaos = Chaos(cfg.servers, self.agents)
         apps = {a.name: a for a in p.deployment.apps}
         self.gateway = Gateway(
