@@ -504,6 +504,11 @@ class LlmWorkerRef(_ActorRef):
     async def info(self, timeout_s: float = 10.0) -> dict[str, Any]:
         return dict(await self._call("info", timeout_s=timeout_s))
 
+    async def metrics(self, timeout_s: float = 2.0) -> bytes:
+        """The worker's Prometheus figures as text (:mod:`failsoft.runtime.llm_metrics`); a gateway
+        serves them with ``FleetFigures.add_source("worker", ...)``."""
+        return bytes(await self._call("metrics", timeout_s=timeout_s))
+
     async def submit(
         self,
         request_id: str,
