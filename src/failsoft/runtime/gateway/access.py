@@ -27,9 +27,9 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from failsoft.runtime import logs, telemetry
+from failsoft.runtime.gateway.http_io import CLIENT_LEFT
 
 access_log = logging.getLogger("failsoft.access")
-CLIENT_LEFT = 499
 
 
 class AccessMiddleware:
