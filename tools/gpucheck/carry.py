@@ -41,6 +41,8 @@ CARRY = (
     "starlette",
     "annotated-doc",
     "opentelemetry-api",
+    "opentelemetry-sdk",  # failsoft's traces (off by default; the SDK is imported when on)
+    "opentelemetry-semantic-conventions",
     "uvicorn",
     "simpy",
     "highspy",

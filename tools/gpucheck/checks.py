@@ -605,9 +605,11 @@ def parm(ctx: Ctx) -> dict[str, Any]:
 
 def tests(ctx: Ctx) -> dict[str, Any]:
     """``tests/runtime/test_gpu_placement.py`` and ``test_devices.py``: on a GPU they check the
-    granted GPU for real (the agent sees it, loads on it, creates its context at start)."""
+    granted GPU for real (the agent sees it, loads on it, creates its context at start);
+    ``test_agent_metrics.py``: the agents' device-memory metrics against the device."""
     env = dict(os.environ, FAILSOFT_TEST_ZOO=str(ctx.work / "zoo-tests"))
     files = ["tests/runtime/test_gpu_placement.py", "tests/runtime/test_devices.py"]
+    files.append("tests/runtime/test_agent_metrics.py")  # the agents' device-memory figures
     cmd = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
     proc = subprocess.run(
         cmd, cwd=ctx.repo, env=env, capture_output=True, text=True, timeout=600, check=False

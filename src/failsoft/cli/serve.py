@@ -47,12 +47,17 @@ def serve(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log the runtime's INFO messages")] = False,
 ) -> None:
     """Serve the config's apps with FailLite failover until Ctrl-C, then shut everything down."""
+    from failsoft.runtime import logs
     from failsoft.runtime.session import Session
 
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
     cfg = load_config(config)
+    # every record as text or JSON lines (telemetry.log_format, FAILSOFT_LOG_FORMAT); the access log
+    # (one line per HTTP request) at INFO unless telemetry.access_log is off
+    logs.configure(
+        cfg.telemetry.log_format, "gateway", logging.INFO if verbose else logging.WARNING, logger=""
+    )
+    if cfg.telemetry.access_log:
+        logging.getLogger("failsoft.access").setLevel(logging.INFO)
     given = {"port": port, "host": host, "admin_port": admin_port, "admin_host": admin_host}
     if any(v is not None for v in given.values()):
         cfg = cfg.with_gateway(**{k: v for k, v in given.items() if v is not None})

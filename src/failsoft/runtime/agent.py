@@ -58,7 +58,8 @@ from failsoft.errors import CapacityError, ConfigError, ModelNotLoadedError, Ove
 from failsoft.orchestration.loads import LOAD_NICE, load_nice
 from failsoft.policies import registry
 from failsoft.policies.queueing import QueueParams, ServiceModel, warmup_budget_ms, warmup_sizes
-from failsoft.runtime import devices
+from failsoft.runtime import devices, telemetry
+from failsoft.runtime.agent_metrics import AgentMetrics
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.pulse import Pulse
 from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
@@ -95,6 +96,7 @@ class AgentSpec:
     families: tuple[str, ...] = ()  # the families it may serve (warmed up at start); () = all
     torch_threads: int = 1  # torch's intra-op threads per agent; 0 = one per core of the host
     queue: QueueParams = field(default_factory=QueueParams)  # each loaded model's serving queue
+    telemetry: telemetry.TelemetrySettings = field(default_factory=telemetry.TelemetrySettings)
 
 
 @dataclass(slots=True)
@@ -114,9 +116,11 @@ class Agent:
         from failsoft.zoo import ModelRepository
 
         init_at = time.time()
-        configure_actor_logging()
+        configure_actor_logging(fmt=spec.telemetry.log_format, component=f"agent {spec.server.name}")
+        telemetry.configure(spec.telemetry, "failsoft-agent")
         self.spec = spec
         self.server = spec.server
+        self._metrics = AgentMetrics(spec.server.name, self._metrics_snapshot)
         self.incarnation = uuid.uuid4().hex[:12]
         self.started_at = time.time()
         self._repo = ModelRepository(spec.repository)
@@ -211,7 +215,7 @@ class Agent:
         try:
             nice = load_nice(profile, background)
             model, service, cpu_ms = _run_at_priority(nice, self._read, family, profile)
-            queue = self._serving_queue(f"{self.server.name}/{app}/{variant}", model, service)
+            queue = self._serving_queue(app, variant, model, service)
         except BaseException:
             with self._lock:
                 self._reserved_mb -= memory
@@ -224,6 +228,7 @@ class Agent:
             self._loads_total += 1
             self._loads_cpu_ms += cpu_ms
             self._loading.pop(key).set()
+        self._metrics.loaded(family, variant, load_ms / 1000.0)
         return self._describe(key, cached=False)
 
     def _read(self, family: str, profile: Variant) -> tuple[Any, ServiceModel, float]:
@@ -244,11 +249,17 @@ class Agent:
             reset()
         return model, service, (time.thread_time() - cpu_started) * 1000.0
 
-    def _serving_queue(self, name: str, model: Any, service: ServiceModel) -> ServingQueue:
+    def _serving_queue(self, app: str, variant: str, model: Any, service: ServiceModel) -> ServingQueue:
         params = self.spec.queue
         discipline = registry.make("queueing", params.discipline, params.max_batch, params.max_queue)
         queue = ServingQueue(
-            name, model.predict, model.input_shape, discipline, service, delay_s=self._delay_s
+            f"{self.server.name}/{app}/{variant}",
+            model.predict,
+            model.input_shape,
+            discipline,
+            service,
+            delay_s=self._delay_s,
+            on_batch=self._metrics.batch_observer(app, variant),
         )
         return queue.start()
 
@@ -364,6 +375,7 @@ class Agent:
         timeout_s: float | None = None,
         request_id: str | None = None,
         sent_at: float | None = None,
+        meta: dict[str, str] | None = None,
     ) -> np.ndarray:
         """Answer ``batch`` through the model's serving queue, within ``timeout_s`` (None: no deadline).
 
@@ -371,7 +383,8 @@ class Agent:
         here is taken off ``timeout_s`` (under a burst, the gateway's event loop and Ray's queues
         were measured holding calls for a quarter of a second). Refused at once
         (:class:`~failsoft.errors.OverloadedError`) when the queue cannot answer in time, or when
-        nearly all of Ray's serving threads already wait on answers.
+        nearly all of Ray's serving threads already wait on answers. ``meta`` is the call's
+        per-request metadata (the trace context: :func:`failsoft.runtime.telemetry.serve`).
         """
         entered = time.perf_counter()
         if self._broken:
@@ -393,7 +406,8 @@ class Agent:
                 f"server {self.server.name!r}: {self._in_flight} requests already waiting", 0.05
             )
         try:
-            return held.queue.infer(batch, timeout_s, request_id)
+            where = {"failsoft.server": self.server.name, "failsoft.app": app, "failsoft.variant": variant}
+            return telemetry.serve(held.queue, batch, timeout_s, request_id, meta, where)
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -458,6 +472,25 @@ class Agent:
             # agent phase; the queues split it into wait, batch, predict and answer)
             "infer_calls": self._infer_calls,
             "infer_s": self._infer_s,
+        }
+
+    def metrics(self) -> bytes:
+        """This agent's Prometheus figures as text (:mod:`failsoft.runtime.agent_metrics`)."""
+        return self._metrics.render()
+
+    def _metrics_snapshot(self) -> dict[str, Any]:
+        import psutil
+
+        with self._lock:
+            models = {key: h.memory_mb for key, h in self._held.items()}
+            accounted = self._used_mb()
+        return {
+            "queues": self.queue_stats(),
+            "models_mb": models,
+            "budget_mb": self.server.memory_mb,
+            "accounted_mb": accounted,
+            "rss_bytes": float(psutil.Process().memory_info().rss),
+            "device": devices.device_memory(self._device) if self._cuda else None,
         }
 
     def device_report(self) -> dict[str, Any]:

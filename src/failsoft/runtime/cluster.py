@@ -144,13 +144,19 @@ class AgentRef(_ActorRef):
         return await self._call("unload", app, variant, timeout_s=timeout_s)
 
     async def infer(
-        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
+        self,
+        app: str,
+        variant: str,
+        batch: Any,
+        timeout_s: float,
+        request_id: str | None = None,
+        meta: dict[str, str] | None = None,
     ) -> Any:
         """Answer ``batch`` within ``timeout_s`` (the request's time left, which the agent's serving
         queue turns into a deadline on its own clock, less the time the call took to reach it, from
         the wall-clock time it was sent); ``request_id`` lets :meth:`cancel_nowait` withdraw it from
-        the queue."""
-        args = (app, variant, batch, timeout_s, request_id, time.time())
+        the queue; ``meta`` (plain strings) travels with it: the trace context."""
+        args = (app, variant, batch, timeout_s, request_id, time.time(), meta)
         return await self._call("infer", *args, timeout_s=timeout_s, group=SERVING_GROUP)
 
     async def state(self, app: str, variant: str, timeout_s: float = 10.0) -> bytes:
@@ -170,6 +176,10 @@ class AgentRef(_ActorRef):
 
     async def info(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return await self._call("info", timeout_s=timeout_s)
+
+    async def metrics(self, timeout_s: float = 2.0) -> bytes:
+        """The agent's Prometheus figures as text (what the gateway's ``/metrics`` serves)."""
+        return bytes(await self._call("metrics", timeout_s=timeout_s))
 
     async def set_slow(self, ms: float, load_ms: float | None = None, timeout_s: float = 5.0) -> None:
         await self._call("set_slow", ms, load_ms, timeout_s=timeout_s)
@@ -254,14 +264,14 @@ def granted_resources() -> dict[str, Any]:
     }
 
 
-def configure_actor_logging(level: int = logging.INFO) -> None:
-    """Inside an actor: failsoft's log records go to the worker's stderr file in Ray's log directory."""
-    logger = logging.getLogger("failsoft")
-    logger.setLevel(level)
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
+def configure_actor_logging(
+    level: int = logging.INFO, fmt: str = "text", component: str = "failsoft"
+) -> None:
+    """Inside an actor: failsoft's log records go to the worker's stderr file in Ray's log directory,
+    as text or JSON lines (``fmt``, ``FAILSOFT_LOG_FORMAT`` first: :mod:`failsoft.runtime.logs`)."""
+    from failsoft.runtime import logs
+
+    logs.configure(fmt, component, level)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -493,6 +503,11 @@ class LlmWorkerRef(_ActorRef):
 
     async def info(self, timeout_s: float = 10.0) -> dict[str, Any]:
         return dict(await self._call("info", timeout_s=timeout_s))
+
+    async def metrics(self, timeout_s: float = 2.0) -> bytes:
+        """The worker's Prometheus figures as text (:mod:`failsoft.runtime.llm_metrics`); a gateway
+        serves them with ``FleetFigures.add_source("worker", ...)``."""
+        return bytes(await self._call("metrics", timeout_s=timeout_s))
 
     async def submit(
         self,

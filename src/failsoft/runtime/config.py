@@ -17,6 +17,7 @@ state directory and store, the admin token::
     heartbeat: {interval_ms: 20, missed: 2}
     gateway: {host: 127.0.0.1, port: 8000}   # inference; admin on 127.0.0.1:8001 (admin_host, admin_port)
     store: sqlite            # or sqlite:///path/state.db, or redis://127.0.0.1:6379/0
+    telemetry: {traces: none, log_format: text, access_log: true}   # or traces: otlp|console, json logs
 
 Anything wrong is refused with one :class:`~failsoft.errors.ConfigError` naming the bad entry and value
 (the same one-line format as the scenario JSON), before any process starts. Families are checked
@@ -30,7 +31,7 @@ import os
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
@@ -42,6 +43,7 @@ from failsoft.policies.registry import failover_names as policy_names
 from failsoft.policies.registry import names as registered
 from failsoft.runtime.devices import DEVICE_PATTERN, MAX_GPUS, Placement, check_placement
 from failsoft.runtime.security import MIN_TOKEN_CHARS, TlsSettings
+from failsoft.runtime.telemetry import TelemetrySettings
 from failsoft.scenario import (  # one-line errors, one service parser
     ServiceSpec,
     _refuse_duplicates,
@@ -156,6 +158,14 @@ class AgentsModel(_Strict):
         return value
 
 
+class TelemetryModel(_Strict):
+    """Traces, log format and access log (docs/operations.md, "Watching it")."""
+
+    traces: Literal["none", "console", "otlp"] = "none"
+    log_format: Literal["text", "json"] = "text"
+    access_log: bool = True
+
+
 class ConfigModel(_Strict):
     name: str = Field(default="failsoft", pattern=_NAME, max_length=64)
     repository: str | None = None
@@ -166,6 +176,7 @@ class ConfigModel(_Strict):
     heartbeat: HeartbeatModel = Field(default_factory=HeartbeatModel)
     gateway: GatewayModel = Field(default_factory=GatewayModel)
     agents: AgentsModel = Field(default_factory=AgentsModel)
+    telemetry: TelemetryModel = Field(default_factory=TelemetryModel)
     state_dir: str | None = None
     store: str = "sqlite"
     admin_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS)
@@ -281,6 +292,7 @@ class RuntimeConfig:
     store_url: str
     admin_token: str | None
     placements: tuple[tuple[str, Placement], ...] = ()  # per server: device and GPU share
+    telemetry: TelemetrySettings = dataclasses.field(default_factory=TelemetrySettings)
 
     def replace(self, **changes: Any) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)
@@ -387,6 +399,9 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         store_url=spec.store,
         admin_token=spec.admin_token,
         placements=placements,
+        telemetry=TelemetrySettings(
+            spec.telemetry.traces, spec.telemetry.log_format, spec.telemetry.access_log
+        ),
     )
 
 

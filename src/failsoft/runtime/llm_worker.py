@@ -21,7 +21,9 @@ and sleeps on a condition otherwise. The gateway drives it through these calls (
   loaded; :meth:`LlmWorker.adopt` turns it into a named worker (a restart without the process start
   and the imports, which are most of a small model's restart).
 
-Each finished request's TTFT and time per output token are kept for :meth:`LlmWorker.stats`.
+Each finished request's TTFT and time per output token are kept for :meth:`LlmWorker.stats`;
+:meth:`LlmWorker.metrics` renders them, tokens, KV pages and checkpoint bytes as Prometheus text
+(:mod:`failsoft.runtime.llm_metrics`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from failsoft.errors import InvalidRequestError
+from failsoft.runtime.llm_metrics import LlmWorkerMetrics
 
 POLL_MAX_S = 30.0
 KEEP_FINISHED = 1024  # finished streams kept for late polls
@@ -195,6 +198,7 @@ class LlmWorker:
         self._stopped = False
         self._slow_s = 0.0
         self._cancelled = 0
+        self._metrics = LlmWorkerMetrics(spec.name, spec.model, self._metrics_snapshot)
         self._serving = True
         self._thread = threading.Thread(target=self._loop, name=f"llm-{spec.name}", daemon=True)
         self._thread.start()
@@ -232,6 +236,7 @@ class LlmWorker:
         stream = self._streams.get(req.id)
         if stream is not None:
             stream.output.append(token)
+        self._metrics.tokens.inc()
 
     def _note_finished(self) -> None:
         for rid, stream in self._streams.items():
@@ -242,6 +247,7 @@ class LlmWorker:
                 stream.finished, stream.reason = True, req.finish_reason
                 stream.ttft_ms, stream.tpot_ms = req.ttft_ms, req.tpot_ms
                 self._tracked.pop(rid, None)
+                self._metrics.finished(req.finish_reason, req.ttft_ms, req.tpot_ms)
                 if req.finish_reason != "cancelled":
                     if req.ttft_ms is not None:
                         self._ttft.append(req.ttft_ms)
@@ -329,7 +335,10 @@ class LlmWorker:
                 return None
             if from_start:
                 req.exported_pages = 0
-            return self.engine.export_kv(request_id, upto_tokens)
+            chunk = self.engine.export_kv(request_id, upto_tokens)
+            if chunk is not None:
+                self._metrics.exported.inc(len(chunk))
+            return chunk
 
     def hold(self, chunk: bytes) -> int:
         """Keep a peer's checkpoint chunk (host memory); returns the bytes held for its request."""
@@ -467,6 +476,15 @@ class LlmWorker:
             "phase": "full",
             "draft_ms": self.draft_ms,
         }
+
+    def metrics(self) -> bytes:
+        """Prometheus text: TTFT, TPOT, tokens, KV pages, checkpoint bytes (empty before it serves)."""
+        return self._metrics.render() if self._serving else b""
+
+    def _metrics_snapshot(self) -> dict[str, Any]:
+        load = self.load()
+        held = load["held_kv_mb"] * 2**20
+        return {**load, "held_kv_bytes": held, "load_s": self.load_ms / 1000.0}
 
     def stats(self) -> dict[str, Any]:
         with self._cond:

@@ -73,13 +73,26 @@ Predict = Callable[[np.ndarray], np.ndarray]
 class _Ticket:
     """One request: its rows, its place in the discipline's view, and the future its caller waits on."""
 
-    __slots__ = ("future", "item", "request_id", "rows")
+    __slots__ = ("batch_rows", "future", "item", "request_id", "rows", "stamps")
 
     def __init__(self, rows: np.ndarray, request_id: str | None) -> None:
         self.rows = rows
         self.request_id = request_id
         self.item: Queued | None = None
         self.future: concurrent.futures.Future[np.ndarray] = concurrent.futures.Future()
+        # wall-clock ns: queued, taken into a batch, predict started, predict ended (traces)
+        self.stamps: tuple[int, int, int, int] = (time.time_ns(), 0, 0, 0)
+        self.batch_rows = 0  # the rows of the batch it ran in
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchDone:
+    """One batch a queue answered, for metrics: its rows, each request's wait in the queue, and
+    predict's time (seconds)."""
+
+    rows: int
+    waits_s: tuple[float, ...]
+    predict_s: float
 
 
 @dataclasses.dataclass(slots=True)
@@ -117,8 +130,10 @@ class ServingQueue:
         clock: Callable[[], float] = time.monotonic,
         learn: float = LEARN,
         margin_s: float = ANSWER_MARGIN_S,
+        on_batch: Callable[[BatchDone], None] | None = None,
     ) -> None:
         self.name = name
+        self._on_batch = on_batch  # metrics: called by the worker after each batch answered
         self._predict = predict  # held by reference until the worker exits
         self._input_shape = tuple(input_shape)
         self.discipline = discipline
@@ -289,8 +304,10 @@ class ServingQueue:
         return run, drop
 
     def _run(self, run: list[_Ticket]) -> None:
-        taken = time.perf_counter()
-        waited = len(run) * self._clock() - sum(t.item.arrival_s for t in run if t.item is not None)
+        taken, taken_ns = time.perf_counter(), time.time_ns()
+        now = self._clock()
+        waits = tuple(max(now - t.item.arrival_s, 0.0) for t in run if t.item is not None)
+        waited = sum(waits)
         delay = self._delay_s()
         if delay > 0:  # injected slowdown: the whole batch waits
             time.sleep(delay)
@@ -312,8 +329,12 @@ class ServingQueue:
             return
         predicted = time.perf_counter()
         elapsed_ms = (predicted - started) * 1000.0
+        predicted_ns = time.time_ns()
+        started_ns = predicted_ns - int((predicted - started) * 1e9)
         bounds = np.cumsum([len(t.rows) for t in run])[:-1]
         for ticket, part in zip(run, np.split(out, bounds), strict=True):
+            ticket.stamps = (ticket.stamps[0], taken_ns, started_ns, predicted_ns)
+            ticket.batch_rows = len(rows)
             ticket.future.set_result(part)
         done = time.perf_counter()
         cycle_ms = (done - taken) * 1000.0
@@ -328,6 +349,11 @@ class ServingQueue:
             c.answer_s += done - predicted
             self._running_until = None
             self._calibrate(len(rows), elapsed_ms, max(cycle_ms - elapsed_ms - delay * 1000.0, 0.0))
+        if self._on_batch is not None:
+            try:
+                self._on_batch(BatchDone(len(rows), waits, predicted - started))
+            except Exception:  # metrics never stop a queue
+                log.exception("%s: recording a batch's metrics failed", self.name)
 
     def _calibrate(self, rows: int, predict_ms: float, fixed_ms: float) -> None:
         """Per-row cost (``scale`` of the profile) from predict's time; fixed cost from the rest."""

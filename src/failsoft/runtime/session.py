@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from failsoft.domain import Scenario
 from failsoft.errors import ConfigError, FailsoftError, ServingError
+from failsoft.runtime import telemetry
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.deployment import resolve
 from failsoft.runtime.discovery import Target
@@ -105,6 +106,8 @@ class Session:
 
         p = self.prepare()
         cfg = self.config
+        # this process's spans (off by default); a bad FAILSOFT_TRACES is refused before anything starts
+        telemetry.configure(cfg.telemetry, "failsoft-gateway")
         self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus, self.num_gpus)
         try:
             self.cluster.start()
@@ -130,6 +133,7 @@ class Session:
         # host, which in cluster mode is not this one
         threads = cfg.agents.torch_threads
         env = {k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")} if threads > 0 else {}
+        env.update(telemetry.forwarded_env())  # where spans go, and the log format
         placement = cfg.placement(server)
         options = ActorOptions(restart=cfg.agents.restart, env=env, placement=placement)
         spec = AgentSpec(
@@ -140,6 +144,7 @@ class Session:
             placement.device,
             torch_threads=cfg.agents.torch_threads,
             queue=cfg.agents.queue,
+            telemetry=cfg.telemetry,
             # warm up only what this deployment can load here (any app may fail over to any server),
             # not every family of the repository: a restart imported transformers for nothing
             families=tuple(f.name for f in p.deployment.families),

@@ -59,6 +59,9 @@ def start_serve(tiny_zoo: Any, tmp: Path) -> Live:
         "apps": [{"name": "cam", "family": "digits_mlp", "primary": {"server": "s1", "variant": "mlp_s"}}],
         "gateway": {"port": 0, "max_body_mb": 1},
         "agents": {"restart": False},
+        # no access line per request: stderr is a pipe read only at the end, and thousands of
+        # fuzzed requests would fill it (the gateway's writes would then block)
+        "telemetry": {"access_log": False},
         "state_dir": str(state),
     }
     path = tmp / "live.yaml"

@@ -10,7 +10,8 @@ Endpoints:
 * the endpoints a mode serves beside inference (:meth:`Dispatcher.http_routes`), such as the
   ``slo`` mode's ``POST /v2/clients``, ``POST /v2/clients/{id}/bandwidth`` and
   ``DELETE /v2/clients/{id}`` (:mod:`failsoft.runtime.gateway.slo_clients`);
-* ``GET /metrics``: Prometheus text (:mod:`failsoft.runtime.gateway.metrics`);
+* ``GET /metrics``: Prometheus text, the gateway's (:mod:`failsoft.runtime.gateway.metrics`) and
+  every agent's, asked at each scrape (:mod:`failsoft.runtime.gateway.fleet`);
 * ``/admin/...`` (:mod:`failsoft.runtime.gateway.admin`), on a separate ASGI app
   (:attr:`Gateway.admin_app`) that the session serves on its own port (the admin plane); they need
   ``Authorization: Bearer <token>``. The inference app answers 404 there.
@@ -51,13 +52,16 @@ from failsoft.errors import (
     http_status,
 )
 from failsoft.policies.detection import RouteHealth
+from failsoft.runtime import logs
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
 from failsoft.runtime.gateway import admin
+from failsoft.runtime.gateway.access import AccessMiddleware
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
 from failsoft.runtime.gateway.events import EventHub, Feed
+from failsoft.runtime.gateway.fleet import FleetFigures
 from failsoft.runtime.gateway.http_io import CLIENT_LEFT, read_body, retry_after
 from failsoft.runtime.gateway.http_io import byte_count as _byte_count
 from failsoft.runtime.gateway.http_io import unless_the_client_leaves as _unless_the_client_leaves
@@ -110,6 +114,8 @@ class Gateway:
         self.clock = clock or MonotonicClock()
         self.link = ControllerLink()
         self.metrics = GatewayMetrics()
+        self.fleet = FleetFigures()  # the agents' figures, served with the gateway's
+        self.metrics.registry.register(self.fleet)
         self.mirror = RouteMirror(controller, self.clock, self.link)
         self._agents = agents
         services = with_singles(services or (), apps)
@@ -227,7 +233,8 @@ class Gateway:
             meta = self.models[served.lead.family]
             req = parse_infer_request(body, name, meta, self.settings.max_batch, header_length)
             deadline = self.clock.now() + self._timeout_s(served.lead, req.timeout_s)
-            work = Work(name, req.batch, deadline, uuid.uuid4().hex, req.parameters)
+            rid = logs.request_id.get() or uuid.uuid4().hex  # the access log's and X-Request-Id's
+            work = Work(name, req.batch, deadline, rid, req.parameters)
             answer = await _unless_the_client_leaves(request, served.dispatcher.dispatch(work))
             if answer is None:
                 code = CLIENT_LEFT
@@ -261,6 +268,7 @@ class Gateway:
     # the ASGI app --------------------------------------------------------------------------------
     def _build(self) -> FastAPI:
         api = FastAPI(title="failsoft gateway", lifespan=self._lifespan, docs_url=None, redoc_url=None)
+        api.add_middleware(AccessMiddleware)
         _install_error_handlers(api)
         self._inference_routes(api)
         self._observability_routes(api)
@@ -269,6 +277,7 @@ class Gateway:
 
     def _build_admin(self) -> FastAPI:
         api = FastAPI(title="failsoft admin", docs_url=None, redoc_url=None, openapi_url=None)
+        api.add_middleware(AccessMiddleware)
         _install_error_handlers(api)
         admin.install(api, self)
         return api
@@ -328,6 +337,7 @@ class Gateway:
 
         @api.get("/metrics")
         async def metrics() -> Response:
+            await self.fleet.refresh(self._agents)
             body = self.metrics.render(self.mirror.version, self.link.connected, self.controller_stats)
             return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -41,6 +41,7 @@ from failsoft.errors import (
     OverloadedError,
     ServerUnavailableError,
 )
+from failsoft.runtime import telemetry
 from failsoft.runtime.gateway.dispatch.interface import DispatchContext
 from failsoft.runtime.gateway.routes import Route
 
@@ -128,7 +129,23 @@ async def call_on_route(
     call from its request's id. Raises bad input (:class:`~failsoft.errors.InvalidRequestError`,
     :class:`~failsoft.errors.ConfigError`) unreported, any other error the server raised while
     serving after reporting it, and :class:`asyncio.CancelledError` after withdrawing the call.
+
+    With tracing on, the call is an ``agent.call`` span whose context travels in the call's ``meta``
+    (a plain dict of strings, whatever the transport: :mod:`failsoft.runtime.telemetry`).
     """
+    with telemetry.call_span(target.server, target.key, target.variant) as meta:
+        return await _call(context, target, batch, call_id, deadline, watch, meta)
+
+
+async def _call(
+    context: DispatchContext,
+    target: Target,
+    batch: Any,
+    call_id: str,
+    deadline: float,
+    watch: Watch | None,
+    meta: dict[str, str],
+) -> CallResult:
     clock = context.clock
     left = deadline - clock.now()
     if left <= 0:  # nothing sent: nothing to withdraw or report
@@ -137,8 +154,9 @@ async def call_on_route(
         agent = context.agents(target.server)
     except ServerUnavailableError as exc:  # being replaced: wait for a newer route
         return CallResult(CallStatus.MOVED, error=exc)
+    extra = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
     call = asyncio.ensure_future(
-        agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id)
+        agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id, **extra)
     )
     watcher = asyncio.ensure_future(_until_moved(context, watch, deadline))
     try:
