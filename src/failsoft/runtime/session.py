@@ -75,9 +75,11 @@ class Session:
         address: str | None = None,
         num_cpus: int | None = None,
         num_gpus: int | None = None,
+        node_ip: str | None = None,
     ) -> None:
         self.config = config
         self.address = address
+        self.node_ip = node_ip  # cluster mode: this machine's address in the Ray cluster (None: Ray's guess)
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus  # the GPUs an embedded Ray offers (None: detected, or $FAILSOFT_NUM_GPUS)
         self.prepared: Prepared | None = None
@@ -105,7 +107,7 @@ class Session:
 
         p = self.prepare()
         cfg = self.config
-        self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus, self.num_gpus)
+        self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus, self.num_gpus, self.node_ip)
         try:
             self.cluster.start()
             self.cluster.check_gpus({s.name: cfg.placement(s.name) for s in cfg.servers})
