@@ -15,9 +15,10 @@ Faults, each the network's, not failsoft's:
 * :meth:`Lab.kill` -- SIGKILL every process of a node (the machine loses power);
 * :meth:`Lab.partition` / :meth:`Lab.heal` -- the node's link down / up (a site loses its uplink:
   its processes keep running and can reach nobody, nobody can reach them);
-* :meth:`Lab.cut` / :meth:`Lab.uncut` -- drop what the node sends to one UDP or TCP port (a policy
-  routing rule: ``ip rule ... dport P blackhole``), e.g. only its heartbeats, while the rest of
-  its traffic flows (a partial partition: the controller thinks it failed, clients still reach it);
+* :meth:`Lab.cut` / :meth:`Lab.uncut` -- drop what the node sends over UDP (or to one port; a
+  policy routing rule to a discarding device), e.g. only its heartbeats, while the rest of its
+  traffic (Ray's, all TCP) flows (a partial partition: the controller thinks it failed, clients
+  still reach it);
 * :meth:`Lab.impair` -- delay and drop on the node's link (``tc qdisc ... netem``), where the kernel
   has netem (:class:`Unsupported` with the kernel's own message where it does not).
 
@@ -45,6 +46,8 @@ from failsoft.errors import FailsoftError
 log = logging.getLogger(__name__)
 DEFAULT_SUBNET = "10.77.0"  # a /24 of the private 10.0.0.0/8, for nodes .1 to .253 and the host .254
 HOST_OCTET = 254
+DISCARD_DEVICE = "discard0"  # a device inside a node that drops what is routed to it
+DISCARD_TABLE = "77"
 
 
 class Unsupported(FailsoftError):
@@ -56,6 +59,10 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and done.returncode != 0:
         raise Unsupported(f"ip {' '.join(args)}: {done.stderr.strip() or done.returncode}")
     return done
+
+
+def _selector(proto: str, port: int | None) -> list[str]:
+    return ["ipproto", proto, *(["dport", str(port)] if port is not None else [])]
 
 
 def unsupported_reason() -> str | None:
@@ -88,7 +95,7 @@ class Node:
     veth: str
     inner: str  # its end of the link, inside the namespace
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    cuts: list[tuple[str, int]] = field(default_factory=list)
+    cuts: list[tuple[str, int | None]] = field(default_factory=list)
 
 
 class Lab:
@@ -198,16 +205,35 @@ class Lab:
     def heal(self, node: str) -> None:
         _ip("link", "set", self.nodes[node].veth, "up")
 
-    def cut(self, node: str, port: int, proto: str = "udp") -> None:
-        """Drop what ``node`` sends to ``port`` (``proto``), and only that."""
-        _ip("-n", self.nodes[node].ns, "rule", "add", "ipproto", proto, "dport", str(port), "blackhole")
-        self.nodes[node].cuts.append((proto, port))
+    def cut(self, node: str, port: int | None = None, proto: str = "udp") -> None:
+        """Drop, silently, what ``node`` sends over ``proto`` (to ``port``; None: to any port).
+
+        A policy rule sends those packets to a routing table whose only route leads to a device
+        that discards what it is given (a veth whose queue is tc's ``blackhole``): the sender sees
+        no error, as on a real network (a ``blackhole`` route would fail its ``send`` with EINVAL)."""
+        n = self.nodes[node]
+        if not n.cuts:
+            self._discard_device(n)
+        _ip("-n", n.ns, "rule", "add", *_selector(proto, port), "lookup", DISCARD_TABLE)
+        n.cuts.append((proto, port))
+
+    def _discard_device(self, n: Node) -> None:
+        if DISCARD_DEVICE in _ip("-n", n.ns, "-o", "link").stdout:
+            return
+        _ip("-n", n.ns, "link", "add", DISCARD_DEVICE, "type", "veth", "peer", "name", f"{DISCARD_DEVICE}p")
+        for dev in (DISCARD_DEVICE, f"{DISCARD_DEVICE}p"):
+            _ip("-n", n.ns, "link", "set", dev, "up")
+        done = self.run(n.name, ["tc", "qdisc", "replace", "dev", DISCARD_DEVICE, "root", "blackhole"])
+        if done.returncode != 0:
+            raise Unsupported(f"tc qdisc blackhole: {done.stderr.strip()}")
+        _ip("-n", n.ns, "route", "replace", "default", "dev", DISCARD_DEVICE, "table", DISCARD_TABLE)
 
     def uncut(self, node: str) -> None:
+        """Let through again everything :meth:`cut` dropped."""
         n = self.nodes[node]
         while n.cuts:
             proto, port = n.cuts.pop()
-            _ip("-n", n.ns, "rule", "del", "ipproto", proto, "dport", str(port), "blackhole", check=False)
+            _ip("-n", n.ns, "rule", "del", *_selector(proto, port), "lookup", DISCARD_TABLE, check=False)
 
     def impair(self, node: str, delay_ms: float = 0.0, loss_pct: float = 0.0) -> None:
         """Delay (and drop ``loss_pct`` of) what crosses ``node``'s link, both ways (netem on each
