@@ -18,12 +18,14 @@ Every request is accounted for in the JSON:
   verdict itself, so it is stricter than the guarantee;
 * ``recovery_rate``: the share of the partitioned server's apps served elsewhere during the partition;
 * ``healed_rejoined``: after the heal the server was heard again (``server_up``), every app is back
-  at home, and the server's agent did not restart (``restarts`` unchanged: no restart storm);
+  at home, and the server's agent restarted at most once (``agent_restarts``: no restart storm). A
+  partition shorter than Ray's node timeout (about 15-30 s with Ray's defaults) keeps the same
+  agent (0 restarts); a longer one makes Ray declare the node dead, its raylet exits when it
+  reaches the head again, starts afresh (its supervisor), and Ray restarts the agent there (1);
 * ``heal_ms``: link up to every app at home again.
 
 ``--fault kill`` kills every process of the server's node instead (the machine loses power) and
-starts its Ray node again at the "heal" (it boots): Ray restarts the agent there, once
-(``healed_rejoined`` then asks for exactly one restart).
+starts its Ray node again at the "heal" (it boots): Ray restarts the agent there, once.
 """
 
 from __future__ import annotations
@@ -145,8 +147,9 @@ def run(config_path: Path, settings: PartitionSettings, progress: Progress | Non
                     load.stop()
                 restarts = _restarts(client, target) - restarts0
         accounted = _account(load.records, target, result)
-        expected = 1 if settings.fault == "kill" else 0  # a killed server's agent restarts once
-        result["healed_rejoined"] = bool(result.pop("rejoined") and restarts == expected)
+        # no restart storm: the agent restarts at most once (a killed node's; a partition longer
+        # than Ray's node timeout, whose raylet Ray declared dead and which starts afresh)
+        result["healed_rejoined"] = bool(result.pop("rejoined") and restarts <= 1)
         return {
             "config": str(config_path),
             "fault": settings.fault,
