@@ -171,9 +171,11 @@ class Controller:
         return {**snap, "ready": self.core.ready, "fences": self._fences()}
 
     def _fences(self) -> dict[str, float]:
-        """Each server's last failure stamp (core time), for the gateway's fence: read in the same
-        step as the table it goes with, so a server failed in that table has its new stamp."""
-        return {n: rec.failed_at for n, rec in self.state.servers.items() if rec.failed_at is not None}
+        """Each server's last failure stamp, for the gateway's fence: read in the same step as the
+        table it goes with, so a server failed in that table has its new stamp. Wall-clock
+        milliseconds, so that a controller resumed from the store sends the same stamps."""
+        stamps = {n: self.state.wall(r.failed_at) for n, r in self.state.servers.items()}
+        return {n: round(t, 3) for n, t in stamps.items() if t is not None}
 
     async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
         return await self.events.wait_after(epoch, seq, timeout_s)
