@@ -342,13 +342,14 @@ def partition(
     fault: Annotated[
         str, typer.Option(help="partition: the link down, then up; kill: the node's processes, then a reboot")
     ] = "partition",
+    logs: Annotated[Path | None, typer.Option(help="Keep the processes' and Ray's logs here")] = None,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
     """Partition a server under load and heal it, across network namespaces (root; Linux)."""
     from failsoft.bench.partition import PartitionSettings, run
 
     settings = PartitionSettings(
-        server=server, partition_s=partition_s, rate_rps=rate, subnet=subnet, fault=fault
+        server=server, partition_s=partition_s, rate_rps=rate, subnet=subnet, fault=fault, logs=logs
     )
     _emit(run(config, settings, progress=_progress), out)
 

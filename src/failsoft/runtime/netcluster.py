@@ -66,6 +66,7 @@ class NetCluster:
         self.token = work / "ray-token"
         self.serve_proc: subprocess.Popen[bytes] | None = None
         self.python = sys.executable
+        self.keep_logs: Path | None = None
         self.ray = str(Path(sys.executable).parent / "ray")
 
     @property
@@ -167,9 +168,23 @@ class NetCluster:
     # removal ------------------------------------------------------------------------------------
     def close(self) -> None:
         """Every process of every namespace killed, the namespaces and links removed, Ray's temp
-        directories deleted. Idempotent."""
+        directories deleted (the logs kept first when :attr:`keep_logs` names a directory).
+        Idempotent."""
         self.lab.close()
+        if self.keep_logs is not None:
+            self._copy_logs(self.keep_logs)
         shutil.rmtree(self.work / "ray", ignore_errors=True)
+
+    def _copy_logs(self, to: Path) -> None:
+        """The processes' output, and Ray's GCS and raylet logs of every node (what a partition
+        did to Ray: nodes declared dead, raylets restarted)."""
+        to.mkdir(parents=True, exist_ok=True)
+        for log in (self.work / "logs").glob("*.log"):
+            shutil.copy2(log, to / log.name)
+        for node_dir in (self.work / "ray").glob("*"):
+            for log in node_dir.glob("session_*/logs/*"):
+                if log.name.startswith(("gcs_server", "raylet")) and log.is_file():
+                    shutil.copy2(log, to / f"{node_dir.name}-{log.parent.parent.name[-6:]}-{log.name}")
 
     def __enter__(self) -> NetCluster:
         return self
