@@ -346,8 +346,10 @@ def partition(
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
     """Partition a server under load and heal it, across network namespaces (root; Linux)."""
-    from failsoft.bench.partition import PartitionSettings, run
+    from failsoft.bench.partition import FAULTS, PartitionSettings, run
 
+    if fault not in FAULTS:
+        raise typer.BadParameter(f"must be one of {', '.join(FAULTS)}; got {fault!r}", param_hint="--fault")
     settings = PartitionSettings(
         server=server, partition_s=partition_s, rate_rps=rate, subnet=subnet, fault=fault, logs=logs
     )

@@ -71,7 +71,7 @@ def serve(
 
         cfg = cfg.replace(store_url=config_store_url(store))
     if node_ip_address is not None and address is None:
-        raise typer.BadParameter("--node-ip-address needs --address (a Ray cluster to join)")
+        raise typer.BadParameter("needs --address (a Ray cluster to join)", param_hint="--node-ip-address")
     session = Session(cfg, address=address, node_ip=node_ip_address)
     prepared = session.prepare()  # a bad config or repository stops here, before any process starts
     typer.echo(
