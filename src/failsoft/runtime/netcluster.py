@@ -23,6 +23,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,6 +68,10 @@ class NetCluster:
         self.serve_proc: subprocess.Popen[bytes] | None = None
         self.python = sys.executable
         self.keep_logs: Path | None = None
+        # Ray's sockets live in its temp directory, and a Unix socket's path has 107 bytes at most:
+        # a short one of its own, whatever ``work`` is
+        self.ray_dir = Path(tempfile.gettempdir()) / f"fsnet-{self.lab.tag}"
+        self.head_proc: subprocess.Popen[bytes] | None = None
         self.ray = str(Path(sys.executable).parent / "ray")
 
     @property
@@ -108,9 +113,9 @@ class NetCluster:
         argv = [
             self.ray, "start", "--head", "--block", f"--node-ip-address={self.head}", f"--port={RAY_PORT}",
             "--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--include-dashboard=false",
-            "--disable-usage-stats", f"--temp-dir={self.work / 'ray' / 'head'}",
+            "--disable-usage-stats", f"--temp-dir={self.ray_dir / 'head'}",
         ]  # fmt: skip
-        self.lab.spawn("head", argv, self.env(), log_name="ray-head")
+        self.head_proc = self.lab.spawn("head", argv, self.env(), log_name="ray-head")
 
     def start_node(self, server: str) -> None:
         """Start (again, after :meth:`~failsoft.runtime.netns.Lab.kill`) ``server``'s Ray node."""
@@ -119,7 +124,7 @@ class NetCluster:
             f"--node-ip-address={self.address(server)}", "--num-cpus=1",
             f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
             f"--resources={json.dumps({f'server:{server}': 1})}",
-            f"--temp-dir={self.work / 'ray' / server}",
+            f"--temp-dir={self.ray_dir / server}",
         ]  # fmt: skip
         loop = 'while :; do "$@"; sleep 1; done'  # Restart=always
         self.lab.spawn(server, ["sh", "-c", loop, "ray-node", *argv], self.env(), log_name=f"ray-{server}")
@@ -134,9 +139,18 @@ class NetCluster:
             ",".join(servers),
             str(max(timeout_s, 1)),
         ]
-        done = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout_s + 30)
-        if done.returncode != 0:
-            raise ServingError(f"Ray nodes {list(servers)} did not join: {done.stderr.strip()[-500:]}")
+        probe = subprocess.Popen(argv, env=self.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            while probe.poll() is None:
+                if self.head_proc is not None and self.head_proc.poll() is not None:
+                    raise ServingError(f"the Ray head exited; see {self.work}/logs/ray-head.log")
+                time.sleep(0.5)
+        finally:
+            if probe.poll() is None:
+                probe.kill()
+            _, err = probe.communicate(timeout=30)
+        if probe.returncode != 0:
+            raise ServingError(f"Ray nodes {list(servers)} did not join: {err.decode().strip()[-500:]}")
 
     def _serve(self, state_dir: Path, deadline: float) -> None:
         (state_dir / "gateway.json").unlink(missing_ok=True)
@@ -173,7 +187,7 @@ class NetCluster:
         self.lab.close()
         if self.keep_logs is not None:
             self._copy_logs(self.keep_logs)
-        shutil.rmtree(self.work / "ray", ignore_errors=True)
+        shutil.rmtree(self.ray_dir, ignore_errors=True)
 
     def _copy_logs(self, to: Path) -> None:
         """The processes' output, and Ray's GCS and raylet logs of every node (what a partition
@@ -181,7 +195,7 @@ class NetCluster:
         to.mkdir(parents=True, exist_ok=True)
         for log in (self.work / "logs").glob("*.log"):
             shutil.copy2(log, to / log.name)
-        for node_dir in (self.work / "ray").glob("*"):
+        for node_dir in self.ray_dir.glob("*"):
             for log in node_dir.glob("session_*/logs/*"):
                 if log.name.startswith(("gcs_server", "raylet")) and log.is_file():
                     shutil.copy2(log, to / f"{node_dir.name}-{log.parent.parent.name[-6:]}-{log.name}")
