@@ -24,6 +24,16 @@ from failsoft.cli import main
             "failsoft bench fidelity",
         ),
         (
+            ["serve", "examples/edge.yaml", "--node-ip-address", "10.20.0.1"],
+            "--node-ip-address: needs --address",
+            "failsoft serve",
+        ),
+        (
+            ["bench", "partition", "examples/partition.yaml", "--fault", "flood"],
+            "--fault: must be one of partition, kill; got 'flood'",
+            "failsoft bench partition",
+        ),
+        (
             ["bench", "fidelity", "examples/bench.yaml", "--page-cache", "hot"],
             "--page-cache: must be one of warm, cold; got 'hot'",
             "failsoft bench fidelity",

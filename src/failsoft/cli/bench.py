@@ -326,6 +326,36 @@ def serving(
     _emit(run(config, settings, progress=_progress), out)
 
 
+@app.command("partition")
+def partition(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML), e.g. examples/partition.yaml", show_default=False)
+    ],
+    server: Annotated[
+        str | None, typer.Option(help="Server to cut off (default: the one with the most primaries)")
+    ] = None,
+    partition_s: Annotated[float, typer.Option(min=0.5, max=600, help="Seconds the link stays down")] = 5.0,
+    rate: Annotated[float, typer.Option(min=1, max=500, help="Requests per second over all apps")] = 20.0,
+    subnet: Annotated[
+        str, typer.Option(help="The private /24 for the namespaces (first three octets)")
+    ] = "10.77.0",
+    fault: Annotated[
+        str, typer.Option(help="partition: the link down, then up; kill: the node's processes, then a reboot")
+    ] = "partition",
+    logs: Annotated[Path | None, typer.Option(help="Keep the processes' and Ray's logs here")] = None,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """Partition a server under load and heal it, across network namespaces (root; Linux)."""
+    from failsoft.bench.partition import FAULTS, PartitionSettings, run
+
+    if fault not in FAULTS:
+        raise typer.BadParameter(f"must be one of {', '.join(FAULTS)}; got {fault!r}", param_hint="--fault")
+    settings = PartitionSettings(
+        server=server, partition_s=partition_s, rate_rps=rate, subnet=subnet, fault=fault, logs=logs
+    )
+    _emit(run(config, settings, progress=_progress), out)
+
+
 def _progress(message: str) -> None:
     typer.echo(message, err=True)
 

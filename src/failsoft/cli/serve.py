@@ -18,6 +18,14 @@ def serve(
     address: Annotated[
         str | None, typer.Option(help="Join this Ray cluster (agents pinned to resource server:<name>)")
     ] = None,
+    node_ip_address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --address: this machine's address in the Ray cluster, as its own "
+            "'ray start --node-ip-address' gave it (default: Ray's guess, the address of the "
+            "default route; a machine without one, or with several networks, must say)"
+        ),
+    ] = None,
     port: Annotated[
         int | None, typer.Option(min=0, max=65535, help="Gateway port (0: any free port)")
     ] = None,
@@ -67,7 +75,9 @@ def serve(
         from failsoft.runtime.config import config_store_url
 
         cfg = cfg.replace(store_url=config_store_url(store))
-    session = Session(cfg, address=address)
+    if node_ip_address is not None and address is None:
+        raise typer.BadParameter("needs --address (a Ray cluster to join)", param_hint="--node-ip-address")
+    session = Session(cfg, address=address, node_ip=node_ip_address)
     prepared = session.prepare()  # a bad config or repository stops here, before any process starts
     typer.echo(
         f"failsoft: starting {len(cfg.servers)} servers in {len(cfg.sites)} sites, "

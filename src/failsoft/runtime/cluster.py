@@ -345,9 +345,14 @@ class RayCluster:
         address: str | None = None,
         num_cpus: int | None = None,
         num_gpus: int | None = None,
+        node_ip: str | None = None,
     ):
         self.servers = tuple(servers)
         self.address = address
+        # cluster mode: the address of this machine's Ray node (its `ray start --node-ip-address`);
+        # Ray's own guess is the default route's source, which a machine on a private network
+        # without one (or with several networks) does not have right
+        self.node_ip = node_ip
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self._spawned: list[_ActorRef] = []
@@ -387,6 +392,8 @@ class RayCluster:
             gpus = self.num_gpus if self.num_gpus is not None else _env_gpus()
             if gpus is not None:
                 kwargs["num_gpus"] = gpus
+        elif self.node_ip is not None:
+            kwargs["_node_ip_address"] = self.node_ip
         try:
             with _loopback_bootstrap(self.address):
                 # embedded: "local" always starts our own instance; with None, Ray would join a

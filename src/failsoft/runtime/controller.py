@@ -168,7 +168,14 @@ class Controller:
                 return {"epoch": epoch, "version": version, "value": None, "ready": False}
         left = max(deadline - self.clock.now(), 0.0)
         snap = await self.routes.wait_newer(epoch, version, left)
-        return {**snap, "ready": self.core.ready}
+        return {**snap, "ready": self.core.ready, "fences": self._fences()}
+
+    def _fences(self) -> dict[str, float]:
+        """Each server's last failure stamp, for the gateway's fence: read in the same step as the
+        table it goes with, so a server failed in that table has its new stamp. Wall-clock
+        milliseconds, so that a controller resumed from the store sends the same stamps."""
+        stamps = {n: self.state.wall(r.failed_at) for n, r in self.state.servers.items()}
+        return {n: round(t, 3) for n, t in stamps.items() if t is not None}
 
     async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
         return await self.events.wait_after(epoch, seq, timeout_s)

@@ -76,9 +76,11 @@ class Session:
         address: str | None = None,
         num_cpus: int | None = None,
         num_gpus: int | None = None,
+        node_ip: str | None = None,
     ) -> None:
         self.config = config
         self.address = address
+        self.node_ip = node_ip  # cluster mode: this machine's address in the Ray cluster (None: Ray's guess)
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus  # the GPUs an embedded Ray offers (None: detected, or $FAILSOFT_NUM_GPUS)
         self.prepared: Prepared | None = None
@@ -108,7 +110,7 @@ class Session:
         cfg = self.config
         # this process's spans (off by default); a bad FAILSOFT_TRACES is refused before anything starts
         telemetry.configure(cfg.telemetry, "failsoft-gateway")
-        self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus, self.num_gpus)
+        self.cluster = RayCluster(cfg.servers, self.address, self.num_cpus, self.num_gpus, self.node_ip)
         try:
             self.cluster.start()
             self.cluster.check_gpus({s.name: cfg.placement(s.name) for s in cfg.servers})

@@ -55,6 +55,7 @@ class FakeController:
         self.allowed: tuple[str, ...] = ()  # where pin() may place a copy (empty: any agent's server)
         self.pins: list[tuple[str, str, str, str]] = []
         self.unpins: list[tuple[str, str, str]] = []
+        self.fences: dict[str, float] = {}  # server -> its last failure's stamp, as the controller sends
         self._loading: set[asyncio.Task[Any]] = set()
 
     def set_route(self, app: str, entry: dict[str, Any] | None) -> None:
@@ -73,7 +74,11 @@ class FakeController:
         if not await wait_event(self.resumed, timeout_s, self.clock):
             return {"epoch": epoch, "version": version, "value": None, "ready": False}
         left = max(start + timeout_s - self.clock.now(), 0.0)
-        return {**await self.table.wait_newer(epoch, version, left), "ready": True}
+        return {
+            **await self.table.wait_newer(epoch, version, left),
+            "ready": True,
+            "fences": dict(self.fences),
+        }
 
     async def wait_events(self, epoch: str, seq: int, timeout_s: float) -> dict[str, Any]:
         self._check()
@@ -134,6 +139,12 @@ class FakeController:
         for app in list(self.table.value):
             if any(p["server"] == server for p in self.pinned(app)):
                 self._set_pinned(app, server, None, "", ready=False)
+
+    def declare_failed(self, server: str) -> None:
+        """As the controller declares ``server`` failed: a new failure stamp, in a new table version
+        (whose routes this fake leaves as they are: a pinned copy's watch does not move)."""
+        self.fences[server] = self.clock.now()
+        self.table.publish(dict(self.table.value))
 
     def promote(self, app: str, server: str, variant: str) -> None:
         """As the core's warm switch to a pinned copy: the copy becomes the route (``promoted``)."""

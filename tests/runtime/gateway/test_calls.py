@@ -245,3 +245,32 @@ async def test_a_call_with_no_route_to_watch_still_ends_at_the_deadline_on_the_c
         assert task.result().status is CallStatus.DEADLINE
         assert rig.agents["s1"].cancelled == ["r1#1"]
         assert [(s, ok) for s, ok, _ in rig.outcomes] == [("s1", False)]
+
+
+@sync
+async def test_an_answer_from_a_server_declared_failed_during_the_call_is_fenced_off():
+    """The watch of a pinned copy stays put when its server fails (leaves_server, no new route), so
+    only the fence keeps its late answer (a healed partition delivering it) from the client."""
+    async with rigged() as rig:
+        rig.agents["s1"].latency_s = 0.5
+        task = rig.call(watch=Watch.leaves_server("cam", "s1"))
+        await rig.clock.run_for(0.2)
+        rig.controller.declare_failed("s1")
+        await rig.clock.run_for(0.01)
+        assert rig.mirror.fence("s1") is not None and not task.done()  # learned; the call runs on
+        await rig.clock.run_for(0.3)
+        result = task.result()
+        assert result.status is CallStatus.MOVED and "fenced off" in str(result.error)
+        assert result.outputs is None and rig.outcomes == []
+
+
+@sync
+async def test_a_call_sent_after_the_gateway_learned_of_a_failure_is_answered():
+    """The fence compares stamps from the call's start to its end: a server restored after its
+    failure (the stamp unchanged since) answers as before."""
+    async with rigged() as rig:
+        rig.controller.declare_failed("s1")
+        await rig.clock.run_for(0.01)
+        task = rig.call(watch=Watch.leaves_server("cam", "s1"))
+        await rig.clock.run_for(0.01)
+        assert task.result().status is CallStatus.ANSWERED

@@ -78,14 +78,23 @@ class RouteMirror:
         self.ready = False
         self.routes: dict[str, Route | None] = {}
         self.pinned: dict[str, tuple[PinnedCopy, ...]] = {}
+        self.fences: dict[str, float] = {}  # server -> the controller's stamp of its last failure
         self._changed = asyncio.Event()
 
     def route(self, app: str) -> Route | None:
         return self.routes.get(app)
 
+    def fence(self, server: str) -> float | None:
+        """The stamp of ``server``'s last failure as the controller declared it (None: never
+        failed). A call whose server's stamp changed while it ran was sent before the gateway
+        learned of a failure: its answer is fenced off (:func:`~.dispatch.calls.call_on_route`)."""
+        return self.fences.get(server)
+
     def update(self, snap: dict[str, Any]) -> None:
-        """Take a snapshot ``{"epoch", "version", "ready", "value": {app: {"route": entry}}}``."""
+        """Take a snapshot ``{"epoch", "version", "ready", "value": {app: {"route": entry}},
+        "fences": {server: stamp}}``."""
         self.epoch, self.version, self.ready = snap["epoch"], snap["version"], bool(snap.get("ready"))
+        self.fences = {str(k): float(v) for k, v in (snap.get("fences") or {}).items()}
         self.routes = {name: Route.from_entry(e["route"]) for name, e in snap["value"].items()}
         self.pinned = {
             name: tuple(

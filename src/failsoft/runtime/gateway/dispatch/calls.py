@@ -12,6 +12,12 @@ what every one of them must do the same way around the call itself:
 * **withdrawal**: a call abandoned while the server may still hold it (the deadline passed, the
   route moved, or the caller was cancelled because its client left) is withdrawn from the server's
   queue (:meth:`AgentRef.cancel_nowait` with the call's id): no server keeps working for nobody;
+* **the fence**: an answer from a server the controller declared failed after the call was sent
+  (its failure stamp in the mirror changed meanwhile: :meth:`RouteMirror.fence`) is thrown away
+  and the call told :attr:`CallStatus.MOVED`, whatever the watch says (a pinned copy's watch does
+  not move when its server fails). So once the gateway has learned that a server failed, no answer
+  of that server to a call sent before is returned to a client, however late it comes (a healed
+  partition delivering what the server computed meanwhile);
 * **health**: :attr:`DispatchContext.outcome` hears, by one rule, how each call the server took on
   ended. An answer is ok; an error raised while serving, or no answer by the deadline on a route
   that did not move, is not. The server's queue refusing or dropping the work (back-pressure:
@@ -155,6 +161,7 @@ async def _call(
     except ServerUnavailableError as exc:  # being replaced: wait for a newer route
         return CallResult(CallStatus.MOVED, error=exc)
     extra = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
+    fence = context.routes.fence(target.server)
     call = asyncio.ensure_future(
         agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id, **extra)
     )
@@ -168,7 +175,7 @@ async def _call(
             call.cancel()
             withdraw(agent, call_id)
     if ended:
-        result = _settled(context, target, call, watch)
+        result = _settled(context, target, call, watch, fence)
         if result.status is CallStatus.DEADLINE:  # the transport gave up: the queue may still hold it
             withdraw(agent, call_id)
         return result
@@ -183,9 +190,14 @@ async def _call(
 
 
 def _settled(
-    context: DispatchContext, target: Target, call: asyncio.Future[Any], watch: Watch | None
+    context: DispatchContext,
+    target: Target,
+    call: asyncio.Future[Any],
+    watch: Watch | None,
+    fence: float | None,
 ) -> CallResult:
-    """A call that ended on its own: its outputs, or its error classified by the one rule."""
+    """A call that ended on its own: its outputs (unless fenced off), or its error classified by
+    the one rule."""
     try:
         outputs = call.result()
     except (ServerUnavailableError, ModelNotLoadedError) as exc:
@@ -203,6 +215,12 @@ def _settled(
     except Exception as exc:  # the server failed while serving
         context.outcome(target.server, False, f"{type(exc).__name__}: {exc}")
         raise
+    if context.routes.fence(target.server) != fence:  # declared failed since the call was sent
+        log.info("%s: %s answered after it was declared failed: fenced off", target.key, target.server)
+        fenced = ServerUnavailableError(
+            f"server {target.server!r} was declared failed during the call: its answer is fenced off"
+        )
+        return CallResult(CallStatus.MOVED, error=fenced)
     context.outcome(target.server, True, "")
     return CallResult(CallStatus.ANSWERED, outputs=outputs)
 
