@@ -1,4 +1,4 @@
-"""Policies stay pure: importing them must not pull in Ray, SimPy, FastAPI or torch (DESIGN principle 1)."""
+"""Policies stay pure: importing them must not pull in Ray, SimPy, FastAPI or torch."""
 
 import json
 import subprocess

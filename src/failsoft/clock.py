@@ -1,7 +1,7 @@
 """Injected time: the same detectors, timers and routers run on wall-clock, simulated and manual time.
 
 Code that needs time takes a :class:`Clock` and never calls ``time.monotonic`` or ``asyncio.sleep``
-itself (STYLE 4). Three clocks exist:
+itself. Three clocks exist:
 
 * :class:`MonotonicClock`: the runtime's (``time.monotonic``, ``asyncio.sleep``);
 * :class:`~failsoft.sim.clock.SimClock`: the simulator's, reading SimPy's ``env.now`` (SimPy

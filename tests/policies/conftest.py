@@ -1,4 +1,4 @@
-"""Policy tests are pure: they must never use Ray (STYLE 14).
+"""Policy tests are pure: they must never use Ray.
 
 While a policy test runs, ``import ray`` gives a stand-in whose every attribute fails the test, and
 if Ray was already imported (by a runtime test earlier in the session), its ``init`` fails too: code

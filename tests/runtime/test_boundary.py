@@ -1,4 +1,4 @@
-"""One wrapper owns every Ray call (STYLE 3): only failsoft/runtime/cluster.py imports ray."""
+"""One wrapper owns every Ray call: only failsoft/runtime/cluster.py imports ray."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Policies by name, one explicit map per seam (STYLE 2: a contract per seam, a factory by name).
+"""Policies by name, one explicit map per seam (a contract per seam, a factory by name).
 
 Each seam's contract lives in its own ``interface`` module, which imports no implementation; this
 module imports the implementations and maps names to classes. Nothing in ``failsoft.policies``

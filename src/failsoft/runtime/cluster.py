@@ -1,4 +1,4 @@
-"""The one wrapper that owns every Ray call (STYLE 3; Ray Serve's ``ActorReplicaWrapper``).
+"""The one wrapper that owns every Ray call (Ray Serve's ``ActorReplicaWrapper``).
 
 Ray Core is failsoft's cluster substrate: one controller actor, one agent actor per server, each in
 its own process. Nothing else in failsoft imports ``ray``: the controller, the agents and the gateway

@@ -1,4 +1,4 @@
-"""Pushed, versioned state: the controller's routing table and event log (STYLE 9, Ray Serve LongPollHost).
+"""Pushed, versioned state: the controller's routing table and event log (Ray Serve LongPollHost).
 
 The gateway keeps a copy of the routing table. Instead of polling, it asks the controller "wake me
 when you have something newer than version V" and the controller answers the moment a route changes

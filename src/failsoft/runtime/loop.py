@@ -1,4 +1,4 @@
-"""A control loop that cannot die (STYLE 5, Ray Serve ``ServeController.run_control_loop_step``).
+"""A control loop that cannot die (Ray Serve ``ServeController.run_control_loop_step``).
 
 The controller's loop runs a few *steps* over and over: check heartbeats, start failovers, reconcile,
 persist. A step that raises must not stop the others, a step that is slow must be visible. Each step

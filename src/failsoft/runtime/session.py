@@ -1,7 +1,7 @@
 """A running failsoft: Ray, the controller, an agent per server and the gateway, started and stopped together.
 
 :class:`Session` is what ``failsoft serve``, ``failsoft demo``, the failover benchmark and the tests
-run. Its life cycle is explicit (STYLE 13):
+run. Its life cycle is explicit:
 
 1. :meth:`Session.prepare`: everything that can be wrong with the input is checked *before any
    process starts*: the model repository exists and has the apps' families, every primary fits,

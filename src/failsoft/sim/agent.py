@@ -1,4 +1,4 @@
-"""The SimPy twin of the runtime's agent: one per server (FailLite 3.4 and 4; STYLE.md item 3).
+"""The SimPy twin of the runtime's agent: one per server (FailLite 3.4 and 4).
 
 In the runtime an agent is a Ray actor on its server: it loads and unloads models through the
 serving engine and pushes a heartbeat to the controller every ``interval``. Here it is a plain

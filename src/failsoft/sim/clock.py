@@ -1,4 +1,4 @@
-"""Simulated time for the shared detectors and timers (STYLE.md item 4).
+"""Simulated time for the shared detectors and timers.
 
 The runtime hands its components a :class:`~failsoft.clock.MonotonicClock`; the simulator hands
 them a :class:`SimClock`, which reads SimPy's ``env.now``. The heartbeat detector of

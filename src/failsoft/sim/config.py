@@ -1,4 +1,4 @@
-"""What the simulator assumes about time: one frozen config, validated once (STYLE.md item 8).
+"""What the simulator assumes about time: one frozen config, validated once.
 
 Every duration the simulator uses comes from one of three places:
 

@@ -1,6 +1,6 @@
 """The replication seam's contract: events in, commands out, for one service graph.
 
-A :class:`ReplicationProtocol` is a sans-I/O state machine (STYLE 1): the gateway and the agents tell
+A :class:`ReplicationProtocol` is a sans-I/O state machine: the gateway and the agents tell
 it what happened (:data:`Event`), it answers what to do (:data:`Command`), and it never waits, sends
 or reads a clock. The same object drives the runtime and the tests' reference harness.
 

@@ -1,4 +1,4 @@
-"""The gateway's mirror of the controller's routing table, kept fresh by long-poll (STYLE 9).
+"""The gateway's mirror of the controller's routing table, kept fresh by long-poll.
 
 The controller publishes the table (app -> server and variant) under an epoch and a version; the
 mirror asks "wake me when you have something newer than what I hold" and updates the moment a route

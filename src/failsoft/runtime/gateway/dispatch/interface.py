@@ -33,7 +33,7 @@ service's members. The contract, and who calls what, when:
   against a route change, withdrawal and the health rule, and returns what happened; the dispatcher
   decides what follows (retry on a newer route, drop lazily, decode from parity, promote a backup).
 
-A dispatcher is *mechanism* (STYLE 10): deadlines, retries, backoff, cancellation, fan-out and
+A dispatcher is *mechanism*: deadlines, retries, backoff, cancellation, fan-out and
 reconstruction. Decisions that a paper makes (which worker a client is mapped to, which variant a
 coded group runs, when to drop) are policies, taken from :mod:`failsoft.policies` by name and
 called as pure functions; a dispatcher never hard-codes one.
