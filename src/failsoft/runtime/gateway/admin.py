@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ADMIN_BODY_BYTES = 16 * 1024
+DEPLOY_BODY_BYTES = 1024 * 1024  # a config (failsoft deploy) is larger than the other admin bodies
 
 
 class AdminHost(Protocol):
@@ -54,7 +55,19 @@ class AdminHost(Protocol):
     def hub(self) -> EventHub: ...
     @property
     def metrics(self) -> GatewayMetrics: ...
+    @property
+    def deployer(self) -> Any: ...
     async def read_body(self, request: Request, limit: int) -> bytes: ...
+
+
+class DeployBody(BaseModel):
+    """``failsoft deploy``: the config (parsed YAML), where it came from, and whether to only plan."""
+
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any]
+    source: str = Field(default="deploy", max_length=4096)
+    base_dir: str | None = Field(default=None, max_length=4096)
+    dry_run: bool = False
 
 
 class KillBody(BaseModel):
@@ -106,13 +119,17 @@ def check_token(request: Request, token: str) -> None:
 def install(api: FastAPI, gateway: AdminHost) -> None:
     """Add the admin routes of ``gateway`` to ``api``."""
 
-    def guarded(path: str, method: str = "POST") -> Callable[[Any], Any]:
+    def guarded(path: str, method: str = "POST", limit: int = ADMIN_BODY_BYTES) -> Callable[[Any], Any]:
         def wrap(fn: Callable[[bytes], Awaitable[Any]]) -> Any:
             async def endpoint(request: Request) -> Any:
                 check_token(request, gateway.admin_token)
-                body = await gateway.read_body(request, ADMIN_BODY_BYTES) if method == "POST" else b""
+                body = await gateway.read_body(request, limit) if method == "POST" else b""
                 level = logging.INFO if method == "POST" else logging.DEBUG
-                what = show(body.decode("utf-8", "replace"))
+                what = (
+                    show(body.decode("utf-8", "replace"))
+                    if limit == ADMIN_BODY_BYTES
+                    else f"{len(body)} bytes"
+                )
                 log.log(level, "admin %s %s by %s: %s", method, path, peer(request), what)
                 return await fn(body)
 
@@ -131,6 +148,19 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
             "event_subscribers": gateway.hub.subscribers,
         }
         return body
+
+    @guarded("/admin/deploy", "POST", DEPLOY_BODY_BYTES)
+    async def deploy(body: bytes) -> dict[str, Any]:
+        req = parse(DeployBody, body)
+        if gateway.deployer is None:
+            raise InvalidRequestError("this gateway takes no deploys", 404)
+        return dict(await gateway.deployer.deploy(req.config, req.source, req.base_dir, req.dry_run))
+
+    @guarded("/admin/deploy", "GET")
+    async def deploy_status(_: bytes) -> dict[str, Any]:
+        if gateway.deployer is None:
+            raise InvalidRequestError("this gateway takes no deploys", 404)
+        return dict(await gateway.deployer.status())
 
     @guarded("/admin/recoveries", "GET")
     async def recoveries(_: bytes) -> dict[str, Any]:
