@@ -41,6 +41,10 @@ class DeployRefused(ConfigError):
     """A config that cannot be applied to what runs; nothing was changed."""
 
 
+class MemoryRefused(DeployRefused):
+    """Refused because no order of the steps frees the memory one of them needs."""
+
+
 class StepKind(StrEnum):
     REMOVE = "remove"  # drain, then unload every placement of the app
     MOVE = "move"  # load the new home beside the old, switch the route, drain and unload the old
@@ -312,7 +316,7 @@ def _ordered(steps: list[Step], running: Running, new: Scenario) -> tuple[Step, 
             assert step.new is not None and step.spec is not None
             need = new.variant_of(step.spec, step.new.variant).memory_mb
             free = memory.fits(step)
-            raise DeployRefused(
+            raise MemoryRefused(
                 f"memory: app {step.app!r} needs {need:g} MB for {step.new.variant!r} on server "
                 f"{step.new.server!r} ({step.kind.value}), but at most {max(free or 0.0, 0.0):g} of "
                 f"{memory.capacity[step.new.server]:g} MB would be free there during the deploy "
@@ -334,6 +338,7 @@ __all__ = [
     "DeployPlan",
     "DeployRefused",
     "Desired",
+    "MemoryRefused",
     "Running",
     "Step",
     "StepKind",

@@ -206,6 +206,7 @@ class Controller:
             "policy": self.policy,
             "replan_delay_s": self.core.settings.replan_delay_s,
             "version": self.core.deploys.version,
+            "warm": [w.backup for w in self.state.warm.values()],
         }
 
     async def deploy(self, desired: Desired, digest: str | None, dry_run: bool = False) -> dict[str, Any]:

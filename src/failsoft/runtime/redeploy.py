@@ -24,6 +24,7 @@ requests for removed ones (their requests on the way are answered; the core unlo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
@@ -31,10 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from failsoft.errors import ConfigError
-from failsoft.orchestration.deploy import Desired
+from failsoft.domain import App, Family, Placement
+from failsoft.errors import ConfigError, UnknownNameError
+from failsoft.orchestration.deploy import Desired, MemoryRefused
 from failsoft.runtime.config import RuntimeConfig, config_from_dict
 from failsoft.runtime.deployment import resolve
+from failsoft.versions import split_version, versioned
 
 if TYPE_CHECKING:
     from failsoft.domain import Scenario
@@ -122,3 +125,96 @@ class Redeployer:
 
     async def status(self) -> dict[str, Any]:
         return await self.controller.deploy_status()
+
+    # Triton's model control (POST /v2/repository/models/{name}/load, /unload) -------------------
+    async def load_model(self, name: str, version: int | None) -> dict[str, Any]:
+        """A rolling update of app ``name`` to ``version`` of its variant (the latest in the
+        repository when None): beside the old one on its server, else, when memory is short there,
+        on the server of one of its warm backups, else on any server with room."""
+        if self._lock.locked():
+            raise ConfigError("another deploy is being checked: wait until it is answered")
+        async with self._lock:
+            current = await self.controller.deployment()
+            changes = await asyncio.to_thread(self._version_changes, current, name, version)
+            last: ConfigError | None = None
+            for desired, models, variants, what in changes:
+                try:
+                    await self.controller.deploy(desired, what, True)  # a dry run: does it fit there?
+                except MemoryRefused as exc:
+                    last = exc
+                    continue
+                return await self._carry_out(desired, models, variants, what)
+            assert last is not None
+            raise last
+
+    async def unload_model(self, name: str) -> dict[str, Any]:
+        """Triton's unload: the app is removed, as by a config without it (drained, then unloaded)."""
+        if self._lock.locked():
+            raise ConfigError("another deploy is being checked: wait until it is answered")
+        async with self._lock:
+            current = await self.controller.deployment()
+            deployed: Scenario = current["deployment"]
+            _app(deployed, name)
+            for service in deployed.services:
+                if name in service.members:
+                    raise ConfigError(
+                        f"app {name!r} is a member of service {service.name!r} ({service.mode.value}): "
+                        "deploy a config without that service instead"
+                    )
+            apps = tuple(a for a in deployed.apps if a.name != name)
+            new = deployed.replace(apps=apps, families=_used(deployed.families, apps))
+            desired = Desired(new, current["policy"], current["replan_delay_s"])
+            return await self._carry_out(desired, {}, {}, f"unload {name}")
+
+    async def _carry_out(
+        self, desired: Desired, models: dict[str, Any], variants: dict[str, list[str]], what: str
+    ) -> dict[str, Any]:
+        answer = await self.controller.deploy(desired, what, False)
+        if answer["changed"]:
+            await self.gateway.apply_deployment(desired.deployment, models, variants)
+        return {**answer, "digest": what, "notes": []}
+
+    def _version_changes(
+        self, current: dict[str, Any], name: str, version: int | None
+    ) -> list[tuple[Desired, dict[str, Any], dict[str, list[str]], str]]:
+        """The deployments that put ``version`` of ``name``'s variant on each candidate server."""
+        from failsoft.runtime.metadata import checked_models
+        from failsoft.zoo import ModelRepository
+
+        deployed: Scenario = current["deployment"]
+        app = _app(deployed, name)
+        assert app.primary is not None
+        repo = ModelRepository(self.running.repository)
+        base, _ = split_version(app.primary.variant)
+        versions = repo.versions(app.family, base)
+        version = version or max(versions, default=1)
+        if version not in versions:
+            raise UnknownNameError(
+                f"model {name!r} has no version {version} of {app.family}/{base} in the repository "
+                f"(versions: {', '.join(map(str, versions)) or 'none'})"
+            )
+        variant = versioned(base, version)
+        families = repo.families([f.name for f in deployed.families])
+        backups = [w.server for w in current.get("warm", ()) if w.app == name]
+        servers = [app.primary.server, *backups, *(s.name for s in deployed.servers)]
+        out = []
+        for server in dict.fromkeys(servers):
+            moved = dataclasses.replace(app, primary=Placement(server, variant))
+            new = deployed.replace(
+                families=families, apps=tuple(moved if a.name == name else a for a in deployed.apps)
+            )
+            models, variants = checked_models(repo, new)
+            desired = Desired(new, current["policy"], current["replan_delay_s"])
+            out.append((desired, models, variants, f"load {name} version {version}"))
+        return out
+
+
+def _app(deployment: Scenario, name: str) -> App:
+    if not deployment.has_app(name):
+        known = ", ".join(a.name for a in deployment.apps)
+        raise UnknownNameError(f"no app {name!r} in the running deployment (apps: {known})")
+    return deployment.app(name)
+
+
+def _used(families: tuple[Family, ...], apps: tuple[App, ...]) -> tuple[Family, ...]:
+    return tuple(f for f in families if any(a.family == f.name for a in apps))

@@ -70,6 +70,19 @@ class DeployBody(BaseModel):
     dry_run: bool = False
 
 
+class LoadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class LoadBody(BaseModel):
+    """Triton's repository load request; ``parameters.version`` (failsoft's) picks the version to
+    roll out, the latest in the repository when absent."""
+
+    model_config = ConfigDict(extra="forbid")
+    parameters: LoadParameters = Field(default_factory=LoadParameters)
+
+
 class KillBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     server: str | None = None
@@ -120,7 +133,7 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
     """Add the admin routes of ``gateway`` to ``api``."""
 
     def guarded(path: str, method: str = "POST", limit: int = ADMIN_BODY_BYTES) -> Callable[[Any], Any]:
-        def wrap(fn: Callable[[bytes], Awaitable[Any]]) -> Any:
+        def wrap(fn: Callable[..., Awaitable[Any]]) -> Any:
             async def endpoint(request: Request) -> Any:
                 check_token(request, gateway.admin_token)
                 body = await gateway.read_body(request, limit) if method == "POST" else b""
@@ -130,8 +143,8 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
                     if limit == ADMIN_BODY_BYTES
                     else f"{len(body)} bytes"
                 )
-                log.log(level, "admin %s %s by %s: %s", method, path, peer(request), what)
-                return await fn(body)
+                log.log(level, "admin %s %s by %s: %s", method, request.url.path, peer(request), what)
+                return await fn(body, **request.path_params)
 
             api.add_api_route(path, endpoint, methods=[method], name=fn.__name__)
             return fn
@@ -149,18 +162,30 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
         }
         return body
 
+    def deployer() -> Any:
+        if gateway.deployer is None:
+            raise InvalidRequestError("this gateway takes no deploys", 404)
+        return gateway.deployer
+
     @guarded("/admin/deploy", "POST", DEPLOY_BODY_BYTES)
     async def deploy(body: bytes) -> dict[str, Any]:
         req = parse(DeployBody, body)
-        if gateway.deployer is None:
-            raise InvalidRequestError("this gateway takes no deploys", 404)
-        return dict(await gateway.deployer.deploy(req.config, req.source, req.base_dir, req.dry_run))
+        return dict(await deployer().deploy(req.config, req.source, req.base_dir, req.dry_run))
 
     @guarded("/admin/deploy", "GET")
     async def deploy_status(_: bytes) -> dict[str, Any]:
-        if gateway.deployer is None:
-            raise InvalidRequestError("this gateway takes no deploys", 404)
-        return dict(await gateway.deployer.status())
+        return dict(await deployer().status())
+
+    # Triton's model control (the repository extension), on the admin plane only: it changes what runs
+    @guarded("/v2/repository/models/{name}/load")
+    async def load_model(body: bytes, name: str) -> dict[str, Any]:
+        version = parse(LoadBody, body).parameters.version
+        return dict(await deployer().load_model(name, version))
+
+    @guarded("/v2/repository/models/{name}/unload")
+    async def unload_model(body: bytes, name: str) -> dict[str, Any]:
+        parse(LoadBody, body)
+        return dict(await deployer().unload_model(name))
 
     @guarded("/admin/recoveries", "GET")
     async def recoveries(_: bytes) -> dict[str, Any]:

@@ -73,6 +73,7 @@ from failsoft.runtime.gateway.protocol import (
 )
 from failsoft.runtime.gateway.routes import RouteMirror
 from failsoft.services import Service, with_singles
+from failsoft.versions import version_of
 
 log = logging.getLogger(__name__)
 STATS_POLL_S = 2.0
@@ -252,6 +253,15 @@ class Gateway:
             raise UnknownNameError(f"unknown app {name!r}: no service of that name (services: {known})")
         return served
 
+    def _check_version(self, name: str, version: str) -> None:
+        """UnknownNameError (404) unless ``version`` of ``name`` is the one its route serves."""
+        served = self._served(name)
+        route = self.mirror.route(served.lead.name)
+        loaded = None if route is None else version_of(route.variant)
+        if not (version.isascii() and version.isdigit()) or int(version) != loaded:
+            now = "none is loaded" if loaded is None else f"version {loaded} is loaded"
+            raise UnknownNameError(f"model {name!r} has no loaded version {version!r} ({now})")
+
     def _timeout_s(self, app: App, asked: float | None) -> float:
         if asked is not None:
             return asked
@@ -372,6 +382,22 @@ class Gateway:
 
         @api.post("/v2/models/{name}/infer")
         async def infer(name: str, request: Request) -> Response:
+            return await self.infer(name, request)
+
+        # a loaded version of a model (Triton's versions in the URL); only the version served answers
+        @api.get("/v2/models/{name}/versions/{version}")
+        async def version_metadata(name: str, version: str) -> dict[str, Any]:
+            self._check_version(name, version)
+            return await metadata(name)
+
+        @api.get("/v2/models/{name}/versions/{version}/ready")
+        async def version_ready(name: str, version: str) -> Response:
+            self._check_version(name, version)
+            return await model_ready(name)
+
+        @api.post("/v2/models/{name}/versions/{version}/infer")
+        async def version_infer(name: str, version: str, request: Request) -> Response:
+            self._check_version(name, version)
             return await self.infer(name, request)
 
         @api.post("/v2/repository/index")
