@@ -9,7 +9,9 @@ unloaded app is gone. ``/v2/models/{name}/versions/{v}`` answers for the loaded 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import time
 from typing import Any
 
@@ -131,3 +133,36 @@ def test_an_unknown_version_is_refused_and_an_unloaded_model_is_gone(cluster):
     with pytest.raises(InvalidRequestError, match="unknown app 'other'"):
         client.infer("other", ROW)
     assert "other" not in {a["name"] for a in client.status()["apps"]}
+
+
+def test_a_controller_killed_in_the_middle_of_a_rollout_resumes_it(cluster):
+    session, client, root = cluster
+    add_version(root, 4)
+    client.admin("slow", server="s1", ms=0, load_ms=3000)  # the new version's load takes 3 s
+    traffic = LoadProcess(LoadSpec(session.url, {"cam": (64,)}, 0.03, 5.0, 90.0, max_in_flight=4)).start()
+    try:
+        wait_for(lambda: len(traffic.samples) >= 20, 60.0, "the clients answered")
+        answer = client.load_model("cam", 4)
+        time.sleep(0.5)  # the load is under way; the store has the new deployment
+        old = session.controller.info_sync()
+        os.kill(old["pid"], signal.SIGKILL)
+
+        def moved() -> bool:
+            try:
+                cam = next(a for a in client.status()["apps"] if a["name"] == "cam")
+            except Exception:
+                return False
+            return cam["route"] == {"server": "s1", "variant": "mlp_l@4"}
+
+        wait_for(moved, 90.0, "cam served by version 4 after the controller's restart", 0.2)
+        t_done = time.time()
+        time.sleep(1.0)
+    finally:
+        client.admin("slow", server="s1", ms=0, load_ms=0)
+        samples = traffic.stop()
+    failed = [(round(s.sent - t_done, 2), s.error) for s in samples if not s.ok]
+    assert not failed, f"{len(failed)} of {len(samples)} requests failed: {failed[:5]}"
+    assert {s.variant for s in samples if s.sent > t_done} == {"mlp_l@4"}
+    status = client.status()
+    assert status["config"]["version"] == answer["version"] and status["controller"]["restarted"]
+    assert next(a for a in status["apps"] if a["name"] == "cam")["primary"]["variant"] == "mlp_l@4"
