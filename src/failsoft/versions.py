@@ -29,6 +29,8 @@ def versioned(variant: str, version: int) -> str:
 
 def split_version(name: str) -> tuple[str, int | None]:
     """``("mlp_l", 2)`` for ``mlp_l@2``; ``(name, None)`` for a name without a version."""
+    if not isinstance(name, str):  # refused by the caller's name check, which says why
+        return name, None
     base, mark, number = name.partition(VERSION_MARK)
     if not mark:
         return name, None
