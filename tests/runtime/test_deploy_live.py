@@ -20,7 +20,7 @@ import pytest
 from failsoft.errors import InvalidRequestError
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec
-from tests.runtime.conftest import serving, wait_for
+from tests.runtime.conftest import deployed, serving, wait_for
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
@@ -75,15 +75,6 @@ def settled(client: Any) -> dict[str, Any]:
     return wait_for(check, 90.0, "every app at home and the controller idle", 0.2)
 
 
-def wait_deployed(client: Any, version: int) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        status = client.deploy_status()
-        last = status.get("last") or {}
-        return status if status["version"] == version and last.get("state") == "done" else None
-
-    return wait_for(check, 60.0, f"config version {version} deployed", 0.1)
-
-
 def test_a_changed_config_is_deployed_under_load_with_no_failed_request(cluster):
     session, client, data = cluster
     settled(client)
@@ -107,7 +98,7 @@ def test_a_changed_config_is_deployed_under_load_with_no_failed_request(cluster)
         assert answer["changed"] and answer["version"] == 2
         assert sorted(answer["plan"]["moved"]) == ["mover", "resize"]
         assert answer["plan"]["removed"] == ["gone"] and answer["plan"]["added"] == ["added"]
-        done = wait_deployed(client, 2)
+        done = deployed(client, 2)
         t_done = time.time()
         wait_for(
             lambda: client.ready() and client.infer("added", [[0.0] * 64]).server == "s2",
@@ -196,7 +187,7 @@ def test_a_move_whose_new_variant_does_not_load_rolls_back_with_no_failed_reques
         client.deploy(new, "v3.yaml")
         s3 = session.agents["s3"].info_sync()["pid"]
         os.kill(s3, signal.SIGKILL)  # the new home's server dies in the middle of the move
-        done = wait_deployed(client, version + 1)
+        done = deployed(client, version + 1)
         time.sleep(1.0)
     finally:
         samples = traffic.stop()

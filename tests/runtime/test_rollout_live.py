@@ -21,7 +21,7 @@ import pytest
 from failsoft.errors import InvalidRequestError
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec
-from tests.runtime.conftest import serving, wait_for
+from tests.runtime.conftest import deployed, serving, wait_for
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 ROW = [[0.0] * 64]
@@ -60,15 +60,6 @@ def add_version(root: Any, version: int, broken: bool = False) -> None:
     shutil.copytree(family / "mlp_l", target, ignore=shutil.ignore_patterns(*"0123456789"))
     if broken:
         (target / "model.safetensors").write_bytes(b"not a safetensors file")
-
-
-def deployed(client: Any, version: int) -> dict[str, Any]:
-    def check() -> dict[str, Any] | None:
-        status = client.deploy_status()
-        last = status.get("last") or {}
-        return status if status["version"] == version and last.get("state") == "done" else None
-
-    return wait_for(check, 60.0, f"config version {version} deployed", 0.1)
 
 
 def roll(session: Any, client: Any, version: int) -> tuple[dict[str, Any], list[Any], float]:
