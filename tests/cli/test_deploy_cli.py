@@ -61,3 +61,22 @@ def test_the_plan_and_its_outcome_are_described_line_by_line():
 def test_a_deployment_survives_the_store_round_trip():
     scenario = cluster().replace(warm=None)
     assert scenario_from_dict(scenario_to_dict(scenario)) == scenario
+
+
+def test_status_shows_the_config_version_served():
+    from rich.console import Console
+
+    from failsoft.cli.status import _contract, server_table
+
+    body = {
+        "cluster": "edge",
+        "policy": "faillite",
+        "version": 7,
+        "config": {"version": 3, "digest": "abc", "last": {"state": "running"}},
+        "servers": [],
+        "apps": [],
+    }
+    assert _contract(body)["config"] == {"version": 3, "digest": "abc", "deploy": "running"}
+    console = Console(record=True, width=200)
+    console.print(server_table(body))
+    assert "config v3 deploying" in console.export_text()

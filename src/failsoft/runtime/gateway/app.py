@@ -207,7 +207,8 @@ class Gateway:
     async def _retire(self, retired: list[Served], apps: set[str], after_s: float) -> None:
         await self.clock.sleep(after_s)
         await asyncio.gather(*(s.dispatcher.close() for s in retired), return_exceptions=True)
-        for app in apps:
+        serving = {m for s in self.served.values() for m in s.service.members}
+        for app in apps - serving:  # unless a later deploy brought it back meanwhile
             self.apps.pop(app, None)
 
     # app-level health -------------------------------------------------------------------------------
