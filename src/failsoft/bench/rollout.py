@@ -25,6 +25,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def run(
             spec = LoadSpec(session.url, shapes, period_s, 5.0, 3600.0, max_in_flight=4, stagger=True)
             traffic = LoadProcess(spec).start()
             try:
+                _wait_answering(traffic, apps, 120.0)  # the client process started and every app answers
                 time.sleep(warmup_s)
                 t_start = time.time()
                 for app in apps:
@@ -115,6 +117,16 @@ def _wait_home(client: Any, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
+def _wait_answering(traffic: LoadProcess, apps: Sequence[str], timeout_s: float, answers: int = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = Counter(s.app for s in list(traffic.samples) if s.ok)
+        if all(done[app] >= answers for app in apps):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"the clients got no {answers} answers from every app within {timeout_s:g} s")
+
+
 def _wait_done(client: Any, version: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -150,6 +162,7 @@ def measure(
         per_app[app] = {
             "requests": len(mine),
             "failed": sum(not s.ok for s in mine),
+            "errors": dict(Counter(str(s.error)[:120] for s in mine if not s.ok)),
             "usual_p99_ms": None if p99 is None else round(p99, 2),
             "gap_ms": round(gap_ms, 2),
             "gap_excess_ms": round(gap_ms - period_s * 1000.0, 2),
