@@ -67,12 +67,19 @@ def routes(client: Any) -> dict[str, tuple[str, str] | None]:
 
 
 def settled(client: Any) -> dict[str, Any]:
+    seen: list[Any] = []
+
     def check() -> dict[str, Any] | None:
         status = client.status()
         home = all(a["route"] == a["primary"] for a in status["apps"])
+        seen[:] = [status["idle"], [(a["name"], a["primary"], a["route"]) for a in status["apps"]]]
+        seen.append([(s["name"], s["state"]) for s in status["servers"]])
         return status if home and status["idle"] else None
 
-    return wait_for(check, 90.0, "every app at home and the controller idle", 0.2)
+    try:
+        return wait_for(check, 90.0, "every app at home and the controller idle", 0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {seen}") from None
 
 
 def test_a_changed_config_is_deployed_under_load_with_no_failed_request(cluster):
@@ -224,3 +231,31 @@ def test_a_restarted_controller_resumes_the_deployed_config_not_the_first(cluste
     assert {a["name"]: a["primary"] for a in after["apps"]} == apps
     again = client.deploy(data, "same.yaml")
     assert not again["changed"], again["plan"]
+
+
+def test_the_deploy_command_prints_the_plan_and_a_second_run_changes_nothing(cluster, tmp_path, capsys):
+    import yaml
+
+    from failsoft.cli import main
+
+    _, client, data = cluster
+    settled(client)
+    version = client.deploy_status()["version"]
+    new = copy.deepcopy(data)
+    new["apps"][0]["rate_rps"] = 3.0  # a setting changed in place: no load, no move
+    path = tmp_path / "edited.yaml"
+    path.write_text(yaml.safe_dump(new))
+    assert main(["deploy", str(path)]) == 0  # the gateway found through the config's state_dir
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        out[0] == f"config version {version + 1}:" and f"  change {new['apps'][0]['name']}: settings" in out
+    )
+    assert main(["deploy", str(path), "--json"]) == 0
+    assert '"changed": false' in capsys.readouterr().out
+    assert main(["status", "--state-dir", data["state_dir"]]) == 0
+    assert f"config v{version + 1}" in capsys.readouterr().out
+    path.write_text("apps: [")
+    assert main(["deploy", str(path)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    cluster[2].clear()
+    cluster[2].update(new)
