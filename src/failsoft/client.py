@@ -327,6 +327,32 @@ class Client:
         """Measured recoveries (detection to first answer) and recent events (admin token needed)."""
         return checked_body(self._send_admin("GET", "/admin/recoveries"))
 
+    def deploy(
+        self,
+        config: dict[str, Any],
+        source: str = "deploy",
+        base_dir: str | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Deploy a config (parsed YAML) to the running cluster (admin token needed): its plan and
+        the new config version; a config that cannot be applied raises ConfigError, nothing changed."""
+        body = {"config": config, "source": source, "base_dir": base_dir, "dry_run": dry_run}
+        return checked_body(self._send_admin("POST", "/admin/deploy", json=body))
+
+    def deploy_status(self) -> dict[str, Any]:
+        """The config version served and the last deploy, under way or done (admin token needed)."""
+        return checked_body(self._send_admin("GET", "/admin/deploy"))
+
+    def load_model(self, app: str, version: int | None = None) -> dict[str, Any]:
+        """Triton's repository load (admin plane): roll ``app`` out to ``version`` of its variant
+        (the latest in the repository when None); answered once the rolling update is accepted."""
+        body = {"parameters": {} if version is None else {"version": version}}
+        return checked_body(self._send_admin("POST", f"/v2/repository/models/{app}/load", json=body))
+
+    def unload_model(self, app: str) -> dict[str, Any]:
+        """Triton's repository unload (admin plane): ``app`` is drained, then unloaded and removed."""
+        return checked_body(self._send_admin("POST", f"/v2/repository/models/{app}/unload", json={}))
+
     def events(self, app: str | None = None, open_timeout: float = 10.0) -> Iterator[dict[str, Any]]:
         """Events as they happen (blocking iterator); ``app`` keeps that app's (and cluster) events."""
         from websockets.exceptions import WebSocketException

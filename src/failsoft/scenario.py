@@ -271,6 +271,8 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
                     "accuracy_source": v.accuracy_source,
                 }
                 | ({"batch_latency_ms": dict(v.batch_latency_ms)} if v.batch_latency_ms else {})
+                | ({"load_cpu_ms": v.load_cpu_ms} if v.load_cpu_ms is not None else {})
+                | ({"warm_load_ms": v.warm_load_ms} if v.warm_load_ms is not None else {})
                 for v in f.variants
             ]
             for f in scenario.families

@@ -110,6 +110,17 @@ def serving(config: Any) -> Iterator[tuple[Any, Any]]:
         session.stop()
 
 
+def deployed(client: Any, version: int, timeout_s: float = 60.0) -> dict[str, Any]:
+    """Wait until config version ``version`` is deployed (its deploy done); the deploy status."""
+
+    def check() -> dict[str, Any] | None:
+        status = client.deploy_status()
+        last = status.get("last") or {}
+        return status if status["version"] == version and last.get("state") == "done" else None
+
+    return wait_for(check, timeout_s, f"config version {version} deployed", 0.1)
+
+
 def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.05) -> Any:
     """Poll ``check()`` until it returns something truthy; fail naming ``what`` after the timeout."""
     deadline = time.monotonic() + timeout_s

@@ -11,7 +11,7 @@ import pytest
 
 from failsoft.errors import ConfigError, InvalidRequestError
 from failsoft.runtime.gateway.protocol import ModelMeta, classify, infer_response, parse_infer_request
-from failsoft.runtime.session import _family_labels
+from failsoft.runtime.metadata import _family_labels
 
 META = ModelMeta((4,), 3, ("cat", "dog", "bird"))
 VALUES = np.array([[0, 1, 2, 3], [4, 5, 6, 7]])

@@ -34,6 +34,7 @@ def _register() -> None:
         bench,
         chaos,
         demo,
+        deploy,
         infer,
         llm,
         parity,
@@ -54,6 +55,7 @@ def _register() -> None:
     app.add_typer(parity.app, name="parity")
     app.command("serve")(serve.serve)
     app.command("status")(status.status)
+    app.command("deploy")(deploy.deploy)
     app.command("infer")(infer.infer)
     app.add_typer(chaos.app, name="chaos")
     app.command("demo")(demo.demo)

@@ -356,6 +356,24 @@ def partition(
     _emit(run(config, settings, progress=_progress), out)
 
 
+@app.command("rollout")
+def rollout(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML), e.g. examples/edge.yaml", show_default=False)
+    ],
+    period_s: Annotated[
+        float, typer.Option(min=0.005, max=10, help="Seconds between an app's requests")
+    ] = 0.05,
+    warmup_s: Annotated[float, typer.Option(min=0, max=600, help="Seconds of load before the rollout")] = 3.0,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """Roll every app out to a new version under load: failed requests, the largest answer gap per
+    app against its usual p99, answers after the switch from the new version."""
+    from failsoft.bench.rollout import run
+
+    _emit(run(config, period_s=period_s, warmup_s=warmup_s, progress=_progress), out)
+
+
 def _progress(message: str) -> None:
     typer.echo(message, err=True)
 

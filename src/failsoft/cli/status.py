@@ -72,6 +72,7 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
         "policy": body.get("policy"),
         "ready": body.get("ready"),
         "route_version": body.get("version"),
+        "config": _config(body),
         "servers": [{k: s.get(k) for k in _SERVER_KEYS} for s in body["servers"]],
         "apps": [
             {
@@ -91,6 +92,16 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _config(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The config version served (1: the one ``failsoft serve`` started with), its digest, and the
+    state of the last deploy."""
+    config = body.get("config")
+    if config is None:
+        return None
+    last = config.get("last") or {}
+    return {"version": config.get("version"), "digest": config.get("digest"), "deploy": last.get("state")}
+
+
 def _print_tables(body: dict[str, Any]) -> None:
     from rich.console import Console
 
@@ -104,8 +115,11 @@ def server_table(body: dict[str, Any]) -> Any:
     from rich.table import Table
 
     colour = {"up": "green", "suspect": "yellow", "failed": "red", "recovering": "cyan"}
+    config = _config(body) or {}
+    deploying = " deploying" if config.get("deploy") == "running" else ""
     table = Table(
-        title=f"cluster {body.get('cluster')} (policy {body.get('policy')}, route v{body.get('version')})"
+        title=f"cluster {body.get('cluster')} (config v{config.get('version', 1)}{deploying}, "
+        f"policy {body.get('policy')}, route v{body.get('version')})"
     )
     for col in ("server", "site", "state", "memory used", "models", "restarts", "last failure"):
         table.add_column(col)

@@ -25,6 +25,7 @@ other loop than "feed inputs, run commands, wake up at :meth:`~Orchestrator.next
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from enum import StrEnum
 from typing import Any
@@ -47,6 +48,8 @@ from failsoft.orchestration.commands import (
     Planned,
 )
 from failsoft.orchestration.copies import CopyRequest, MechanismCopies
+from failsoft.orchestration.deploy import DeployPlan, Desired, Running, apply_plan, plan_deploy
+from failsoft.orchestration.deploy_run import Deploys
 from failsoft.orchestration.effects import Effects
 from failsoft.orchestration.operations import Group, Operations
 from failsoft.orchestration.settings import OrchestrationSettings
@@ -89,7 +92,10 @@ class Orchestrator:
         self.fx = Effects(state, settings.load_slots, now)
         self.warm = WarmBackups(self.fx)
         self.copies = MechanismCopies(self.fx, settings.drain_s)
-        self.operations = Operations(self.fx, settings, routes_moved_home=self.warm.mark_dirty)
+        self.operations = Operations(
+            self.fx, settings, routes_moved_home=self.warm.mark_dirty, home_ended=self._home_ended
+        )
+        self.deploys = Deploys(self.fx, self.operations, settings.drain_s, settings.retire_s)
         self.failed_queue: dict[str, float] = {}  # server -> when it was detected
         self.last_heard: dict[str, float] = {}
         self.heard_again: dict[str, float] = {}
@@ -136,6 +142,50 @@ class Orchestrator:
             self.fx.send(Inspect(name, InspectPurpose.VERIFY))
         self._finish_verify(now)
         return self._flush(now)
+
+    # inputs: a deploy (failsoft deploy CONFIG; orchestration/deploy.py) ---------------------------
+    def running(self, policy: str) -> Running:
+        """What runs, as the deploy planner reads it (``policy``: the failover policy's name)."""
+        st = self.state
+        mine = {n for n in st.apps if st.deployment.has_app(n)}
+        placed = {
+            n: tuple(p for p in (r.route, r.final) if p is not None) for n, r in st.apps.items() if n in mine
+        }
+        warm = tuple(w.backup for (a, _), w in st.warm.items() if a in mine)
+        return Running(st.deployment, policy, self.settings.replan_delay_s, placed, warm)
+
+    def apply_deploy(
+        self, desired: Desired, policy: str, digest: str | None, now: float
+    ) -> tuple[DeployPlan, list[Command]]:
+        """Plan ``desired`` against what runs and start carrying the plan out; an empty plan
+        changes nothing. Raises :class:`~failsoft.orchestration.deploy.DeployRefused` (or
+        ConfigError: not ready, a deploy under way), changing nothing."""
+        from failsoft.errors import ConfigError
+
+        if not self.ready:
+            raise ConfigError("the cluster is not deployed yet: deploy once it is ready")
+        if self.deploys.busy:
+            raise ConfigError(
+                f"a deploy is under way (config version {self.deploys.version}): wait until it is done"
+            )
+        plan = plan_deploy(self.running(policy), desired)
+        if plan.empty:
+            return plan, self._flush(now)
+        if plan.replan_delay_s is not None:
+            self.settings = dataclasses.replace(self.settings, replan_delay_s=plan.replan_delay_s)
+            self.operations.settings = self.settings
+        moved = {s.app for s in plan.steps if s.spec is not None}
+        before = {n: r.app for n, r in self.state.apps.items() if n in moved}
+        for name in self.state.adopt(apply_plan(self.state.deployment, plan)):
+            self.fx.unrouted.add(name)
+        self.warm.mark_dirty()
+        self.fx.changes += 1
+        self.deploys.start(plan, before, digest, now)
+        self.fx.publish(force=True)
+        return plan, self._flush(now)
+
+    def _home_ended(self, op: Any, ok: bool, now: float) -> None:
+        self.deploys.home_ended(op, ok, now)
 
     # inputs: mechanism copies (HAMS backups, Jellyfish rungs; see orchestration/copies.py) ------
     def pin(self, request: CopyRequest, now: float) -> tuple[str, list[Command]]:
@@ -582,9 +632,11 @@ class Orchestrator:
             self._next_sweep = now + s.reconcile_s
         attention, self.fx.attention = self.fx.attention, set()
         for name in sorted(attention):
-            if name in self.operations or self.operations.backing_off(name, now):
+            if name in self.operations or self.operations.backing_off(name, now) or self.deploys.holds(name):
                 continue
-            rec = self.state.apps[name]
+            rec = self.state.apps.get(name)
+            if rec is None or self.state.retiring(name):
+                continue
             home_up = self.state.servers[rec.home.server].state is ServerState.UP
             if rec.final is not None:
                 self.operations.resume_upgrade(name, now)
@@ -625,6 +677,8 @@ class Orchestrator:
                 self.fx.changes += 1
             elif kind == "replan":
                 self.fx.changes += 1
+            elif kind in ("deploy-retire", "deploy-step"):
+                self.deploys.timer(kind, payload, now)
 
     def next_wakeup(self) -> float | None:
         """When the core next needs :meth:`advance` (None: only when an input arrives)."""
@@ -634,7 +688,7 @@ class Orchestrator:
     @property
     def busy(self) -> bool:
         """Operations, a plan or a warm-backup re-plan under way."""
-        return bool(self.operations) or self.warm.busy or self.planning is not None
+        return bool(self.operations) or self.warm.busy or self.planning is not None or self.deploys.busy
 
     @property
     def idle(self) -> bool:

@@ -35,6 +35,7 @@ class LoadJob:
     variant: str
     priority: Priority
     warm: bool
+    family: str
     pinned: bool = False  # a mechanism's copy (:mod:`~failsoft.orchestration.copies`)
     started: bool = False
     orphan: bool = False  # the operation waiting for it is gone: what it loads is unwanted
@@ -139,7 +140,8 @@ class Effects:
     ) -> int:
         """Ask for a load; it is sent now if a slot of ``server`` is free, else when one frees."""
         load_id = next(self._load_ids)
-        job = LoadJob(load_id, server, app, variant, priority, warm or pinned, pinned)
+        family = self.state.apps[app].app.family
+        job = LoadJob(load_id, server, app, variant, priority, warm or pinned, family, pinned)
         self.jobs[load_id] = job
         if self.loads.submit(server, load_id, priority):
             self._send_load(job)
@@ -159,8 +161,7 @@ class Effects:
 
     def _send_load(self, job: LoadJob) -> None:
         job.started = True
-        family = self.state.apps[job.app].app.family
-        self._out.append(Load(job.load_id, job.server, job.app, family, job.variant, job.priority))
+        self._out.append(Load(job.load_id, job.server, job.app, job.family, job.variant, job.priority))
 
     def orphan(self, load_id: int) -> None:
         """The operation waiting for this load is gone: withdraw it, or let it finish unwanted."""
@@ -180,7 +181,9 @@ class Effects:
 
     def needed(self, app: str, server: str, variant: str) -> bool:
         """Whether ``app``'s ``variant`` on ``server`` serves, is being upgraded to, or is a backup."""
-        rec = self.state.apps[app]
+        rec = self.state.apps.get(app)
+        if rec is None:  # removed by a deploy
+            return False
         where = Placement(server, variant)
         if rec.route == where or rec.final == where:
             return True

@@ -57,6 +57,7 @@ class Op:
     goal: Placement | None = None  # upgrade, home, repair: where it goes
     event: str | None = None  # home: the event to emit ("restore"), None when deploying
     has_turn: bool = False  # upgrade: holds its server's upgrade turn
+    priority: Priority | None = None  # home: the load's priority (None: PRIMARY)
 
 
 class Operations:
@@ -71,9 +72,14 @@ class Operations:
     """
 
     def __init__(
-        self, effects: Effects, settings: OrchestrationSettings, routes_moved_home: Callable[[], None]
+        self,
+        effects: Effects,
+        settings: OrchestrationSettings,
+        routes_moved_home: Callable[[], None],
+        home_ended: Callable[[Op, bool, float], None] = lambda op, ok, now: None,
     ) -> None:
         self.fx, self.settings, self._moved_home = effects, settings, routes_moved_home
+        self._home_ended = home_ended  # a deploy hears how the returns home it started ended
         self.state = effects.state
         self.ops: dict[str, Op] = {}
         self.upgrading: dict[str, str] = {}  # server -> app holding its upgrade turn
@@ -112,6 +118,7 @@ class Operations:
         else:
             assert op.goal is not None
             priority = Priority.PRIMARY if op.kind is OpKind.HOME else Priority.FAILOVER
+            priority = op.priority if op.priority is not None else priority
             op.load_id = self.fx.load(op.app, op.goal.server, op.goal.variant, priority)
 
     def recover(self, action: FailoverAction, detected_at: float, group: Group, now: float) -> None:
@@ -139,9 +146,14 @@ class Operations:
         )
         self._start(op, now)
 
-    def return_home(self, app: str, now: float, event: str | None = "restore") -> None:
+    def return_home(
+        self, app: str, now: float, event: str | None = "restore", priority: Priority | None = None
+    ) -> Op:
+        """Load ``app``'s home and move its route there; the operation started."""
         home = self.state.apps[app].home
-        self._start(Op(app, OpKind.HOME, frozenset({home.server}), goal=home, event=event), now)
+        op = Op(app, OpKind.HOME, frozenset({home.server}), goal=home, event=event, priority=priority)
+        self._start(op, now)
+        return op
 
     def repair(self, app: str, where: Placement, now: float) -> None:
         self._start(Op(app, OpKind.REPAIR, frozenset({where.server}), goal=where), now)
@@ -157,6 +169,8 @@ class Operations:
         self._release_turn(op, now)
         self._leave_group(op, now)
         self.fx.attention.add(app)
+        if op.kind is OpKind.HOME:
+            self._home_ended(op, False, now)
 
     def _end(self, op: Op) -> None:
         if self.ops.get(op.app) is op:
@@ -281,6 +295,7 @@ class Operations:
         if not ok:
             self._back_off(op.app, now)
             self._end(op)
+            self._home_ended(op, False, now)
             return
         self.backoff.pop(op.app, None)
         old, home = rec.route, rec.home
@@ -297,6 +312,7 @@ class Operations:
         if old is not None and old != home and (op.app, old.server) not in self.state.warm:
             self._drain(op.app, old, now)
         self._end(op)
+        self._home_ended(op, True, now)
 
     def _repaired(self, op: Op, ok: bool, now: float) -> None:
         rec = self.state.apps[op.app]

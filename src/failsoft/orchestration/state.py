@@ -147,6 +147,39 @@ class ClusterState:
             state.servers[backup.server].holdings.add((backup.app, backup.variant))
         return state
 
+    def adopt(self, deployment: Scenario) -> list[str]:
+        """A deploy's new deployment: apps it adds get a record (no route yet), apps it keeps take
+        their new settings and home; the names added. Records of apps it drops stay until the deploy
+        retires them (:meth:`retire`): their routes serve the requests still on their way. Families
+        are kept for them meanwhile."""
+        self.deployment = deployment
+        self.families.update({f.name: f for f in deployment.families})
+        added = []
+        for app in deployment.apps:
+            rec = self.apps.get(app.name)
+            if rec is None:
+                self.apps[app.name] = AppRecord(app)
+                added.append(app.name)
+            else:
+                rec.app = app
+        return added
+
+    def retire(self, app: str) -> None:
+        """A removed app's drain is over: forget it (its models are being unloaded)."""
+        self.apps.pop(app, None)
+        for key in [k for k in self.warm if k[0] == app]:
+            del self.warm[key]
+
+    def reset_deployment(self, deployment: Scenario) -> None:
+        """Start from another deployment (a restarted controller resuming the deployed config)."""
+        self.deployment = deployment
+        self.families = {f.name: f for f in deployment.families}
+        self.apps = {a.name: AppRecord(a) for a in deployment.apps}
+
+    def retiring(self, app: str) -> bool:
+        """Whether ``app`` was removed by a deploy and is draining (served, planned no more)."""
+        return app in self.apps and not self.deployment.has_app(app)
+
     @property
     def services(self) -> dict[str, Service]:
         """Every service by name (apps in none are served alone)."""
@@ -204,7 +237,7 @@ class ClusterState:
         capacity. ``live_only`` keeps only live servers and the apps placed on them (warm backups are
         planned there only).
         """
-        apps = tuple(self._as_placed(r) for r in self.apps.values())
+        apps = tuple(self._as_placed(r) for n, r in self.apps.items() if self.deployment.has_app(n))
         servers = self.deployment.servers
         if not with_warm:
             servers = self._less_pinned(servers)

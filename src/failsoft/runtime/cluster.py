@@ -229,6 +229,19 @@ class ControllerRef(_ActorRef):
     async def unpin(self, app: str, server: str, owner: str, timeout_s: float = 5.0) -> None:
         await self._call("unpin", app, server, owner, timeout_s=timeout_s)
 
+    async def deployment(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """What runs (``Controller.deployment``): the deployment, policy and config version."""
+        return await self._call("deployment", timeout_s=timeout_s)
+
+    async def deploy(
+        self, desired: Any, digest: str | None, dry_run: bool = False, timeout_s: float = 30.0
+    ) -> dict[str, Any]:
+        """Plan a new deployment and carry it out (``Controller.deploy``)."""
+        return await self._call("deploy", desired, digest, dry_run, timeout_s=timeout_s)
+
+    async def deploy_status(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        return await self._call("deploy_status", timeout_s=timeout_s)
+
     def wait_ready_sync(self, timeout_s: float) -> bool:
         return self._call_sync("wait_ready", timeout_s, timeout_s=timeout_s + 10.0)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 import hashlib
@@ -37,6 +38,7 @@ from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import Scenario
 from failsoft.errors import StoreError
 from failsoft.orchestration import ClusterState, CopyRequest, OrchestrationSettings, Orchestrator
+from failsoft.orchestration.deploy import Desired, plan_deploy
 from failsoft.runtime import cluster
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
@@ -45,6 +47,7 @@ from failsoft.runtime.loop import StepRunner, spawn
 from failsoft.runtime.orchestrator import CoreDriver
 from failsoft.runtime.planner import Planner
 from failsoft.runtime.store import Store, open_store
+from failsoft.scenario import scenario_from_dict, scenario_to_dict
 
 log = logging.getLogger(__name__)
 RECONCILE_S = 0.25
@@ -95,6 +98,7 @@ class Controller:
         self._started = False  # deploying or resuming: only then is the state worth persisting
         self._resumed = False
         self.digest = _digest(config, deployment)
+        self.policy = config.policy  # the failover policy served now (a deploy may change it)
         self.planner = Planner(config.policy)
         self.driver = CoreDriver(
             self.core, self.planner, self._agent, self._publish, self._emit, self.clock, self._forget_agent
@@ -201,6 +205,43 @@ class Controller:
         """``owner`` gives its copy of ``app`` on ``server`` up (unloaded after the drain period)."""
         self._feed(self.core.unpin(app, server, owner, self.clock.now()))
 
+    # API: deploys (failsoft deploy CONFIG through the gateway's admin API) --------------------------
+    async def deployment(self) -> dict[str, Any]:
+        """What runs: the deployment (every app's home), the failover policy and the config version."""
+        return {
+            "deployment": self.state.deployment,
+            "policy": self.policy,
+            "replan_delay_s": self.core.settings.replan_delay_s,
+            "version": self.core.deploys.version,
+            "warm": [w.backup for w in self.state.warm.values()],
+        }
+
+    async def deploy(self, desired: Desired, digest: str | None, dry_run: bool = False) -> dict[str, Any]:
+        """Plan ``desired`` against what runs and (unless ``dry_run``) carry the plan out through the
+        core. DeployRefused or ConfigError (one line) when it cannot be applied: nothing changed."""
+        if dry_run:
+            plan = plan_deploy(self.core.running(self.policy), desired)
+            return {
+                "changed": False,
+                "dry_run": True,
+                "version": self.core.deploys.version,
+                "plan": plan.to_dict(),
+            }
+        plan, commands = self.core.apply_deploy(desired, self.policy, digest, self.clock.now())
+        if plan.policy_name is not None:
+            old, self.policy = self.planner, plan.policy_name
+            self.planner = self.driver.planner = Planner(plan.policy_name)
+            await asyncio.to_thread(old.close)
+        self._feed(commands)
+        self._dirty.set()
+        log.info("deploy: config version %d, plan %s", self.core.deploys.version, json.dumps(plan.to_dict()))
+        return {"changed": not plan.empty, "version": self.core.deploys.version, "plan": plan.to_dict()}
+
+    async def deploy_status(self) -> dict[str, Any]:
+        """The config version served and the last deploy (under way or done)."""
+        self.state.sync_wall(time.time(), self.clock.now())
+        return self.core.deploys.to_dict(self.state.wall_offset)
+
     async def wait_ready(self, timeout_s: float) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), timeout_s)
@@ -213,7 +254,8 @@ class Controller:
             server["pid"] = self.state.servers[server["name"]].pid
         return {
             "cluster": self.config.name,
-            "policy": self.config.policy,
+            "policy": self.policy,
+            "config": self.core.deploys.to_dict(self.state.wall_offset),
             "controller": {"pid": os.getpid(), "restarted": self.restarted, "store": self._store_url},
             "ready": self.core.ready,
             "idle": self.core.idle,  # nothing under way or waiting (a pending warm re-plan included)
@@ -274,7 +316,11 @@ class Controller:
             if self.store is None or not self._started:
                 continue  # a fresh state written now would overwrite the one to resume from
             self.state.sync_wall(time.time(), self.clock.now())
-            docs = {**self.state.to_docs(), "meta": {"controller": self._meta()}}
+            docs = {
+                **self.state.to_docs(),
+                "meta": {"controller": self._meta()},
+                "deployment": {"current": scenario_to_dict(self.state.deployment)},
+            }
             store = self.store
             await self.steps.run("persist", functools.partial(asyncio.to_thread, store.write, docs))
             await self.clock.sleep(0.01)
@@ -282,7 +328,15 @@ class Controller:
     def _meta(self) -> dict[str, Any]:
         # a resumed state stays deployed while it is verified: dying again meanwhile must not redeploy
         deployed = self.core.ready or self._resumed
-        return {"digest": self.digest, "version": self.routes.version, "deployed": deployed}
+        return {
+            "digest": self.digest,
+            "version": self.routes.version,
+            "deployed": deployed,
+            "config_version": self.core.deploys.version,
+            "config_digest": self.core.deploys.digest,
+            "policy": self.policy,
+            "replan_delay_s": self.core.settings.replan_delay_s,
+        }
 
     # start: deploy, or resume after a crash --------------------------------------------------------
     async def _start(self) -> None:
@@ -311,10 +365,27 @@ class Controller:
             return False
         self.state.sync_wall(time.time(), self.clock.now())
         self.routes.version = int(meta.get("version", 0))  # the next publish goes past the stored one
+        self._resume_deployed(docs, meta)
         self._started = self._resumed = True
         self._feed(self.core.resume(docs, self.clock.now()))
         log.info("resuming from %s at route version %d", store.url, self.routes.version)
         return True
+
+    def _resume_deployed(self, docs: dict[str, Any], meta: dict[str, Any]) -> None:
+        """The deployed config, not the first: a deploy's deployment, policy and config version."""
+        stored = docs.get("deployment", {}).get("current")
+        if stored is not None:
+            self.state.reset_deployment(scenario_from_dict(stored, source=f"{self._store_url} (deployment)"))
+        self.core.deploys.version = int(meta.get("config_version", 1))
+        self.core.deploys.digest = meta.get("config_digest")
+        policy = meta.get("policy", self.policy)
+        if policy != self.policy:
+            self.policy, self.planner = policy, Planner(policy)
+            self.driver.planner = self.planner
+        delay = meta.get("replan_delay_s")
+        if delay is not None:
+            self.core.settings = dataclasses.replace(self.core.settings, replan_delay_s=float(delay))
+            self.core.operations.settings = self.core.settings
 
 
 def _raise_priority(nice: int = CONTROLLER_NICE) -> None:

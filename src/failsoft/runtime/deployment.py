@@ -15,16 +15,29 @@ variant, is one :class:`~failsoft.errors.ConfigError` naming the app.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 from failsoft.domain import App, Demand, Family, Placement, Scenario, Variant
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import AppConfig, RuntimeConfig
 
 
-def resolve(config: RuntimeConfig, families: Sequence[Family], repository: str = "repository") -> Scenario:
-    """The deployed snapshot: the config's servers and apps, every app with a primary placement."""
+def resolve(
+    config: RuntimeConfig,
+    families: Sequence[Family],
+    repository: str = "repository",
+    keep: Mapping[str, App] | None = None,
+) -> Scenario:
+    """The deployed snapshot: the config's servers and apps, every app with a primary placement.
+
+    ``keep`` (a deploy to a running cluster): the apps as they run; one whose config leaves its
+    server open keeps the home it has (and its variant, where the config names none), so that
+    deploying the same config again moves nothing.
+    """
     index = {f.name: f for f in families}
+    if keep:
+        config = config.replace(apps=tuple(_kept(a, keep.get(a.name), index) for a in config.apps))
     chosen: dict[str, Variant] = {}
     for i, app in enumerate(config.apps):
         family = index.get(app.family)
@@ -58,6 +71,19 @@ def resolve(config: RuntimeConfig, families: Sequence[Family], repository: str =
     apps = tuple(App(a.name, a.family, placed[a.name], a.critical, a.rate_rps, a.slo_ms) for a in config.apps)
     used = tuple(f for f in families if any(a.family == f.name for a in config.apps))
     return Scenario(config.servers, used, apps, config.params, None, config.services)
+
+
+def _kept(app: AppConfig, running: App | None, families: Mapping[str, Family]) -> AppConfig:
+    """``app`` on the home it runs on, where its config leaves the server (and variant) open."""
+    if running is None or running.primary is None or app.server is not None or running.family != app.family:
+        return app
+    family = families.get(app.family)
+    home = running.primary
+    if family is None or not family.has_variant(home.variant):
+        return app
+    if app.variant is not None and app.variant != home.variant:
+        return app  # a new variant: placed afresh, like a new app
+    return dataclasses.replace(app, server=home.server, variant=home.variant)
 
 
 def _variant(config: RuntimeConfig, i: int, app: AppConfig, family: Family) -> Variant:

@@ -38,8 +38,8 @@ from failsoft.runtime import telemetry
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.deployment import resolve
 from failsoft.runtime.discovery import Target
-from failsoft.runtime.gateway.dispatch import check_dispatchable
 from failsoft.runtime.gateway.protocol import ModelMeta
+from failsoft.runtime.metadata import checked_models
 from failsoft.runtime.security import (
     check_bind,
     check_tls,
@@ -48,7 +48,6 @@ from failsoft.runtime.security import (
     read_token_file,
 )
 from failsoft.runtime.store import open_store
-from failsoft.services import ServiceMode
 
 if TYPE_CHECKING:
     from failsoft.client import Client
@@ -197,6 +196,9 @@ class Session:
             services=p.deployment.all_services(),
             families={f.name: f for f in p.deployment.families},
         )
+        from failsoft.runtime.redeploy import Redeployer
+
+        self.gateway.deployer = Redeployer(cfg, self.controller, self.gateway)  # failsoft deploy
         for name, agent in self.agents.items():  # PIDs now, while every agent answers
             try:
                 chaos.remember(name, agent.info_sync(timeout_s=10.0))
@@ -331,47 +333,10 @@ def prepare(config: RuntimeConfig) -> Prepared:
             f"model repository {str(root)!r} does not exist: build it with 'failsoft zoo build --out {root}'"
         )
     deployment = resolve(config, repo.families(), repository=f"model repository {str(root)!r}")
-    check_dispatchable(deployment.all_services())  # a mode the gateway cannot serve yet: refused now
-    _check_coded(repo, deployment)
-    models, variants = {}, {}
-    for family in deployment.families:
-        shapes, labels = {}, {}
-        for v in family.variants:
-            cfg = repo.config(family.name, v.name)
-            datatype = cfg.inputs[0].datatype if cfg.inputs else "FP32"
-            shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes), datatype)
-            labels[v.name] = cfg.labels
-        if len(set(shapes.values())) > 1:
-            raise ConfigError(
-                f"family {family.name!r} mixes input shapes across variants ({shapes}); "
-                "an app's variants must take the same input"
-            )
-        shape, classes, datatype = next(iter(shapes.values()))
-        models[family.name] = ModelMeta(shape, classes, _family_labels(family.name, labels), datatype)
-        variants[family.name] = [v.name for v in family.variants]
+    models, variants = checked_models(repo, deployment)
     with open_store(config.store_url, config.state_dir, config.name):
         pass  # reachable (Redis) and writable (SQLite), or a StoreError now rather than later
     return Prepared(deployment, models, variants, repo.root, token)
-
-
-def _family_labels(family: str, labels: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
-    """The class names an app answers with: those of the family's variants that name their classes,
-    which must agree (a failover must not rename a class); () when none does."""
-    named = {v: names for v, names in labels.items() if names}
-    if len(set(named.values())) > 1:
-        raise ConfigError(f"family {family!r}: its variants name their classes differently ({named})")
-    return next(iter(named.values()), ())
-
-
-def _check_coded(repo: Any, deployment: Any) -> None:
-    """Each coded service's parity members hold parity models trained for its data variant (ParM)."""
-    coded = [s for s in deployment.all_services() if s.mode is ServiceMode.CODED]
-    if coded:
-        from failsoft.zoo.parity import check_coded_service
-
-        apps = {a.name: a for a in deployment.apps}
-        for service in coded:
-            check_coded_service(repo, service, apps)
 
 
 def admin_token(config: RuntimeConfig) -> str:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from failsoft.bounds import describe_validation_error
 from failsoft.domain import Family, Variant
 from failsoft.errors import ConfigError, CorruptModelError, ModelNotFoundError
+from failsoft.versions import split_version, versioned
 from failsoft.zoo.formats.model import load_handler_model
 from failsoft.zoo.layout import (
     CONFIG_FILE,
@@ -92,11 +93,22 @@ class ModelRepository:
         return sorted(p.name for p in self.root.iterdir() if self._inside(p) and self.variant_names(p.name))
 
     def variant_names(self, family: str) -> list[str]:
-        """Built variants of a family (those with a ``config.json``), sorted by name."""
+        """Built variants of a family (those with a ``config.json``), sorted by name; a variant's
+        numbered versions after the first are listed as ``<variant>@<version>`` (:func:`versioned`)."""
         fam_dir = self.safe_path(check_name("family", family))
         if not fam_dir.is_dir():
             return []
-        return sorted(p.name for p in fam_dir.iterdir() if self._inside(p) and (p / CONFIG_FILE).is_file())
+        names = []
+        for p in fam_dir.iterdir():
+            if self._inside(p):
+                names += [versioned(p.name, v) for v in _versions(p)]
+        return sorted(names)
+
+    def versions(self, family: str, variant: str) -> list[int]:
+        """The versions of a variant in the repository, ascending (``[1]`` for one without any)."""
+        base, _ = split_version(variant)
+        path = self.safe_path(check_name("family", family), check_name("variant", base))
+        return _versions(path) if path.is_dir() else []
 
     def _inside(self, path: Path) -> bool:
         """A listable child: a safe name, a directory, and (symlinks resolved) inside the root."""
@@ -105,11 +117,16 @@ class ModelRepository:
         return path.resolve().is_relative_to(self.root.resolve())
 
     def variant_dir(self, family: str, variant: str) -> Path:
-        """The directory of an existing variant; unknown or escaping names are ModelNotFoundError."""
+        """The directory of an existing variant (of one of its versions: ``<variant>@<version>``);
+        unknown or escaping names are ModelNotFoundError."""
         check_name("family", family)
-        check_name("variant", variant)
-        path = self.safe_path(family, variant)
-        if not path.is_dir():
+        base, version = split_version(variant)
+        check_name("variant", base)
+        path = self.safe_path(family, base)
+        only_numbered = (path / "1" / CONFIG_FILE).is_file() and not (path / CONFIG_FILE).is_file()
+        if (version or 1) > 1 or only_numbered:
+            path = path / str(version or 1)  # a numbered version directory (Triton's layout)
+        if not path.is_dir() or (version is not None and not (path / CONFIG_FILE).is_file()):
             known = ", ".join(self.family_names()) or "none"
             raise ModelNotFoundError(
                 f"no variant {family}/{variant} in repository {str(self.root)!r} (families: {known})"
@@ -179,6 +196,16 @@ class ModelRepository:
 
             return load_stateful(config, dev, module)
         return LoadedModel(family, variant, dev, config.input_shape, config.num_classes, module, forward)
+
+
+def _versions(path: Path) -> list[int]:
+    """A variant directory's versions: 1 for its own ``config.json``, and each numbered
+    subdirectory with one (Triton's layout)."""
+    found = {1} if (path / CONFIG_FILE).is_file() else set()
+    for child in path.iterdir() if path.is_dir() else ():
+        if child.name.isascii() and child.name.isdigit() and (child / CONFIG_FILE).is_file():
+            found.add(int(child.name))
+    return sorted(v for v in found if v >= 1)
 
 
 def _batch_profile(latency: Any) -> tuple[tuple[int, float], ...]:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 ADMIN_BODY_BYTES = 16 * 1024
+DEPLOY_BODY_BYTES = 1024 * 1024  # a config (failsoft deploy) is larger than the other admin bodies
 
 
 class AdminHost(Protocol):
@@ -54,7 +55,32 @@ class AdminHost(Protocol):
     def hub(self) -> EventHub: ...
     @property
     def metrics(self) -> GatewayMetrics: ...
+    @property
+    def deployer(self) -> Any: ...
     async def read_body(self, request: Request, limit: int) -> bytes: ...
+
+
+class DeployBody(BaseModel):
+    """``failsoft deploy``: the config (parsed YAML), where it came from, and whether to only plan."""
+
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any]
+    source: str = Field(default="deploy", max_length=4096)
+    base_dir: str | None = Field(default=None, max_length=4096)
+    dry_run: bool = False
+
+
+class LoadParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class LoadBody(BaseModel):
+    """Triton's repository load request; ``parameters.version`` (failsoft's) picks the version to
+    roll out, the latest in the repository when absent."""
+
+    model_config = ConfigDict(extra="forbid")
+    parameters: LoadParameters = Field(default_factory=LoadParameters)
 
 
 class KillBody(BaseModel):
@@ -106,15 +132,19 @@ def check_token(request: Request, token: str) -> None:
 def install(api: FastAPI, gateway: AdminHost) -> None:
     """Add the admin routes of ``gateway`` to ``api``."""
 
-    def guarded(path: str, method: str = "POST") -> Callable[[Any], Any]:
-        def wrap(fn: Callable[[bytes], Awaitable[Any]]) -> Any:
+    def guarded(path: str, method: str = "POST", limit: int = ADMIN_BODY_BYTES) -> Callable[[Any], Any]:
+        def wrap(fn: Callable[..., Awaitable[Any]]) -> Any:
             async def endpoint(request: Request) -> Any:
                 check_token(request, gateway.admin_token)
-                body = await gateway.read_body(request, ADMIN_BODY_BYTES) if method == "POST" else b""
+                body = await gateway.read_body(request, limit) if method == "POST" else b""
                 level = logging.INFO if method == "POST" else logging.DEBUG
-                what = show(body.decode("utf-8", "replace"))
-                log.log(level, "admin %s %s by %s: %s", method, path, peer(request), what)
-                return await fn(body)
+                what = (
+                    show(body.decode("utf-8", "replace"))
+                    if limit == ADMIN_BODY_BYTES
+                    else f"{len(body)} bytes"
+                )
+                log.log(level, "admin %s %s by %s: %s", method, request.url.path, peer(request), what)
+                return await fn(body, **request.path_params)
 
             api.add_api_route(path, endpoint, methods=[method], name=fn.__name__)
             return fn
@@ -131,6 +161,31 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
             "event_subscribers": gateway.hub.subscribers,
         }
         return body
+
+    def deployer() -> Any:
+        if gateway.deployer is None:
+            raise InvalidRequestError("this gateway takes no deploys", 404)
+        return gateway.deployer
+
+    @guarded("/admin/deploy", "POST", DEPLOY_BODY_BYTES)
+    async def deploy(body: bytes) -> dict[str, Any]:
+        req = parse(DeployBody, body)
+        return dict(await deployer().deploy(req.config, req.source, req.base_dir, req.dry_run))
+
+    @guarded("/admin/deploy", "GET")
+    async def deploy_status(_: bytes) -> dict[str, Any]:
+        return dict(await deployer().status())
+
+    # Triton's model control (the repository extension), on the admin plane only: it changes what runs
+    @guarded("/v2/repository/models/{name}/load")
+    async def load_model(body: bytes, name: str) -> dict[str, Any]:
+        version = parse(LoadBody, body).parameters.version
+        return dict(await deployer().load_model(name, version))
+
+    @guarded("/v2/repository/models/{name}/unload")
+    async def unload_model(body: bytes, name: str) -> dict[str, Any]:
+        parse(LoadBody, body)
+        return dict(await deployer().unload_model(name))
 
     @guarded("/admin/recoveries", "GET")
     async def recoveries(_: bytes) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -44,7 +45,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from failsoft.clock import AsyncClock, MonotonicClock
-from failsoft.domain import App, Family
+from failsoft.domain import App, Family, Scenario
 from failsoft.errors import (
     FailsoftError,
     ServerUnavailableError,
@@ -76,9 +77,11 @@ from failsoft.runtime.gateway.protocol import (
 )
 from failsoft.runtime.gateway.routes import RouteMirror
 from failsoft.services import Service, with_singles
+from failsoft.versions import version_of
 
 log = logging.getLogger(__name__)
 STATS_POLL_S = 2.0
+RETIRE_S = 5.0  # a removed service's dispatcher is closed this long after its last request came in
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +123,7 @@ class Gateway:
         self._agents = agents
         services = with_singles(services or (), apps)
         self.health = RouteHealth(settings.unhealthy_after)
+        self._families: dict[str, Family] = dict(families or {})  # grows with a deploy
         self._reports: set[asyncio.Task[Any]] = set()
         context = DispatchContext(
             self.mirror,
@@ -127,12 +131,15 @@ class Gateway:
             self.clock,
             self._outcome,
             apps,
-            dict(families or {}),
+            self._families,
             input_shape=self._input_shape,
             event=self._publish,
             servers=self._servers,
             copies=controller,
         )
+        self._context = context
+        self._closing: set[asyncio.Task[Any]] = set()
+        self.deployer: Any = None  # failsoft deploy's side here (runtime/redeploy.py), set by the session
         dispatchers = build_dispatchers(services, context)
         self.served = {
             s.name: Served(s, dispatchers[s.name], apps[dispatchers[s.name].front_app()]) for s in services
@@ -166,6 +173,48 @@ class Gateway:
             except FailsoftError as exc:
                 self.link.failed("stats poll", exc)
             await self.clock.sleep(STATS_POLL_S)
+
+    # a deploy -------------------------------------------------------------------------------------
+    async def apply_deployment(
+        self,
+        deployment: Scenario,
+        models: Mapping[str, ModelMeta],
+        variants: Mapping[str, list[str]],
+        retire_s: float = RETIRE_S,
+    ) -> dict[str, list[str]]:
+        """A deploy was accepted: serve its new and changed services (each dispatcher started before
+        it takes a request), stop taking requests for those it removed or changed (their dispatchers
+        are closed ``retire_s`` later, once the requests on their way are answered)."""
+        apps = {a.name: a for a in deployment.apps}
+        self.models.update(models)
+        self.variants.update(variants)
+        self._families.update({f.name: f for f in deployment.families})
+        self.apps.update(apps)  # the dispatch context reads the same dict
+        wanted = {s.name: s for s in with_singles(deployment.services, apps)}
+        gone = [n for n, sv in self.served.items() if wanted.get(n) != sv.service]
+        new = [s for n, s in wanted.items() if n not in self.served or n in gone]
+        dispatchers = build_dispatchers(new, self._context)
+        for dispatcher in dispatchers.values():
+            await dispatcher.start()
+        retired = [self.served.pop(n) for n in gone]
+        for service in new:
+            d = dispatchers[service.name]
+            self.served[service.name] = Served(service, d, self.apps[d.front_app()])
+        for name, served in self.served.items():  # settings changed in place (an SLO: the timeout)
+            lead = apps.get(served.lead.name)
+            if lead is not None and lead != served.lead:
+                self.served[name] = dataclasses.replace(served, lead=lead)
+        task = asyncio.ensure_future(self._retire(retired, set(self.apps) - set(apps), retire_s))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        return {"added": [s.name for s in new], "removed": [s.service.name for s in retired]}
+
+    async def _retire(self, retired: list[Served], apps: set[str], after_s: float) -> None:
+        await self.clock.sleep(after_s)
+        await asyncio.gather(*(s.dispatcher.close() for s in retired), return_exceptions=True)
+        serving = {m for s in self.served.values() for m in s.service.members}
+        for app in apps - serving:  # unless a later deploy brought it back meanwhile
+            self.apps.pop(app, None)
 
     # app-level health -------------------------------------------------------------------------------
     def _outcome(self, server: str, ok: bool, error: str) -> None:
@@ -209,6 +258,15 @@ class Gateway:
             known = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
             raise UnknownNameError(f"unknown app {name!r}: no service of that name (services: {known})")
         return served
+
+    def _check_version(self, name: str, version: str) -> None:
+        """UnknownNameError (404) unless ``version`` of ``name`` is the one its route serves."""
+        served = self._served(name)
+        route = self.mirror.route(served.lead.name)
+        loaded = None if route is None else version_of(route.variant)
+        if not (version.isascii() and version.isdigit()) or int(version) != loaded:
+            now = "none is loaded" if loaded is None else f"version {loaded} is loaded"
+            raise UnknownNameError(f"model {name!r} has no loaded version {version!r} ({now})")
 
     def _timeout_s(self, app: App, asked: float | None) -> float:
         if asked is not None:
@@ -324,6 +382,22 @@ class Gateway:
 
         @api.post("/v2/models/{name}/infer")
         async def infer(name: str, request: Request) -> Response:
+            return await self.infer(name, request)
+
+        # a loaded version of a model (Triton's versions in the URL); only the version served answers
+        @api.get("/v2/models/{name}/versions/{version}")
+        async def version_metadata(name: str, version: str) -> dict[str, Any]:
+            self._check_version(name, version)
+            return await metadata(name)
+
+        @api.get("/v2/models/{name}/versions/{version}/ready")
+        async def version_ready(name: str, version: str) -> Response:
+            self._check_version(name, version)
+            return await model_ready(name)
+
+        @api.post("/v2/models/{name}/versions/{version}/infer")
+        async def version_infer(name: str, version: str, request: Request) -> Response:
+            self._check_version(name, version)
             return await self.infer(name, request)
 
         @api.post("/v2/repository/index")
