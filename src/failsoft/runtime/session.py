@@ -310,6 +310,7 @@ class Session:
 def prepare(config: RuntimeConfig) -> Prepared:
     """Check the config against the repository and the store, before any process starts."""
     from failsoft.zoo import ModelRepository
+    from failsoft.zoo.formats.model import family_image_input, image_input_of
 
     g = config.gateway
     check_bind(g.admin_host, g.admin_bind_port, g.allow_remote, g.admin_tls is not None)  # opt-in only
@@ -328,19 +329,24 @@ def prepare(config: RuntimeConfig) -> Prepared:
     _check_coded(repo, deployment)
     models, variants = {}, {}
     for family in deployment.families:
-        shapes, labels = {}, {}
+        shapes, labels, images = {}, {}, {}
         for v in family.variants:
             cfg = repo.config(family.name, v.name)
             datatype = cfg.inputs[0].datatype if cfg.inputs else "FP32"
             shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes), datatype)
             labels[v.name] = cfg.labels
+            images[v.name] = image_input_of(repo.variant_dir(family.name, v.name), cfg)
         if len(set(shapes.values())) > 1:
             raise ConfigError(
                 f"family {family.name!r} mixes input shapes across variants ({shapes}); "
                 "an app's variants must take the same input"
             )
         shape, classes, datatype = next(iter(shapes.values()))
-        models[family.name] = ModelMeta(shape, classes, _family_labels(family.name, labels), datatype)
+        first = repo.config(family.name, family.variants[0].name)  # its tensors' names are the app's
+        models[family.name] = ModelMeta(
+            shape, classes, _family_labels(family.name, labels), datatype,
+            family_image_input(family.name, images), first.inputs, first.outputs,
+        )  # fmt: skip
         variants[family.name] = [v.name for v in family.variants]
     with open_store(config.store_url, config.state_dir, config.name):
         pass  # reachable (Redis) and writable (SQLite), or a StoreError now rather than later
