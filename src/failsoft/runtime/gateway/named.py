@@ -210,20 +210,27 @@ def requested_outputs(outputs: Any, app: str, meta: ModelMeta, binary_default: b
             raise InvalidRequestError(f"output {name!r} is asked for twice")
         seen.add(name)
         spec = meta.outputs[names.index(name)]
-        params = out.get("parameters") or {}
-        if not isinstance(params, dict):
-            raise InvalidRequestError(f"output {name!r}: 'parameters' must be an object, got {show(params)}")
-        unknown = sorted(str(p) for p in params if p not in OUTPUT_PARAMETERS)
-        if unknown:
-            raise InvalidRequestError(
-                f"output {name!r}: unsupported parameter {show(unknown[0])} "
-                f"(supported: {', '.join(OUTPUT_PARAMETERS)})"
-            )
+        params = output_parameters(name, out.get("parameters") or {})
         binary = params.get("binary_data", binary_default)
-        if not isinstance(binary, bool):
-            raise InvalidRequestError(f"output {name!r}: binary_data must be true or false")
         asks.append(OutputAsk(names.index(name), _top_k(params.get("classification"), spec), binary))
     return tuple(asks)
+
+
+def output_parameters(name: str, params: Any) -> dict[str, Any]:
+    """A requested output's ``parameters``, checked: an object of known keys, ``binary_data`` a bool."""
+    from failsoft.runtime.gateway.protocol import show
+
+    if not isinstance(params, dict):
+        raise InvalidRequestError(f"output {name!r}: 'parameters' must be an object, got {show(params)}")
+    unknown = sorted(str(p) for p in params if p not in OUTPUT_PARAMETERS)
+    if unknown:
+        raise InvalidRequestError(
+            f"output {name!r}: unsupported parameter {show(unknown[0])} "
+            f"(supported: {', '.join(OUTPUT_PARAMETERS)})"
+        )
+    if not isinstance(params.get("binary_data", False), bool):
+        raise InvalidRequestError(f"output {name!r}: binary_data must be true or false")
+    return params
 
 
 def _top_k(k: Any, spec: TensorSpec) -> int | None:

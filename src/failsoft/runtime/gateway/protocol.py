@@ -67,7 +67,6 @@ WIRE_DTYPES: dict[str, str] = {
     "INT16": "<i2", "INT8": "i1", "UINT8": "u1", "BOOL": "?",
 }  # fmt: skip
 OUTPUT = "output"
-OUTPUT_PARAMETERS = ("classification", "binary_data")
 _REPR = reprlib.Repr()  # Python 3.11's takes no arguments
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 6, 6
 _REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
@@ -143,12 +142,10 @@ def parse_infer_request(
         batch = _images(tensor, binary, params, name, meta.image, max_batch)
     else:
         batch = _tensor(tensor, binary, params, name, datatype, app, meta, max_batch)
-    request_id = data.get("id")
-    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
-        raise InvalidRequestError(f"'id' must be a string, got {show(request_id)}")
+    request_id = _request_id(data)
     return InferRequest(
         batch,
-        None if request_id is None else str(request_id),
+        request_id,
         name,
         _timeout(data.get("parameters")),
         _classification(data.get("outputs"), app, meta),
@@ -158,18 +155,23 @@ def parse_infer_request(
     )
 
 
+def _request_id(data: dict[str, Any]) -> str | None:
+    request_id = data.get("id")
+    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
+        raise InvalidRequestError(f"'id' must be a string, got {show(request_id)}")
+    return None if request_id is None else str(request_id)
+
+
 def _parse_named(
     data: dict[str, Any], binary: bytes, app: str, meta: ModelMeta, max_batch: int
 ) -> InferRequest:
     """A request to a model of several named inputs or outputs (:mod:`.named`)."""
     batch = named.parse_inputs(data.get("inputs"), binary, app, meta, max_batch)
     asks = named.requested_outputs(data.get("outputs"), app, meta, _binary_output(data, outputs=False))
-    request_id = data.get("id")
-    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
-        raise InvalidRequestError(f"'id' must be a string, got {show(request_id)}")
+    request_id = _request_id(data)
     return InferRequest(
         batch,
-        None if request_id is None else str(request_id),
+        request_id,
         meta.inputs[0].name,
         _timeout(data.get("parameters")),
         None,
@@ -430,17 +432,7 @@ def _classification(outputs: Any, app: str, meta: ModelMeta) -> int | None:
         )
     if params is None:
         return None
-    if not isinstance(params, dict):
-        raise InvalidRequestError(f"output {OUTPUT!r}: 'parameters' must be an object, got {show(params)}")
-    unknown = sorted(str(p) for p in params if p not in OUTPUT_PARAMETERS)
-    if unknown:
-        raise InvalidRequestError(
-            f"output {OUTPUT!r}: unsupported parameter {show(unknown[0])} "
-            f"(supported: {', '.join(OUTPUT_PARAMETERS)})"
-        )
-    if not isinstance(params.get("binary_data", False), bool):
-        raise InvalidRequestError(f"output {OUTPUT!r}: binary_data must be true or false")
-    k = params.get("classification")
+    k = named.output_parameters(OUTPUT, params).get("classification")
     if k is None:
         return None
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= meta.num_classes:
