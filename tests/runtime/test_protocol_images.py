@@ -131,3 +131,14 @@ def _escaped(word: str) -> str:
     import re
 
     return re.escape(word)
+
+
+def test_metadata_says_the_pixel_input_also_takes_encoded_images():
+    from failsoft.runtime.gateway.protocol import model_metadata
+
+    meta = model_metadata("app", "img", ModelMeta((3, 16, 16), 3, image=ImageInput(3, 16, 16)), ["hf"])
+    (pixels,) = meta["inputs"]
+    assert pixels["shape"] == [-1, 3, 16, 16] and pixels["datatype"] == "FP32"
+    assert pixels["parameters"]["encoded_images"]["formats"] == ["PNG", "JPEG"]
+    plain = model_metadata("app", "img", ModelMeta((3, 16, 16), 3), ["hf"])
+    assert "parameters" not in plain["inputs"][0]
