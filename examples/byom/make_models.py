@@ -10,7 +10,10 @@ writes, with random weights (seed 0) and nothing downloaded:
 * ``model.pt2``: the same model exported with ``torch.export`` and saved with ``torch.export.save``;
 * ``sample.npy``: four inputs to check and profile the variants on;
 * ``eval.npz``: 32 inputs labelled by the ``hf`` model itself: measured on it, an export that answers
-  as the original does scores 1.0 (random weights have no real accuracy to measure).
+  as the original does scores 1.0 (random weights have no real accuracy to measure);
+* ``train.npz``: 512 inputs (``x``) to train a ParM parity model of the family on
+  (``failsoft parity train img/onnx --data``);
+* ``cat.png``: a 48x40 PNG to send over HTTP as an encoded image.
 
 docs/models.md walks through adding them and serving them with ``examples/byom/serve.yaml``.
 """
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from transformers import AutoModelForImageClassification
 
 from failsoft.zoo.formats import examples
@@ -38,8 +42,12 @@ def main(out: Path) -> None:
     with torch.no_grad():
         y = model(pixel_values=torch.from_numpy(x)).logits.argmax(1).numpy()
     np.savez(out / "eval.npz", x=x, y=y)
+    np.savez(out / "train.npz", x=rng.random((512, 3, 32, 32), dtype=np.float32))
+    pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(out / "cat.png")
     print(
-        f"wrote {hf_dir}, {out / 'model.onnx'}, {out / 'model.pt2'}, {out / 'sample.npy'}, {out / 'eval.npz'}"
+        f"wrote {hf_dir}, {out / 'model.onnx'}, {out / 'model.pt2'}, {out / 'sample.npy'}, "
+        f"{out / 'eval.npz'}, {out / 'train.npz'}, {out / 'cat.png'}"
     )
 
 

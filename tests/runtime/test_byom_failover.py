@@ -9,6 +9,7 @@ answer equals the model's in this process.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -52,12 +53,17 @@ def byom_zoo(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRepository,
             accuracy=ACCURACY[variant],
             sample_file=out / "sample.npy",
             labels_file=labels,
+            image_processor=hf_dir if variant == "onnx" else None,  # the hf model's, kept beside it
         )
         add_variant(repo, request, QUICK)
     texts = out / "texts.txt"
     texts.write_text("\n".join(examples.TEXTS) + "\n")
     text_dir = examples.text_classifier(out / "text")
     add_variant(repo, AddRequest("sentiment", "bert", text_dir, accuracy=0.5, sample_file=texts), QUICK)
+    tokens = examples.token_artefacts(out / "tokens")  # two named inputs, two outputs
+    add_variant(
+        repo, AddRequest("tok", "onnx", tokens["onnx"], accuracy=0.5, sample_file=tokens["sample"]), QUICK
+    )
     model = AutoModelForImageClassification.from_pretrained(hf_dir, local_files_only=True).eval()
     with torch.no_grad():
         expected = model(pixel_values=torch.from_numpy(PIXELS)).logits.numpy()
@@ -84,6 +90,7 @@ def cluster(byom_zoo, tmp_path_factory):
                     "primary": {"server": "s1", "variant": "hf"},
                 },
                 {"name": "text-app", "family": "sentiment", "primary": {"server": "s2", "variant": "bert"}},
+                {"name": "tok-app", "family": "tok", "primary": {"server": "s2", "variant": "onnx"}},
             ],
             "failover": {"policy": "faillite", "alpha": 0.1},
             "gateway": {"port": 0},
@@ -181,6 +188,82 @@ def test_a_text_classifier_answers_texts_sent_as_bytes(byom_zoo, cluster):
     numbers = {"name": "text", "shape": [1, 1], "datatype": "FP32", "data": [1.0]}
     refused = httpx.post(f"{session.url}/v2/models/text-app/infer", json={"inputs": [numbers]}, timeout=20.0)
     assert refused.status_code == 400 and "takes BYTES" in refused.json()["error"]
+
+
+def test_images_sent_as_png_bytes_answer_as_the_model_does_on_them_and_a_corrupt_one_is_a_400(
+    byom_zoo, cluster
+):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from failsoft.zoo.formats.hf import TransformersHandler
+
+    repo, _ = byom_zoo
+    session, _ = cluster
+    files = []
+    for seed in (1, 2):
+        buf = io.BytesIO()
+        rgb = np.random.default_rng(seed).integers(0, 256, (40, 48, 3), dtype=np.uint8)
+        Image.fromarray(rgb).save(buf, format="PNG")
+        files.append(buf.getvalue())
+    handler = TransformersHandler(repo.variant_dir("img", "hf") / "model", {})
+    handler.load("cpu")  # in this process: the hf variant's processor on the same files
+    expected = handler.infer({"image": np.array(files, dtype=object)})["logits"]
+    url = f"{session.url}/v2/models/img-app/infer"
+    b64 = [base64.b64encode(f).decode() for f in files]
+    tensor = {"name": "image", "shape": [2], "datatype": "BYTES", "data": b64}
+    answer = httpx.post(url, json={"inputs": [tensor]}, timeout=20.0)
+    assert answer.status_code == 200, answer.text
+    out = answer.json()["outputs"][0]
+    np.testing.assert_allclose(np.reshape(out["data"], out["shape"]), expected, rtol=1e-4, atol=1e-4)
+    raw = b"".join(len(f).to_bytes(4, "little") + f for f in files)
+    params = {"binary_data_size": len(raw)}
+    binary_tensor = {"name": "image", "shape": [2], "datatype": "BYTES", "parameters": params}
+    header = json.dumps({"inputs": [binary_tensor]}).encode()
+    binary = httpx.post(
+        url, content=header + raw, headers={"Inference-Header-Content-Length": str(len(header))}, timeout=20.0
+    )
+    assert binary.status_code == 200, binary.text
+    np.testing.assert_array_equal(binary.json()["outputs"][0]["data"], out["data"])
+    corrupt = {**tensor, "shape": [1], "data": [base64.b64encode(files[0][:60]).decode()]}
+    refused = httpx.post(url, json={"inputs": [corrupt]}, timeout=20.0)
+    assert refused.status_code == 400
+    assert "'image': element 0 is not a PNG or JPEG image" in refused.json()["error"]
+
+
+def test_a_model_of_two_inputs_and_two_outputs_is_served_by_name(cluster):
+    import torch
+
+    session, _ = cluster
+    url = f"{session.url}/v2/models/tok-app"
+    meta = httpx.get(url, timeout=20.0).json()
+    assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [
+        ("input_ids", "INT64", [-1, 8]),
+        ("attention_mask", "INT64", [-1, 8]),
+    ]
+    assert [t["name"] for t in meta["outputs"]] == ["logits", "pooled"]
+    values = examples.token_inputs(3, seed=9)
+    with torch.no_grad():
+        logits, pooled = examples.token_module()(*(torch.from_numpy(values[k]) for k in values))
+    inputs = [
+        {"name": k, "shape": list(v.shape), "datatype": "INT64", "data": v.ravel().tolist()}
+        for k, v in reversed(values.items())
+    ]
+    both = httpx.post(f"{url}/infer", json={"inputs": inputs}, timeout=20.0)
+    assert both.status_code == 200, both.text
+    (got_logits, got_pooled) = both.json()["outputs"]
+    assert (got_logits["name"], got_pooled["name"]) == ("logits", "pooled")
+    np.testing.assert_allclose(np.reshape(got_logits["data"], (3, 3)), logits.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.reshape(got_pooled["data"], (3, 4)), pooled.numpy(), rtol=1e-5, atol=1e-5)
+    one = httpx.post(f"{url}/infer", json={"inputs": inputs, "outputs": [{"name": "pooled"}]}, timeout=20.0)
+    assert [o["name"] for o in one.json()["outputs"]] == ["pooled"]
+    missing = httpx.post(f"{url}/infer", json={"inputs": inputs[:1]}, timeout=20.0)
+    assert missing.status_code == 400 and "needs input(s) 'input_ids'" in missing.json()["error"]
+    mistyped = [{**inputs[0], "datatype": "FP32"}, inputs[1]]
+    refused = httpx.post(f"{url}/infer", json={"inputs": mistyped}, timeout=20.0)
+    assert refused.status_code == 400 and "'attention_mask': datatype 'FP32'" in refused.json()["error"]
 
 
 def _classification_request() -> dict[str, Any]:

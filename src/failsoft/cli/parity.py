@@ -50,6 +50,15 @@ def train(
             help="Store untrained parity models (random weights, any architecture) for latency work",
         ),
     ] = False,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data", help="A user's model: its training inputs, .npz with x (and y, labels, if any)"
+        ),
+    ] = None,
+    parity_format: Annotated[
+        str, typer.Option("--format", help="With --data: export the parity models as onnx or pt2")
+    ] = "onnx",
 ) -> None:
     """Train, measure (degraded-mode accuracy) and store the r parity models of FAMILY/VARIANT."""
     from failsoft.policies.registry import get_encoder
@@ -75,9 +84,15 @@ def train(
     results = []
     for index in range(r):
         code = ParityCode(family, variant, k, r, encoder, index)
-        results.append(train_parity(repo, code, training, profile, settings, device).to_dict())
+        if data is not None:
+            from failsoft.zoo.user_parity import train_user_parity
+
+            result = train_user_parity(repo, code, data, training, parity_format, profile, settings, device)
+        else:
+            result = train_parity(repo, code, training, profile, settings, device)
+        results.append(result.to_dict())
     out: dict[str, object] = {"root": str(repo.root), "parity_models": results}
-    if r > 1:
+    if r > 1 and data is None:  # joint decoding is measured on the digits' held-out split
         joint = measure_joint(repo, family, variant, k, r, encoder)
         out["joint"] = {
             "missing": min(r, k),

@@ -223,6 +223,10 @@ def add(
     labels: Annotated[
         Path | None, typer.Option(help="Class names, one per line (default: the model's own, if any)")
     ] = None,
+    image_processor: Annotated[
+        Path | None,
+        typer.Option(help="An image processor's preprocessor_config.json (or its dir): take PNG/JPEG"),
+    ] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Repository root")] = None,
     quick: Annotated[bool, typer.Option(help="Quick profile: fewer loads and batch sizes")] = False,
     threads: ThreadsOpt = 1,
@@ -236,8 +240,9 @@ def add(
     if not sep:
         raise ConfigError(f"give the target as FAMILY/VARIANT, got {target!r}")
     request = AddRequest(
-        family, variant, path, model_format, accuracy, eval_file, sample, handler, task, labels
-    )
+        family, variant, path, model_format, accuracy, eval_file, sample, handler, task, labels,
+        image_processor,
+    )  # fmt: skip
     repo = ModelRepository(_root(out))
     began = time.perf_counter()
     config = add_variant(repo, request, _settings(quick, threads), device)

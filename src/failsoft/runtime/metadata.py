@@ -21,23 +21,30 @@ def checked_models(repo: Any, deployment: Scenario) -> tuple[dict[str, ModelMeta
     """The gateway's metadata of each family a deployment serves, once its services are checked
     (a mode the gateway cannot serve, a coded service's parity models); ConfigError otherwise.
     ``failsoft serve`` and ``failsoft deploy`` both check a deployment here."""
+    from failsoft.zoo.formats.model import family_image_input, image_input_of
+
     check_dispatchable(deployment.all_services())  # a mode the gateway cannot serve yet: refused now
     _check_coded(repo, deployment)
     models, variants = {}, {}
     for family in deployment.families:
-        shapes, labels = {}, {}
+        shapes, labels, images = {}, {}, {}
         for v in family.variants:
             cfg = repo.config(family.name, v.name)
             datatype = cfg.inputs[0].datatype if cfg.inputs else "FP32"
             shapes[v.name] = (tuple(cfg.input_shape), int(cfg.num_classes), datatype)
             labels[v.name] = cfg.labels
+            images[v.name] = image_input_of(repo.variant_dir(family.name, v.name), cfg)
         if len(set(shapes.values())) > 1:
             raise ConfigError(
                 f"family {family.name!r} mixes input shapes across variants ({shapes}); "
                 "an app's variants must take the same input"
             )
         shape, classes, datatype = next(iter(shapes.values()))
-        models[family.name] = ModelMeta(shape, classes, _family_labels(family.name, labels), datatype)
+        first = repo.config(family.name, family.variants[0].name)  # its tensors' names are the app's
+        models[family.name] = ModelMeta(
+            shape, classes, _family_labels(family.name, labels), datatype,
+            family_image_input(family.name, images), first.inputs, first.outputs,
+        )  # fmt: skip
         variants[family.name] = [v.name for v in family.variants]
     return models, variants
 

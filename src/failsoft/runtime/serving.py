@@ -250,14 +250,15 @@ class ServingQueue:
 
     def _rows_of(self, batch: Any) -> np.ndarray:
         arr = np.asarray(batch)
-        if arr.dtype.kind not in "fiuO":  # O: a BYTES input (texts, encoded images), queued as it is
+        # O: a BYTES input (texts); V: a model's several named inputs, one field each; queued as they are
+        if arr.dtype.kind not in "fiuOV":
             raise ConfigError(f"{self.name}: expected a float32 batch, got dtype {arr.dtype}")
         if arr.ndim != len(self._input_shape) + 1 or tuple(arr.shape[1:]) != self._input_shape:
             want = ", ".join(map(str, self._input_shape))
             raise ConfigError(f"{self.name} expects a batch of shape (N, {want}), got {tuple(arr.shape)}")
         if arr.shape[0] == 0:
             raise ConfigError(f"{self.name}: empty batch")
-        return arr if arr.dtype == object else np.ascontiguousarray(arr, dtype=np.float32)
+        return arr if arr.dtype.kind in "OV" else np.ascontiguousarray(arr, dtype=np.float32)
 
     # the worker ----------------------------------------------------------------------------------
     @property

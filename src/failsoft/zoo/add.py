@@ -21,6 +21,7 @@ Any refusal is one :class:`~failsoft.errors.FailsoftError` line and leaves the r
 from __future__ import annotations
 
 import hashlib
+import io
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -33,7 +34,8 @@ import numpy as np
 
 from failsoft.errors import ConfigError, CorruptModelError, FailsoftError, ModelNotFoundError
 from failsoft.zoo.formats.hf import check_directory, read_task
-from failsoft.zoo.formats.interface import Signature, TensorSpec
+from failsoft.zoo.formats.images import PROCESSOR_FILE, image_input
+from failsoft.zoo.formats.interface import NUMPY_DTYPES, Signature, TensorSpec, fields, records
 from failsoft.zoo.formats.model import SAMPLE_FILE, HandlerModel, load_handler_model
 from failsoft.zoo.formats.registry import ARTEFACTS, USER_FORMATS
 from failsoft.zoo.layout import CONFIG_FILE, Accuracy, ModelFormat, VariantConfig, check_name, write_json
@@ -60,6 +62,7 @@ class AddRequest:
     handler: str | None = None  # python format: package.module:Class
     task: str | None = None  # hf format: overrides the config's task
     labels_file: Path | None = None  # one class name per line, class 0 first
+    image_processor: Path | None = None  # a preprocessor_config.json (or its dir): takes encoded images
 
     def options(self, model_format: str) -> dict[str, Any]:
         if model_format == "python":
@@ -151,13 +154,15 @@ def _stage(
     )  # fmt: skip
     with _named_as_given(artefact, request.path), load_handler_model(staged, draft, "cpu") as model:
         sample = read_sample(request.sample_file, model.signature) if request.sample_file else None
-        sample = sample if sample is not None else _random_sample(model.signature.inputs[0])
+        sample = sample if sample is not None else _random_sample(model.signature.inputs)
         input_shape, num_classes = _check_answers(model, sample)
-        signature = _pinned(model.signature, input_shape)
+        signature = _pinned(model.signature, sample)
         _check_family(repo, request.family, signature)
         accuracy = _accuracy(model, request, sample)
         parameters = model.handler.parameters()
         labels = _labels(request.labels_file, num_classes) if request.labels_file else signature.labels
+    if request.image_processor is not None:
+        _keep_image_processor(request.image_processor, staged, model_format, signature)
     config = replace(
         draft, input_shape=input_shape, num_classes=num_classes, parameters=parameters, accuracy=accuracy,
         inputs=signature.inputs, outputs=signature.outputs, labels=labels,
@@ -167,6 +172,32 @@ def _stage(
         staged / SAMPLE_FILE, sample.astype(bytes) if sample.dtype == object else sample, allow_pickle=False
     )
     return config
+
+
+def _keep_image_processor(given: Path, staged: Path, model_format: str, signature: Signature) -> None:
+    """Keep an image processor's config beside the variant, so that the gateway takes the model's
+    images as PNG or JPEG and prepares them as the processor says (resize, rescale, normalise)."""
+    source = given / PROCESSOR_FILE if given.is_dir() else given
+    if model_format == "hf":
+        raise ConfigError("--image-processor is for onnx, pt2 and python variants (an hf dir has its own)")
+    if not source.is_file():
+        raise ModelNotFoundError(f"{str(source)!r} does not exist (an image processor's {PROCESSOR_FILE})")
+    first = signature.inputs[0]
+    if first.datatype != "FP32" or image_input(first.shape, None) is None:
+        raise ConfigError(f"--image-processor: the model's input {first.describe()} is no image [C, H, W]")
+    shutil.copyfile(source, staged / PROCESSOR_FILE)
+    decoder = image_input(first.shape, staged)
+    assert decoder is not None
+    probe = io.BytesIO()
+    _probe_image(first.shape).save(probe, format="PNG")
+    decoder.decode([probe.getvalue()])  # the processor loads and makes pixels of the model's shape
+
+
+def _probe_image(shape: tuple[int, ...]) -> Any:
+    from PIL import Image
+
+    mode = "RGB" if shape[0] == 3 else "L"
+    return Image.new(mode, (shape[2], shape[1]))
 
 
 @contextmanager
@@ -204,31 +235,41 @@ def artefact_hash(path: Path) -> tuple[int, str]:
     return sum(p.stat().st_size for p in files), hashlib.sha256(manifest.encode()).hexdigest()
 
 
-def _random_sample(spec: TensorSpec) -> np.ndarray:
-    if spec.datatype == "BYTES" or -1 in spec.shape:
-        raise ConfigError(
-            f"input {spec.describe()} needs a --sample of real inputs (.npy, .npz, .jsonl, .txt)"
-        )
-    values = np.random.default_rng(0).random((SAMPLE_ROWS, *spec.shape))
-    return values.astype(np.float32) if spec.datatype.startswith(("FP", "BF")) else values.astype(np.int64)
+def _random_sample(specs: tuple[TensorSpec, ...]) -> np.ndarray:
+    """Seeded values for fixed-shape numeric inputs (integers 0 and 1: token ids and masks that any
+    vocabulary holds); one structured batch for several inputs."""
+    rng = np.random.default_rng(0)
+    batches = {}
+    for spec in specs:
+        if spec.datatype == "BYTES" or -1 in spec.shape:
+            raise ConfigError(
+                f"input {spec.describe()} needs a --sample of real inputs (.npy, .npz, .jsonl, .txt)"
+            )
+        shape = (SAMPLE_ROWS, *spec.shape)
+        floating = spec.datatype.startswith(("FP", "BF"))
+        values = rng.random(shape, dtype=np.float32) if floating else rng.integers(0, 2, shape)
+        batches[spec.name] = values.astype(NUMPY_DTYPES[spec.datatype])
+    return batches[specs[0].name] if len(specs) == 1 else records(batches, specs)
+
+
+def named(model: HandlerModel, batch: np.ndarray) -> dict[str, np.ndarray]:
+    """A batch as the model's named inputs: a structured batch's fields, else its first input."""
+    return fields(batch) if batch.dtype.names else {model.signature.inputs[0].name: batch}
 
 
 def _check_answers(model: HandlerModel, sample: np.ndarray) -> tuple[tuple[int, ...], int]:
     """The model answers the sample at batch 1 and at the sample's batch with what it declared;
     returns the served input shape and the number of classes (the first output's width)."""
-    spec = model.signature.inputs[0]
-    if len(model.signature.inputs) > 1:
-        names = ", ".join(t.name for t in model.signature.inputs)
-        raise ConfigError(
-            f"the model takes several inputs ({names}); failsoft serves one input per model so far"
-        )
-    if not spec.accepts(tuple(sample.shape[1:])):
-        raise ConfigError(
-            f"the sample's rows have shape {list(sample.shape[1:])}, the model takes {spec.describe()}"
-        )
+    for spec, rows_of in named(model, sample).items():
+        declared = next(t for t in model.signature.inputs if t.name == spec)
+        if not declared.accepts(tuple(rows_of.shape[1:])):
+            raise ConfigError(
+                f"the sample's rows of {spec!r} have shape {list(rows_of.shape[1:])}, "
+                f"the model takes {declared.describe()}"
+            )
     for rows in sorted({1, len(sample)}):
         try:
-            answers = model.infer({spec.name: sample[:rows]})
+            answers = model.infer(named(model, sample[:rows]))
         except FailsoftError:
             raise
         except Exception as exc:  # the user's model failing in its own library: name it, keep the cause
@@ -263,11 +304,14 @@ def _labels(path: Path, num_classes: int) -> tuple[str, ...]:
     return labels
 
 
-def _pinned(signature: Signature, input_shape: tuple[int, ...]) -> Signature:
-    """The signature with the first input's variable dimensions fixed to the sample's."""
-    first = signature.inputs[0]
-    pinned = TensorSpec(first.name, first.datatype, input_shape)
-    return Signature((pinned, *signature.inputs[1:]), signature.outputs, signature.labels)
+def _pinned(signature: Signature, sample: np.ndarray) -> Signature:
+    """The signature with its inputs' variable dimensions fixed to the sample's."""
+    if sample.dtype.names is None:
+        shapes = {signature.inputs[0].name: tuple(int(d) for d in sample.shape[1:])}
+    else:
+        shapes = {name: tuple(int(d) for d in sample.dtype[name].shape) for name in sample.dtype.names}
+    pinned = tuple(TensorSpec(t.name, t.datatype, shapes.get(t.name, t.shape)) for t in signature.inputs)
+    return Signature(pinned, signature.outputs, signature.labels)
 
 
 def family_signature(config: VariantConfig) -> Signature:
@@ -298,8 +342,8 @@ def _accuracy(model: HandlerModel, request: AddRequest, sample: np.ndarray) -> A
         return Accuracy(request.accuracy, "declared", {"source": "failsoft zoo add --accuracy"})
     assert request.eval_file is not None
     inputs, labels = read_eval(request.eval_file, model.signature)
-    first_in, first_out = model.signature.inputs[0].name, model.signature.outputs[0].name
-    scores = [model.infer({first_in: inputs[i : i + 64]})[first_out] for i in range(0, len(inputs), 64)]
+    first_out = model.signature.outputs[0].name
+    scores = [model.infer(named(model, inputs[i : i + 64]))[first_out] for i in range(0, len(inputs), 64)]
     predicted = np.concatenate(scores).argmax(axis=1)
     value = float((predicted == labels).mean())
     detail = {

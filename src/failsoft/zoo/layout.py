@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from failsoft.bounds import describe_validation_error
 from failsoft.errors import CorruptModelError, ModelNotFoundError
@@ -89,7 +89,7 @@ class _ConfigSpec(BaseModel):
     variant: str
     arch: Arch
     architecture: dict[str, Any]
-    input_shape: tuple[int, ...] = Field(min_length=1)
+    input_shape: tuple[int, ...]  # () for a model of several inputs (one structured row per request)
     num_classes: int = Field(gt=0)
     parameters: int = Field(ge=0)
     weights: _WeightsSpec
@@ -100,6 +100,12 @@ class _ConfigSpec(BaseModel):
     inputs: tuple[_TensorModel, ...] = ()
     outputs: tuple[_TensorModel, ...] = ()
     labels: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _shape_or_several_inputs(self) -> _ConfigSpec:
+        if not self.input_shape and len(self.inputs) < 2:
+            raise ValueError("input_shape is empty, which only a model of several inputs may have")
+        return self
 
 
 @dataclass(frozen=True)

@@ -270,8 +270,8 @@ def _deployed_config(repo: ModelRepository, code: ParityCode) -> VariantConfig:
     if deployed.arch not in ("digits_mlp", "digits_cnn"):
         raise ConfigError(
             f"parity models are trained on the digits families; {code.family}/{code.variant} is "
-            f"{deployed.arch!r}: store a random-weight parity model for latency work instead "
-            "(failsoft parity train ... --random-weights)"
+            f"{deployed.arch!r}: train it on your own inputs (failsoft parity train ... --data FILE.npz), "
+            "or store a random-weight parity model for latency work (--random-weights)"
         )
     if code.family.endswith(PARITY_SUFFIX):
         raise ConfigError(f"{code.family}/{code.variant} is itself a parity model")
@@ -450,7 +450,16 @@ def _store_module(
     fam = FamilySpec(code.parity_family, kind, f"ParM parity models of {code.family}")
     var = VariantSpec(code.parity_variant, deployed.arch, lambda: dict(architecture))
     config = store_variant(target, fam, var, module, architecture, accuracy)
-    block: dict[str, Any] = {
+    block = parity_block(code, deployed)
+    if random_weights:
+        block["random_weights"] = True
+    write_json(target / CONFIG_FILE, config.to_dict() | {"parity": block})
+    return config
+
+
+def parity_block(code: ParityCode, deployed: VariantConfig) -> dict[str, Any]:
+    """The ``parity`` block of a parity model's config.json: what :func:`check_parity` checks."""
+    return {
         "deployed": {
             "family": code.family,
             "variant": code.variant,
@@ -464,10 +473,6 @@ def _store_module(
         .coefficients[code.index]
         .tolist(),
     }
-    if random_weights:
-        block["random_weights"] = True
-    write_json(target / CONFIG_FILE, config.to_dict() | {"parity": block})
-    return config
 
 
 class _DeployedSpec(BaseModel):

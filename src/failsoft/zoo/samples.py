@@ -15,14 +15,17 @@ from typing import Any
 import numpy as np
 
 from failsoft.errors import ConfigError, ModelNotFoundError
-from failsoft.zoo.formats.interface import Signature, TensorSpec
+from failsoft.zoo.formats.interface import Signature, TensorSpec, records
 
 INPUT_KEYS = ("x", "inputs")
 LABEL_KEYS = ("y", "labels")
 
 
 def read_sample(path: Path, signature: Signature) -> np.ndarray:
-    """The rows of ``path`` as a batch of the model's first input."""
+    """The rows of ``path`` as a batch of the model's first input; for a model of several inputs, an
+    ``.npz`` with one array per input name, as one structured batch (one field per input)."""
+    if len(signature.inputs) > 1:
+        return _several(_numpy(path), signature, path)
     spec = signature.inputs[0]
     suffix = path.suffix.lower()
     if suffix in (".txt", ".jsonl"):
@@ -46,13 +49,39 @@ def read_eval(path: Path, signature: Signature) -> tuple[np.ndarray, np.ndarray]
         inputs = _texts(spec, [r[0] for r in rows])
         return inputs, _labels([r[1] for r in rows], signature, path)
     arrays = _numpy(path)
-    x = next((arrays[k] for k in INPUT_KEYS if k in arrays), None)
     y = next((arrays[k] for k in LABEL_KEYS if k in arrays), None)
+    if len(signature.inputs) > 1 and y is not None:
+        x = _several({k: v for k, v in arrays.items() if k not in LABEL_KEYS}, signature, path)
+        if len(x) != len(y) or len(y) == 0:
+            raise ConfigError(f"{str(path)!r} holds {len(x)} inputs and {len(y)} labels")
+        return x, _labels(list(y), signature, path)
+    x = next((arrays[k] for k in INPUT_KEYS if k in arrays), None)
     if x is None or y is None:
         raise ConfigError(f"{str(path)!r} must hold inputs ('x' or 'inputs') and labels ('y' or 'labels')")
     if len(x) != len(y) or len(y) == 0:
         raise ConfigError(f"{str(path)!r} holds {len(x)} inputs and {len(y)} labels")
     return _as_input(x, spec, path), _labels(list(y), signature, path)
+
+
+def _several(arrays: dict[str, np.ndarray], signature: Signature, path: Path) -> np.ndarray:
+    """One array per named input, as one structured batch; a missing or extra name is refused."""
+    names = [t.name for t in signature.inputs]
+    missing = [n for n in names if n not in arrays]
+    extra = sorted(set(arrays) - set(names))
+    if missing or extra:
+        raise ConfigError(
+            f"{str(path)!r} must hold one array per input ({', '.join(names)}): "
+            + "; ".join(p for p in (_listed("missing", missing), _listed("unknown", extra)) if p)
+        )
+    batches = {t.name: _as_input(arrays[t.name], t, path) for t in signature.inputs}
+    if len({len(b) for b in batches.values()}) > 1:
+        rows = ", ".join(f"{n} {len(b)}" for n, b in batches.items())
+        raise ConfigError(f"{str(path)!r}: the inputs hold different numbers of rows ({rows})")
+    return records(batches, signature.inputs)
+
+
+def _listed(what: str, names: list[str]) -> str:
+    return f"{what} {', '.join(map(repr, names))}" if names else ""
 
 
 def _numpy(path: Path) -> dict[str, np.ndarray]:

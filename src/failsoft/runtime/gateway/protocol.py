@@ -12,7 +12,12 @@ tensor data, and the input says ``"parameters": {"binary_data_size": BYTES}`` in
 
 The input may be sent in any numeric KServe datatype (FP32, FP16, BF16, FP64, INT64, INT32, INT16,
 INT8, UINT8, BOOL; binary data little-endian, BF16 as the upper halves of FP32 values); it is served
-as FP32, the datatype every served model's input takes today. BYTES inputs are refused by name.
+as FP32, the datatype every served model's input takes today. An app whose models take BYTES (texts)
+takes BYTES elements, JSON strings or length-led binary ones. An image classifier's app (its
+``ModelMeta.image``) also takes its images encoded, as OpenVINO Model Server does: a BYTES input of
+shape ``[N]`` or ``[N, 1]`` whose elements are PNG or JPEG files (base64 strings, or ``{"b64": ...}``,
+in JSON; the files' bytes, length-led, as binary data), decoded here with Pillow and prepared by the
+family's image processor, so a corrupt image is refused before any server sees it.
 
 The answer has one output, ``output``: the logits (FP32, ``[N, classes]``). Triton's *classification
 extension* asks for the top classes instead: ``"outputs": [{"name": "output", "parameters":
@@ -38,6 +43,8 @@ the bad value in a shortened form (a client's 10 MB list is not echoed back).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import reprlib
@@ -48,6 +55,10 @@ from typing import Any
 import numpy as np
 
 from failsoft.errors import InvalidRequestError
+from failsoft.runtime.gateway import named
+from failsoft.runtime.gateway.named import OutputAsk
+from failsoft.zoo.formats.images import ImageInput
+from failsoft.zoo.formats.interface import TensorSpec
 
 MAX_TIMEOUT_S = 600.0
 # the numeric KServe datatypes an input may be sent in, and their little-endian wire dtype
@@ -56,7 +67,6 @@ WIRE_DTYPES: dict[str, str] = {
     "INT16": "<i2", "INT8": "i1", "UINT8": "u1", "BOOL": "?",
 }  # fmt: skip
 OUTPUT = "output"
-OUTPUT_PARAMETERS = ("classification", "binary_data")
 _REPR = reprlib.Repr()  # Python 3.11's takes no arguments
 _REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 6, 6
 _REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
@@ -70,6 +80,14 @@ class ModelMeta:
     num_classes: int
     labels: tuple[str, ...] = ()  # labels[i] names class i; () when the models have none
     input_datatype: str = "FP32"  # BYTES: the models take texts (UTF-8), one per row
+    image: ImageInput | None = None  # the FP32 pixel input may also be sent as PNG/JPEG BYTES
+    inputs: tuple[TensorSpec, ...] = ()  # a user's model's named tensors (:mod:`.named` serves them
+    outputs: tuple[TensorSpec, ...] = ()  # when there are several); () for the built-in families
+
+    @property
+    def named(self) -> bool:
+        """Whether requests name several inputs or outputs (see :mod:`failsoft.runtime.gateway.named`)."""
+        return len(self.inputs) > 1 or len(self.outputs) > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +100,8 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)  # the request's own, as sent
     labels: tuple[str, ...] = ()  # the app's class names, for the classification extension
     binary_output: bool = False  # answer with the binary tensor extension (Triton's binary_data)
+    asks: tuple[OutputAsk, ...] = ()  # a model of several outputs: those asked for, in order
+    output_specs: tuple[TensorSpec, ...] = ()  # and what each of its outputs is
 
 
 def show(value: Any) -> str:
@@ -95,6 +115,8 @@ def parse_infer_request(
     """Validate a request; ``header_length`` (Triton's ``Inference-Header-Content-Length``) marks a
     binary request: that many bytes of JSON, then the raw little-endian tensor data."""
     data, binary = _decode(body, header_length)
+    if meta.named:
+        return _parse_named(data, binary, app, meta, max_batch)
     inputs = data.get("inputs")
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidRequestError(
@@ -106,27 +128,24 @@ def parse_infer_request(
         raise InvalidRequestError(f"input 'name' must be a string, got {show(name)}")
     datatype = tensor.get("datatype")
     takes = ("BYTES",) if meta.input_datatype == "BYTES" else tuple(WIRE_DTYPES)
+    if meta.image is not None:
+        takes = (*takes, "BYTES")
     if datatype not in takes:
         raise InvalidRequestError(
             f"input {show(name)}: datatype {show(datatype)} is not supported by app {app!r} "
             f"(its input takes {', '.join(takes)})"
         )
-    shape = _shape(tensor.get("shape"), name, app, meta, max_batch)
     params = tensor.get("parameters")
     if params is not None and not isinstance(params, dict):
         raise InvalidRequestError(f"input {show(name)}: 'parameters' must be an object, got {show(params)}")
-    if datatype == "BYTES":
-        batch = _bytes(tensor.get("data"), binary, params, shape, name)
-    elif params and "binary_data_size" in params:
-        batch = _binary(binary, params["binary_data_size"], shape, name, datatype)
+    if datatype == "BYTES" and meta.image is not None:
+        batch = _images(tensor, binary, params, name, meta.image, max_batch)
     else:
-        batch = _data(tensor.get("data"), shape, name, datatype)
-    request_id = data.get("id")
-    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
-        raise InvalidRequestError(f"'id' must be a string, got {show(request_id)}")
+        batch = _tensor(tensor, binary, params, name, datatype, app, meta, max_batch)
+    request_id = _request_id(data)
     return InferRequest(
         batch,
-        None if request_id is None else str(request_id),
+        request_id,
         name,
         _timeout(data.get("parameters")),
         _classification(data.get("outputs"), app, meta),
@@ -136,13 +155,99 @@ def parse_infer_request(
     )
 
 
-def _binary_output(data: dict[str, Any]) -> bool:
+def _request_id(data: dict[str, Any]) -> str | None:
+    request_id = data.get("id")
+    if request_id is not None and (isinstance(request_id, bool) or not isinstance(request_id, (str, int))):
+        raise InvalidRequestError(f"'id' must be a string, got {show(request_id)}")
+    return None if request_id is None else str(request_id)
+
+
+def _parse_named(
+    data: dict[str, Any], binary: bytes, app: str, meta: ModelMeta, max_batch: int
+) -> InferRequest:
+    """A request to a model of several named inputs or outputs (:mod:`.named`)."""
+    batch = named.parse_inputs(data.get("inputs"), binary, app, meta, max_batch)
+    asks = named.requested_outputs(data.get("outputs"), app, meta, _binary_output(data, outputs=False))
+    request_id = _request_id(data)
+    return InferRequest(
+        batch,
+        request_id,
+        meta.inputs[0].name,
+        _timeout(data.get("parameters")),
+        None,
+        dict(data.get("parameters") or {}),
+        meta.labels,
+        any(a.binary for a in asks),
+        asks,
+        meta.outputs,
+    )
+
+
+def _tensor(
+    tensor: dict[str, Any], binary: bytes, params: Any, name: str, datatype: str, app: str,
+    meta: ModelMeta, max_batch: int,
+) -> np.ndarray:  # fmt: skip
+    """An input tensor of the app's own shape: numbers (JSON or binary), or BYTES elements."""
+    shape = _shape(tensor.get("shape"), name, app, meta, max_batch)
+    if datatype == "BYTES":
+        return _bytes(tensor.get("data"), binary, params, shape, name)
+    if params and "binary_data_size" in params:
+        return _binary(binary, params["binary_data_size"], shape, name, datatype)
+    return _data(tensor.get("data"), shape, name, datatype)
+
+
+def _images(
+    tensor: dict[str, Any], binary: bytes, params: Any, name: str, image: ImageInput, max_batch: int
+) -> np.ndarray:
+    """Encoded images, one per row (shape ``[N]`` or ``[N, 1]``), decoded to the app's pixels. In
+    JSON each element is the file in base64 (a string, or ``{"b64": ...}`` as TensorFlow Serving and
+    OpenVINO Model Server send it); in binary data, the file's bytes, length-led."""
+    shape = tensor.get("shape")
+    if not (
+        isinstance(shape, list)
+        and len(shape) in (1, 2)
+        and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+        and shape[1:] in ([], [1])
+    ):
+        raise InvalidRequestError(
+            f"input {show(name)}: encoded images take shape [N] or [N, 1] (one PNG or JPEG per row); "
+            f"got {show(shape)}"
+        )
+    if not 1 <= shape[0] <= max_batch:
+        raise InvalidRequestError(f"input {show(name)}: batch size {shape[0]} is outside 1..{max_batch}")
+    if params and "binary_data_size" in params:
+        encoded = list(_bytes(None, binary, params, tuple(shape), name).ravel())
+    else:
+        encoded = [_base64(e, name, i) for i, e in enumerate(_flatten(tensor.get("data"), name))]
+        if len(encoded) != shape[0]:
+            raise InvalidRequestError(
+                f"input {show(name)}: {len(encoded)} images, shape {show(shape)} needs {shape[0]}"
+            )
+    return image.decode(encoded, name)
+
+
+def _base64(element: Any, name: str, index: int) -> bytes:
+    text = element.get("b64") if isinstance(element, dict) and len(element) == 1 else element
+    if not isinstance(text, str):
+        raise InvalidRequestError(
+            f'input {show(name)}: element {index} must be a base64 string (or {{"b64": ...}}) '
+            f"holding a PNG or JPEG file, got {show(element)}"
+        )
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidRequestError(f"input {show(name)}: element {index} is not base64: {exc}") from exc
+
+
+def _binary_output(data: dict[str, Any], outputs: bool = True) -> bool:
     """Whether the answer should carry its output as raw bytes: the output's ``binary_data`` or the
     request's ``binary_data_output`` (both validated as booleans)."""
     params = data.get("parameters") or {}
     wanted = params.get("binary_data_output", False) if isinstance(params, dict) else False
     if not isinstance(wanted, bool):
         raise InvalidRequestError(f"parameters.binary_data_output must be true or false, got {show(wanted)}")
+    if not outputs:
+        return wanted
     outputs = data.get("outputs")
     if isinstance(outputs, list) and outputs and isinstance(outputs[0], dict):
         out_params = outputs[0].get("parameters")
@@ -327,17 +432,7 @@ def _classification(outputs: Any, app: str, meta: ModelMeta) -> int | None:
         )
     if params is None:
         return None
-    if not isinstance(params, dict):
-        raise InvalidRequestError(f"output {OUTPUT!r}: 'parameters' must be an object, got {show(params)}")
-    unknown = sorted(str(p) for p in params if p not in OUTPUT_PARAMETERS)
-    if unknown:
-        raise InvalidRequestError(
-            f"output {OUTPUT!r}: unsupported parameter {show(unknown[0])} "
-            f"(supported: {', '.join(OUTPUT_PARAMETERS)})"
-        )
-    if not isinstance(params.get("binary_data", False), bool):
-        raise InvalidRequestError(f"output {OUTPUT!r}: binary_data must be true or false")
-    k = params.get("classification")
+    k = named.output_parameters(OUTPUT, params).get("classification")
     if k is None:
         return None
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= meta.num_classes:
@@ -361,7 +456,7 @@ def infer_response(
     app: str, outputs: np.ndarray | None, request: InferRequest, parameters: dict[str, Any]
 ) -> dict[str, Any]:
     """The v2 response; a request dropped to keep others in their SLO (``outputs`` None) has no outputs."""
-    tensors = [] if outputs is None else [_output_tensor(outputs, request, binary=False)[0]]
+    tensors = [] if outputs is None else [t for t, _ in _output_tensors(outputs, request, binary=False)]
     return _response(app, tensors, request, parameters)
 
 
@@ -371,12 +466,19 @@ def binary_infer_response(
     """The v2 response with the binary tensor extension: the body (JSON header, then the output's
     raw bytes) and the header's length for ``Inference-Header-Content-Length``. The output's values
     never pass through JSON."""
-    tensors, raw = [], b""
-    if outputs is not None:
-        tensor, raw = _output_tensor(outputs, request, binary=True)
-        tensors.append(tensor)
+    answered = [] if outputs is None else _output_tensors(outputs, request, binary=True)
+    tensors, raw = [t for t, _ in answered], b"".join(r for _, r in answered)
     header = json.dumps(_response(app, tensors, request, parameters), separators=(",", ":")).encode()
     return header + raw, len(header)
+
+
+def _output_tensors(
+    outputs: np.ndarray, request: InferRequest, binary: bool
+) -> list[tuple[dict[str, Any], bytes]]:
+    """The answer's outputs, each with its raw bytes (empty where it is answered in JSON)."""
+    if request.asks:
+        return named.output_tensors(np.asarray(outputs), request.asks, request.output_specs, request.labels)
+    return [_output_tensor(outputs, request, binary)]
 
 
 def _output_tensor(outputs: np.ndarray, request: InferRequest, binary: bool) -> tuple[dict[str, Any], bytes]:
@@ -417,10 +519,24 @@ def _response(
 
 
 def model_metadata(app: str, family: str, meta: ModelMeta, variants: list[str]) -> dict[str, Any]:
+    """The app's model metadata: every input and output, the batch dimension as ``-1``; an image
+    classifier's input says it also takes encoded images."""
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    if meta.named:
+        inputs = [{**t.to_dict(), "shape": [-1, *t.shape]} for t in meta.inputs]
+        outputs = [{**t.to_dict(), "shape": [-1, *t.shape]} for t in meta.outputs]
+    else:
+        inputs = [{"name": "input", "datatype": meta.input_datatype, "shape": [-1, *meta.input_shape]}]
+        outputs = [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, meta.num_classes]}]
+    if meta.image is not None:
+        inputs[0]["parameters"] = {
+            "encoded_images": {"datatype": "BYTES", "shape": [-1], "formats": ["PNG", "JPEG"]}
+        }
     return {
         "name": app,
         "versions": variants,
         "platform": f"failsoft/{family}",
-        "inputs": [{"name": "input", "datatype": meta.input_datatype, "shape": [-1, *meta.input_shape]}],
-        "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, meta.num_classes]}],
+        "inputs": inputs,
+        "outputs": outputs,
     }

@@ -231,3 +231,66 @@ class MlpHandler(Handler):
 
     def close(self) -> None:
         self._weights = None
+
+
+TOKENS = (8, 16, 4, 3)  # sequence length, vocabulary, embedding width, classes
+
+
+def token_module(seed: int = 0) -> torch.nn.Module:
+    """A bag-of-embeddings text classifier of two inputs (``input_ids``, ``attention_mask``, INT64
+    ``[8]``) and two outputs (``logits`` ``[3]`` and the pooled embedding ``[4]``): the shape of a
+    tokenized model exported on its own, without its tokenizer."""
+    import torch
+
+    _, vocab, width, classes = TOKENS
+
+    class Tokens(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(vocab, width), torch.nn.Linear(width, classes)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+            mask = attention_mask.unsqueeze(-1).float()
+            pooled = (self.embed(input_ids) * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            return self.head(pooled), pooled
+
+    torch.manual_seed(seed)
+    return Tokens().eval()
+
+
+def token_inputs(rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded token ids and masks (each row keeps at least its first token)."""
+    seq, vocab, _, _ = TOKENS
+    rng = np.random.default_rng(seed)
+    mask = (rng.random((rows, seq)) < 0.7).astype(np.int64)
+    mask[:, 0] = 1
+    return {"input_ids": rng.integers(0, vocab, (rows, seq)), "attention_mask": mask}
+
+
+def token_artefacts(out: Path, seed: int = 0) -> dict[str, Path]:
+    """The two-input model as ``onnx`` and ``pt2``, and ``sample.npz`` (one array per input)."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    module = token_module(seed)
+    example = {k: torch.from_numpy(v) for k, v in token_inputs(2, seed).items()}
+    args = (example["input_ids"], example["attention_mask"])
+    paths = {"onnx": out / "tokens.onnx", "pt2": out / "tokens.pt2", "sample": out / "sample.npz"}
+    batch = {0: "batch"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            module,
+            args,
+            str(paths["onnx"]),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits", "pooled"],
+            dynamic_axes={"input_ids": batch, "attention_mask": batch, "logits": batch, "pooled": batch},
+            dynamo=False,
+        )
+    dim = torch.export.Dim("batch", max=4096)
+    program = torch.export.export(module, args, dynamic_shapes=({0: dim}, {0: dim}))
+    torch.export.save(program, str(paths["pt2"]))
+    sample = token_inputs(4, seed + 1)
+    np.savez(paths["sample"], input_ids=sample["input_ids"], attention_mask=sample["attention_mask"])
+    return paths

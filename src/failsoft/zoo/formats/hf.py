@@ -17,7 +17,6 @@ The output is ``logits`` FP32 ``[num_labels]``; the labels are the config's ``id
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from failsoft.errors import ConfigError, CorruptModelError, InvalidRequestError
+from failsoft.zoo.formats.images import ImageInput
 from failsoft.zoo.formats.interface import Handler, Signature, TensorSpec
 
 TASKS = ("image-classification", "text-classification")
@@ -162,18 +162,10 @@ class TransformersHandler(Handler):
         return {"pixel_values": torch.from_numpy(pixels).to(self._device)}
 
     def _decode_images(self, encoded: np.ndarray) -> np.ndarray:
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            images = [Image.open(io.BytesIO(bytes(b))).convert("RGB") for b in encoded]
-        except (UnidentifiedImageError, OSError) as exc:
-            raise InvalidRequestError(f"an 'image' input is not a PNG or JPEG image: {exc}") from exc
-        if self._processor is not None:
-            out: np.ndarray = self._processor(images=images, return_tensors="np")["pixel_values"]
-            return out.astype(np.float32)
-        height, width = self._side  # no processor: resize and scale to [0, 1]
-        arrays = [np.asarray(im.resize((width, height)), dtype=np.float32) / 255.0 for im in images]
-        return np.stack(arrays).transpose(0, 3, 1, 2).copy()
+        """PNG or JPEG bytes through the directory's image processor (a resize without one)."""
+        processor_dir = str(self.artefact) if self._processor is not None else None
+        channels = int(self._model.config.num_channels)
+        return ImageInput(channels, *self._side, processor_dir).decode(list(encoded))
 
     def predict(self, batch: dict[str, Any]) -> Any:
         import torch

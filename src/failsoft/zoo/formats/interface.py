@@ -32,6 +32,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from failsoft.errors import ConfigError
+
 Datatype = Literal[
     "FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT16", "INT8", "UINT8", "BOOL", "BYTES"
 ]
@@ -116,6 +118,42 @@ class Signature:
                 if a.datatype != b.datatype or a.shape != b.shape:
                     return f"{kind[:-1]} {b.describe()} where the family has {a.describe()}"
         return None
+
+
+def record_dtype(
+    specs: tuple[TensorSpec, ...], rows: Mapping[str, tuple[int, ...]] | None = None
+) -> np.dtype:
+    """The numpy record dtype that carries one request of several named tensors as one row.
+
+    A model with several inputs (or outputs) travels through the serving queues as a structured
+    array of shape ``(N,)``: one field per tensor, holding that tensor's row; the queues batch and
+    split it along the first dimension like any batch. ``rows`` gives the shape of a tensor whose
+    declaration has variable (``-1``) dimensions; a variable dimension with no shape given is a
+    ConfigError naming it."""
+    fields = []
+    for spec in specs:
+        if spec.datatype == "BYTES":
+            raise ConfigError(f"tensor {spec.describe()}: a model of several tensors takes no BYTES one yet")
+        shape = tuple((rows or {}).get(spec.name, spec.shape))
+        if -1 in shape:
+            raise ConfigError(f"tensor {spec.describe()} has a variable dimension: give it a fixed shape")
+        fields.append((spec.name, np.dtype(NUMPY_DTYPES[spec.datatype]), shape))
+    return np.dtype(fields)
+
+
+def records(arrays: Mapping[str, np.ndarray], specs: tuple[TensorSpec, ...]) -> np.ndarray:
+    """Named batches (one row per request) as one structured batch (see :func:`record_dtype`)."""
+    first = np.asarray(arrays[specs[0].name])
+    shapes = {s.name: tuple(np.asarray(arrays[s.name]).shape[1:]) for s in specs}
+    out = np.empty(len(first), dtype=record_dtype(specs, shapes))
+    for spec in specs:
+        out[spec.name] = arrays[spec.name]
+    return out
+
+
+def fields(batch: np.ndarray) -> dict[str, np.ndarray]:
+    """A structured batch's named tensors (views, not copies; made contiguous by the handlers)."""
+    return {name: batch[name] for name in batch.dtype.names or ()}
 
 
 class Handler(ABC):
