@@ -136,3 +136,13 @@ def test_a_loaded_warm_backup_becomes_the_replica_without_a_load():
     assert not [c for c in h.of(Load) if c.app == "R"]
     rec = h.state.warm[("R", "s1")]
     assert rec.backup.pinned and rec.state is BackupState.WARM and serving(h) == ["s0", "s1"]
+
+
+def test_a_replica_takes_the_room_of_warm_backups_when_no_server_has_any():
+    base = with_r(2)
+    small = (base.servers[0], Server("s1", "b", 350, 10), Server("s2", "b", 100, 10))
+    h = Harness(base.replace(servers=small))  # s1: 250 MB free beside A's backup, s2 too small
+    (load,) = [c for c in h.of(Load) if c.app == "R"]
+    assert load.server == "s1"
+    assert [(u.app, u.server, u.variant) for u in h.of(Unload)] == [("A", "s1", "small")]
+    assert ("A", "s1") not in h.state.warm and h.core.warm.dirty  # backups re-planned in what is left

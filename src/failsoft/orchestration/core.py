@@ -91,7 +91,7 @@ class Orchestrator:
         self.fx = Effects(state, settings.load_slots, now)
         self.warm = WarmBackups(self.fx)
         self.copies = MechanismCopies(self.fx, settings.drain_s)
-        self.replicas = Replicas(self.fx, settings.drain_s)
+        self.replicas = Replicas(self.fx, settings.drain_s, backups_released=self.warm.mark_dirty)
         self.operations = Operations(self.fx, settings, routes_moved_home=self.warm.mark_dirty)
         self.failed_queue: dict[str, float] = {}  # server -> when it was detected
         self.last_heard: dict[str, float] = {}

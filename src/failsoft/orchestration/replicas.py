@@ -23,7 +23,10 @@ decides from the ongoing requests the driver reports (:meth:`Replicas.observe`).
 server that does not serve the app yet and has the memory (what it holds, keeps and is loading)
 and the compute (``rate_rps`` times latency, per serving copy) for one more; a warm backup of the
 app's variant already loaded there is turned into the replica instead of loading another.
-Scaling down drops the replicas loaded last (loading ones first) and drains them like any copy.
+When no server has room, warm backups (not pinned) are released to make it, on the server that
+needs the fewest released: a replica serves, a backup waits for a failure, and the backups are
+re-planned afterwards in what is left. Scaling down drops replicas (loading ones first) and drains
+them like any copy.
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ class Replicas:
     """The replicas of the :class:`~failsoft.orchestration.core.Orchestrator`; see the module
     docstring. Its state: the apps' autoscalers, and back-offs of replicas that would not load."""
 
-    def __init__(self, effects: Effects, drain_s: float) -> None:
+    def __init__(self, effects: Effects, drain_s: float, backups_released: Callable[[], None]) -> None:
         self.fx, self.state, self.drain_s = effects, effects.state, drain_s
+        self.backups_released = backups_released
         self.scalers = {
             name: Autoscaler(rec.app.autoscaling)
             for name, rec in self.state.apps.items()
@@ -133,7 +137,7 @@ class Replicas:
                 free = srv.server.memory_mb - self.state.used_mb(name)
                 candidates.append((1, -free, name))
         if not candidates:
-            return None
+            return self._place_by_releasing(app, variant, taken)
         _, _, server = min(candidates)
         old = self.state.warm.get((app, server))
         record = WarmRecord(WarmBackup(app, variant, server, pinned=True), BackupState.LOADING, REPLICA_OWNER)
@@ -145,16 +149,58 @@ class Replicas:
         self.fx.publish(force=True)
         return server
 
-    def _fits(self, app: str, variant: str, server: str) -> bool:
-        """Memory and compute for one more copy of ``app`` on ``server``, as the core counts them."""
+    def _place_by_releasing(self, app: str, variant: str, taken: set[str]) -> str | None:
+        """Release warm backups (not pinned) where the fewest make room; the server (None: none)."""
+        options = []
+        for name, srv in self.state.servers.items():
+            if srv.state is None or not srv.live or name in taken or (app, name) in self.state.warm:
+                continue
+            release = self._release_for(app, variant, name)
+            if release is not None:
+                options.append((len(release), name, release))
+        if not options:
+            return None
+        _, server, release = min(options, key=lambda o: (o[0], o[1]))
+        for w in release:
+            b = w.backup
+            del self.state.warm[(b.app, b.server)]
+            log.info("warm backup of %s on %s released for a replica of %s", b.app, server, app)
+            if not self.fx.needed(b.app, b.server, b.variant):
+                self.fx.unload(b.server, b.app, b.variant)
+        self.backups_released()
+        return self.place(app)
+
+    def _release_for(self, app: str, variant: str, server: str) -> list[WarmRecord] | None:
+        """The fewest warm backups on ``server`` whose release lets a replica fit (None: none do)."""
+        backups = sorted(
+            (w for (_, s), w in self.state.warm.items() if s == server and not w.backup.pinned),
+            key=lambda w: (-self.state.variant(w.backup.app, w.backup.variant).memory_mb, w.backup.app),
+        )
         srv = self.state.servers[server].server
         demand = self.state.variant(app, variant).demand(self.state.apps[app].app.rate_rps)
-        loading = sum(
+        if self._compute_on(server) + demand.compute > srv.compute + 1e-9:
+            return None
+        free = srv.memory_mb - self.state.used_mb(server) - self._loading_mb(server)
+        release: list[WarmRecord] = []
+        for w in backups:
+            if free >= demand.memory_mb - 1e-9:
+                break
+            release.append(w)
+            free += self.state.variant(w.backup.app, w.backup.variant).memory_mb
+        return release if release and free >= demand.memory_mb - 1e-9 else None
+
+    def _loading_mb(self, server: str) -> float:
+        return sum(
             self.state.variant(j.app, j.variant).memory_mb
             for j in self.fx.jobs.values()
             if j.server == server and (j.app, j.variant) not in self.state.needed_on(server)
         )
-        memory = self.state.used_mb(server) + loading + demand.memory_mb
+
+    def _fits(self, app: str, variant: str, server: str) -> bool:
+        """Memory and compute for one more copy of ``app`` on ``server``, as the core counts them."""
+        srv = self.state.servers[server].server
+        demand = self.state.variant(app, variant).demand(self.state.apps[app].app.rate_rps)
+        memory = self.state.used_mb(server) + self._loading_mb(server) + demand.memory_mb
         return (
             memory <= srv.memory_mb + 1e-9 and self._compute_on(server) + demand.compute <= srv.compute + 1e-9
         )
