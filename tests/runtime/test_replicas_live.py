@@ -73,15 +73,18 @@ def app_status(client: Client, name: str) -> dict[str, Any]:
     return next(a for a in client.status()["apps"] if a["name"] == name)
 
 
-def replicas(client: Client, name: str, count: int) -> list[str]:
+def replicas(client: Client, name: str, count: int, route: str | None = None) -> list[str]:
+    """Wait until ``count`` servers serve ``name`` (its route ``route`` when given); them, route first."""
+
     def check() -> list[str] | None:
         status = client.status()
         app = next(a for a in status["apps"] if a["name"] == name)
         up = all(s["state"] == "up" for s in status["servers"])
         serving = app["replicas"]["serving"]
-        return serving if up and len(serving) == count and not app["replicas"]["loading"] else None
+        at = route is None or serving[:1] == [route]
+        return serving if up and at and len(serving) == count and not app["replicas"]["loading"] else None
 
-    return wait_for(check, 60.0, f"{name} served by {count} servers", 0.1)
+    return wait_for(check, 60.0, f"{name} served by {count} servers (route: {route or 'any'})", 0.1)
 
 
 def load(session: Session, app: str, seconds: float, in_flight: int) -> LoadThread:
@@ -115,17 +118,41 @@ def _run(session: Session, app: str, seconds: float, in_flight: int) -> list[Sam
 def test_a_replica_killed_under_load_fails_no_request_and_is_replaced(cluster):
     session, client = cluster
     (route, replica) = replicas(client, "hot", 2)
-    traffic = load(session, "hot", 6.0, in_flight=4)
-    time.sleep(1.5)
-    t_kill = client.admin("kill", server=replica)["killed"][0]["at"]
-    time.sleep(4.5)
-    samples = traffic.stop(30.0)
-    after = [s for s in samples if s.sent >= t_kill - 0.05]
-    assert after and not failed(samples), failed(samples)[:3]  # those on the dead server were retried
-    assert any(s.attempts > 1 for s in samples) or all(s.server == route for s in after)
-    assert all(s.server == route for s in samples if s.sent > t_kill + 0.5 and s.done < t_kill + 1.0)
+    samples, _ = _kill_under_load(session, client, replica)
+    retried = [s for s in samples if s.attempts > 1]
+    print(f"replica {replica} killed: {len(samples)} requests, {len(retried)} retried, 0 failed")
+    assert all(s.server == route for s in retried)  # those the dead server held went to the route
     serving = replicas(client, "hot", 2)  # replaced: on the third server, or the killed one back
     assert serving[0] == route
+
+
+def test_the_routes_server_killed_under_load_switches_to_a_replica_with_no_failed_request(cluster):
+    session, client = cluster
+    (route, replica) = replicas(client, "hot", 2)
+    samples, t_kill = _kill_under_load(session, client, route)
+    failover = next(
+        e
+        for e in client.recoveries()["events"]
+        if e["type"] == "failover" and e["app"] == "hot" and e["timestamp"] >= t_kill
+    )
+    assert (failover["kind"], failover["server"]) == ("warm", replica)
+    retried = [s for s in samples if s.attempts > 1]
+    print(f"route {route} killed: {len(samples)} requests, {len(retried)} retried, 0 failed")
+    assert all(s.server != route for s in retried)
+    replicas(client, "hot", 2, route=route)  # back home once the agent restarted, 2 serving
+
+
+def _kill_under_load(session: Session, client: Client, server: str) -> tuple[list[Sample], float]:
+    """Load on ``hot``, ``server`` killed 1.5 s in; every sample, and when it was killed. No request
+    may fail: those the dead server held are retried on another active route."""
+    traffic = load(session, "hot", 6.0, in_flight=4)
+    time.sleep(1.5)
+    t_kill = client.admin("kill", server=server)["killed"][0]["at"]
+    time.sleep(4.5)
+    samples = traffic.stop(30.0)
+    assert [s for s in samples if s.sent >= t_kill], "no request sent after the kill"
+    assert not failed(samples), failed(samples)[:3]
+    return samples, t_kill
 
 
 def test_autoscaling_scales_out_under_load_and_back_in_after_it(cluster):

@@ -57,6 +57,7 @@ from failsoft.orchestration.warm import WarmBackups
 from failsoft.policies.detection import HealthChange, HeartbeatDetector
 from failsoft.policies.failover.common import affected_apps, initial_ledger, warm_switches
 from failsoft.policies.failover.ledger import Ledger
+from failsoft.services import ServiceMode
 
 log = logging.getLogger(__name__)
 LONG_AGO_S = 3600.0
@@ -165,6 +166,8 @@ class Orchestrator:
     def scale(self, app: str, replicas: int, now: float) -> list[Command]:
         """Have ``replicas`` servers serve ``app`` (an autoscaled app's policy may change it again)."""
         self._check_app(app)
+        if any(app in s.members and s.mode is not ServiceMode.SINGLE for s in self.state.services.values()):
+            raise ValueError(f"app {app!r} is a member of a service: only apps served alone scale")
         if not 1 <= replicas <= len(self.state.servers):
             raise ValueError(f"app {app!r}: replicas must be 1 to {len(self.state.servers)}; got {replicas}")
         self.replicas.scale(app, replicas, reason="requested")
@@ -175,13 +178,10 @@ class Orchestrator:
             raise UnknownNameError(f"no app {app!r} (apps: {', '.join(sorted(self.state.apps))})")
 
     def _replicas_wait(self, app: str) -> bool:
-        """Replicas are placed once recoveries are done: they must not take what a failover needs."""
-        return (
-            app in self.operations
-            or bool(self.fx.unrouted)
-            or bool(self.failed_queue)
-            or self.planning is not None
-        )
+        """Replicas are placed once recoveries are done: they must not take what a failover needs
+        (an app the last plan could not place does not hold them back)."""
+        recovering = any(a not in self.fx.unrecovered for a in self.fx.unrouted)
+        return app in self.operations or recovering or bool(self.failed_queue) or self.planning is not None
 
     # inputs: health -----------------------------------------------------------------------------
     def heartbeat(self, server: str, at: float, incarnation: str | None = None) -> list[Command]:
