@@ -20,9 +20,7 @@ take that long, so that the concurrency, not the host's CPUs, decides the replic
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from failsoft.bench.cluster import private_state
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.runtime.loadgen import LoadSpec, LoadThread, Sample
@@ -59,12 +58,8 @@ def run(
     base = load_config(config_path)
     app = _app(base, settings.app)
     ensure_families(base, say)
-    state = Path(tempfile.mkdtemp(prefix="failsoft-bench-autoscale-state-"))
-    try:
-        cfg = base.replace(state_dir=state, store_url="sqlite", admin_token=None).with_gateway(port=0)
+    with private_state(base, "failsoft-bench-autoscale-state-") as cfg:
         return _run(cfg, app, settings, say)
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
 
 
 def _app(config: RuntimeConfig, name: str | None) -> str:
