@@ -11,7 +11,15 @@ from __future__ import annotations
 import pytest
 
 from failsoft.domain import App, Autoscaling, BackupState, Placement, Scenario, Server, WarmBackup
-from failsoft.orchestration import Load, Priority, Publish, Unload
+from failsoft.orchestration import (
+    ClusterState,
+    InspectPurpose,
+    Load,
+    Orchestrator,
+    Priority,
+    Publish,
+    Unload,
+)
 from tests.orchestration.test_core import HB, Harness, cluster
 
 
@@ -146,3 +154,23 @@ def test_a_replica_takes_the_room_of_warm_backups_when_no_server_has_any():
     assert load.server == "s1"
     assert [(u.app, u.server, u.variant) for u in h.of(Unload)] == [("A", "s1", "small")]
     assert ("A", "s1") not in h.state.warm and h.core.warm.dirty  # backups re-planned in what is left
+
+
+def test_a_resumed_controller_keeps_the_scaled_count_and_the_replicas_servers_still_hold():
+    scaling = Autoscaling(1, 3, target_ongoing_requests=1, upscale_delay_s=0.0)
+    h = Harness(with_r(1, scaling))
+    h.take(h.core.observe_ongoing("R", 3, 1.0))
+    for load in [c for c in h.loads.values() if c.app == "R"]:
+        h.take(h.core.load_done(load.load_id, True, 1.1))
+    assert serving(h) == ["s0", "s1", "s2"]
+    docs = h.state.to_docs()
+    state = ClusterState(with_r(1, scaling).replace(warm=None))
+    core = Orchestrator(state, h.settings, 10.0)
+    core.resume(docs, 10.0)
+    core.inspected("s0", InspectPurpose.VERIFY, {"models": [["A", "big"], ["B", "big"], ["R", "big"]]}, 10.1)
+    core.inspected("s1", InspectPurpose.VERIFY, {"models": [["R", "big"]]}, 10.1)
+    out = core.inspected("s2", InspectPurpose.VERIFY, {"models": []}, 10.1)  # lost its replica
+    assert core.ready and state.scale["R"] == 3
+    assert [p.server for p in state.serving("R")] == ["s0", "s1"]
+    (load,) = [c for c in out if isinstance(c, Load) and c.app == "R"]
+    assert load.server == "s2"  # the lost one is loaded again

@@ -127,6 +127,7 @@ class Orchestrator:
     def resume(self, docs: dict[str, Any], now: float) -> list[Command]:
         """Resume from a stored state: trust what servers report, not the store."""
         self.state.load_docs(docs)
+        self.replicas.rewatch()
         for name, rec in self.state.servers.items():
             if rec.state in (ServerState.FAILED, ServerState.RECOVERING):
                 rec.state = ServerState.FAILED

@@ -56,8 +56,15 @@ class Replicas:
             for name, rec in self.state.apps.items()
             if rec.app.autoscaling is not None
         }
+        self.watched: set[str] = set()  # apps that have or want replicas: the only ones reconciled
+        self.rewatch()
         self._stuck: dict[str, int] = {}  # app -> fx.changes when no server had room for a replica
         self._retry_at: dict[str, float] = {}  # app -> when a failed replica load may be tried again
+
+    def rewatch(self) -> None:
+        """Find the apps that have or want replicas again (after the state was read back)."""
+        self.watched = {a for a, n in self.state.scale.items() if n > 1} | set(self.scalers)
+        self.watched |= {w.backup.app for w in self.state.warm.values() if w.owner == REPLICA_OWNER}
 
     # inputs -------------------------------------------------------------------------------------
     def observe(self, app: str, ongoing: float, now: float) -> None:
@@ -77,6 +84,7 @@ class Replicas:
         if replicas == previous:
             return
         self.state.scale[app] = replicas
+        self.watched.add(app)
         self._stuck.pop(app, None)
         self.fx.emit("scale", app, None, replicas=replicas, previous=previous, reason=reason, **extra)
         self.fx.publish(force=True)
@@ -97,7 +105,8 @@ class Replicas:
     # the step -----------------------------------------------------------------------------------
     def reconcile(self, now: float, busy: Callable[[str], bool]) -> None:
         """Bring every routed app not ``busy`` (an operation or a plan under way) to its count."""
-        for name, wanted in self.state.scale.items():
+        for name in sorted(self.watched):
+            wanted = self.state.scale[name]
             have = self.state.replicas_of(name)
             if wanted <= 1 and not have:
                 continue
