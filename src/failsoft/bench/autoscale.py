@@ -23,6 +23,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -152,9 +153,7 @@ def _step(level: int, at: float, samples: list[Sample], serving: int, settle_s: 
         "failed": sum(1 for s in samples if not s.ok),
         "p99_ms": round(float(np.percentile(ok, 99)), 3) if ok else None,
         "replicas_at_end": serving,
-        "by_server": {
-            k: sum(1 for s in samples if s.server == k) for k in sorted({s.server or "-" for s in samples})
-        },
+        "by_server": dict(sorted(Counter(s.server or "-" for s in samples).items())),
     }
 
 

@@ -104,3 +104,28 @@ def test_metrics_export_replicas_and_ongoing_requests_per_app():
     assert 'failsoft_app_replicas{app="cam"} 2.0' in text
     assert 'failsoft_app_ongoing_requests{app="cam"} 3.0' in text
     assert 'failsoft_app_replicas{app="mic"} 1.0' in text
+
+
+def test_the_gateway_reports_autoscaled_apps_ongoing_requests_and_exports_them():
+    import time
+
+    from starlette.testclient import TestClient
+
+    from failsoft.clock import MonotonicClock
+    from tests.runtime.gateway.fakes import FakeAgent
+    from tests.runtime.gateway.test_gateway import gateway_of
+
+    clock = MonotonicClock()
+    agents = {s: FakeAgent(s, clock, latency_s=0.0) for s in ("s1", "s2")}  # type: ignore[arg-type]
+    gateway = gateway_of(agents)
+    controller = gateway.controller
+    controller.set_route("cam", with_replica(autoscaling=True))  # type: ignore[attr-defined]
+    with TestClient(gateway.app) as client:
+        deadline = time.monotonic() + 10.0
+        while not controller.ongoing_reports and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.05)
+        metrics = client.get("/metrics").text
+    assert controller.ongoing_reports[0] == {"cam": 0}  # type: ignore[attr-defined]  # ocr does not scale
+    assert 'failsoft_app_replicas{app="cam"} 2.0' in metrics
+    assert 'failsoft_app_replicas{app="ocr"} 1.0' in metrics
+    assert 'failsoft_app_ongoing_requests{app="cam"} 0.0' in metrics
