@@ -52,7 +52,7 @@ def test_a_replica_is_loaded_at_the_warm_priority_published_once_ready_and_count
     (load,) = [c for c in h.of(Load) if c.app == "R"]
     assert (load.server, load.variant, load.priority) == ("s2", "big", Priority.WARM)  # roomiest
     entry = h.state.routes()["R"]["replicas"]
-    assert entry == {"wanted": 2, "autoscaling": False, "serving": []}  # loading: not served yet
+    assert entry == {"wanted": 2, "autoscaling": False, "serving": [], "draining": []}  # loading
     out = h.finish("R", "big", 0.5)
     assert h.of(Publish, out)
     assert serving(h) == ["s0", "s2"]
@@ -122,8 +122,10 @@ def test_autoscaling_scales_out_after_the_upscale_delay_and_in_after_the_downsca
     assert (down["replicas"], down["previous"]) == (1, 3)
     assert serving(h) == ["s0"]
     assert not [c for c in h.of(Unload) if c.app == "R"]  # drained first: requests in flight finish
+    assert h.state.routes()["R"]["replicas"]["draining"] == ["s1", "s2"]  # the gateway lets them
     h.take(h.core.advance(4.6))
     assert sorted(c.server for c in h.of(Unload) if c.app == "R") == ["s1", "s2"]
+    assert h.state.routes()["R"]["replicas"]["draining"] == []
 
 
 def test_scale_by_hand_and_bad_input():

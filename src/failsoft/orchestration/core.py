@@ -659,6 +659,8 @@ class Orchestrator:
                 app, server, variant = payload
                 if self.state.live(server) and not self.fx.needed(app, server, variant):
                     self.fx.unload(server, app, variant)
+                if self.state.draining.pop((app, server), None) is not None:
+                    self.fx.publish(force=True)  # the gateway forgets the dropped replica
             elif kind == "attend":
                 self.fx.attention.add(payload)
                 self.fx.changes += 1

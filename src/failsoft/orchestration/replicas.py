@@ -234,6 +234,7 @@ class Replicas:
         for w in order[:count]:
             del self.state.warm[(app, w.backup.server)]
             if w.state is BackupState.WARM:
+                self.state.draining[(app, w.backup.server)] = w.backup.variant
                 self.fx.wake_at(now + self.drain_s, ("drain", (app, w.backup.server, w.backup.variant)))
         self.fx.changes += 1
         self.fx.publish(force=True)

@@ -132,6 +132,9 @@ class ClusterState:
         self.warm: dict[tuple[str, str], WarmRecord] = {}  # (app, server)
         # replicas each app should have (its route included): its config's, then the autoscaler's
         self.scale: dict[str, int] = {a.name: a.min_replicas for a in deployment.apps}
+        # replicas dropped by a scale-in, until their drain period ends: (app, server) -> variant;
+        # the gateway sends them nothing new but lets the requests they hold finish (not persisted)
+        self.draining: dict[tuple[str, str], str] = {}
         self.wall_offset = 0.0  # wall-clock seconds minus core seconds (see the module docstring)
         self._wall_synced = False
 
@@ -297,6 +300,7 @@ class ClusterState:
                     }
                     for p in self.serving(name)[1:]
                 ],
+                "draining": sorted(s for (a, s) in self.draining if a == name and self.live(s)),
             },
         }
         if rec.route is not None:

@@ -17,11 +17,13 @@ from tests.runtime.gateway.fakes import route_entry
 from tests.runtime.gateway.test_single_dispatcher import DEADLINE_S, with_rig
 
 
-def with_replica(server: str = "s2", autoscaling: bool = False) -> dict[str, Any]:
+def with_replica(
+    server: str | None = "s2", autoscaling: bool = False, draining: tuple[str, ...] = ()
+) -> dict[str, Any]:
     serving = [] if server is None else [{"server": server, "variant": "big", "accuracy": 0.9}]
     return {
         **route_entry("s1", "big"),
-        "replicas": {"wanted": 2, "autoscaling": autoscaling, "serving": serving},
+        "replicas": {"wanted": 2, "autoscaling": autoscaling, "serving": serving, "draining": list(draining)},
     }
 
 
@@ -73,6 +75,22 @@ async def test_a_hung_replica_dropped_from_the_table_gives_its_requests_to_the_r
     assert all(t.result().server == "s1" for t in tasks)
     assert sorted(rig.agents["s2"].cancelled) == sorted(c["request_id"] for c in rig.agents["s2"].calls)
     assert rig.clock.now() - 1000.0 < DEADLINE_S
+
+
+@with_rig
+async def test_a_replica_dropped_by_a_scale_in_finishes_what_it_holds_and_takes_nothing_new(rig):
+    await replicated(rig)
+    rig.agents["s2"].latency_s = 0.3
+    tasks = [rig.send(f"r{i}") for i in range(6)]
+    await rig.clock.run_for(0.01)
+    on_s2 = len(rig.agents["s2"].calls)
+    assert on_s2
+    await replicated(rig, server=None, draining=("s2",))  # scaled in: s2 drains
+    late = rig.send("late")
+    await rig.clock.run_for(0.5)
+    assert late.result().server == "s1"
+    assert sum(t.result().server == "s2" for t in tasks) == on_s2  # answered there, not moved
+    assert not rig.agents["s2"].cancelled and len(rig.agents["s2"].calls) == on_s2
 
 
 @with_rig

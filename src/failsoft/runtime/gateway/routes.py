@@ -89,10 +89,16 @@ class RouteMirror:
         self.pinned: dict[str, tuple[PinnedCopy, ...]] = {}
         self.replicas: dict[str, tuple[Route, ...]] = {}  # each app's loaded replicas besides its route
         self.autoscaled: frozenset[str] = frozenset()  # apps whose replicas follow their load
+        self.draining: dict[str, frozenset[str]] = {}  # servers of replicas dropped, still finishing
         self._changed = asyncio.Event()
 
     def route(self, app: str) -> Route | None:
         return self.routes.get(app)
+
+    def finishing(self, app: str, server: str) -> bool:
+        """Whether ``app`` has a replica on ``server`` that was dropped (scaled in) and finishes
+        the requests it holds: nothing new goes there, what is there is not moved."""
+        return server in self.draining.get(app, ())
 
     def active(self, app: str) -> tuple[Route, ...]:
         """Every route serving ``app`` now: its route (first), then its loaded replicas."""
@@ -117,6 +123,7 @@ class RouteMirror:
             name: tuple(Route.replica(r) for r in rep.get("serving", ())) for name, rep in replicas.items()
         }
         self.autoscaled = frozenset(name for name, rep in replicas.items() if rep.get("autoscaling"))
+        self.draining = {name: frozenset(rep.get("draining", ())) for name, rep in replicas.items()}
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -94,7 +94,8 @@ class Watch:
     better one). :meth:`leaves_server`: only the route moving to another server (a copy that stays
     valid while the controller re-routes the app on its own server, or unroutes it for a while:
     HAMS's primary, a Jellyfish worker). :meth:`serves_on`: ``app`` no longer served on ``server``
-    at all, by its route or a replica (a call on one of several replicas).
+    at all, by its route or a replica, nor finishing there after a scale-in (a call on one of
+    several replicas).
     """
 
     app: str
@@ -122,6 +123,9 @@ class Watch:
     def moved_in(self, routes: RouteMirror) -> bool:
         """Whether the watch no longer holds in the table ``routes`` mirrors."""
         if self.any_active:
+            assert self.server is not None
+            if routes.finishing(self.app, self.server):
+                return False
             return all(r.server != self.server for r in routes.active(self.app))
         return self.moved(routes.route(self.app))
 
