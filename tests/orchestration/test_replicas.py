@@ -176,3 +176,15 @@ def test_a_resumed_controller_keeps_the_scaled_count_and_the_replicas_servers_st
     assert [p.server for p in state.serving("R")] == ["s0", "s1"]
     (load,) = [c for c in out if isinstance(c, Load) and c.app == "R"]
     assert load.server == "s2"  # the lost one is loaded again
+
+
+def test_scaling_out_again_while_a_replica_drains_takes_it_back_without_a_load():
+    h = Harness(with_r(2))
+    h.finish("R", "big", 0.1)
+    h.take(h.core.scale("R", 1, 1.0))
+    assert h.state.routes()["R"]["replicas"]["draining"] == ["s2"]
+    h.take(h.core.scale("R", 2, 1.05))
+    assert serving(h) == ["s0", "s2"] and h.state.routes()["R"]["replicas"]["draining"] == []
+    h.take(h.core.advance(1.5))  # the drain timer finds the model needed again
+    assert not [c for c in h.of(Unload) if c.app == "R"]
+    assert len([c for c in h.of(Load) if c.app == "R"]) == 1

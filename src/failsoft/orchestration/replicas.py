@@ -25,8 +25,10 @@ and the compute (``rate_rps`` times latency, per serving copy) for one more; a w
 app's variant already loaded there is turned into the replica instead of loading another.
 When no server has room, warm backups (not pinned) are released to make it, on the server that
 needs the fewest released: a replica serves, a backup waits for a failure, and the backups are
-re-planned afterwards in what is left. Scaling down drops replicas (loading ones first) and drains
-them like any copy.
+re-planned afterwards in what is left. Scaling down drops replicas (loading ones first); a loaded
+one is published as *draining* (``ClusterState.draining``) until the drain period ends, so that the
+gateway sends it nothing new but lets it finish what it holds, then it is unloaded; scaling out
+again meanwhile takes a draining replica back without a load.
 """
 
 from __future__ import annotations
@@ -140,8 +142,10 @@ class Replicas:
             backup = self.state.warm.get((app, name))
             if backup is not None and backup.backup.pinned:
                 continue  # a replica already, or a mechanism's copy
-            if backup is not None and backup.backup.variant == variant and backup.state is BackupState.WARM:
-                candidates.append((0, 0.0, name))  # a loaded backup becomes the replica at once
+            warm = (variant, BackupState.WARM)
+            loaded = backup is not None and (backup.backup.variant, backup.state) == warm
+            if loaded or self.state.draining.get((app, name)) == variant:
+                candidates.append((0, 0.0, name))  # a loaded backup or a draining replica serves at once
             elif self._fits(app, variant, name):
                 free = srv.server.memory_mb - self.state.used_mb(name)
                 candidates.append((1, -free, name))
@@ -151,8 +155,8 @@ class Replicas:
         old = self.state.warm.get((app, server))
         record = WarmRecord(WarmBackup(app, variant, server, pinned=True), BackupState.LOADING, REPLICA_OWNER)
         self.state.warm[(app, server)] = record
-        if old is not None:  # the backup serves from now on
-            record.state = BackupState.WARM
+        if old is not None or self.state.draining.pop((app, server), None) == variant:
+            record.state = BackupState.WARM  # the backup, or the replica that was draining, serves on
         else:
             self.fx.load(app, server, variant, Priority.WARM, pinned=True)
         self.fx.publish(force=True)
