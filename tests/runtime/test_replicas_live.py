@@ -100,7 +100,7 @@ def test_replicas_2_serves_from_both_servers(cluster):
     session, client = cluster
     (route, replica) = replicas(client, "hot", 2)
     assert route == "s1" and replica in ("s2", "s3")
-    samples = _run(session, "hot", 3.0, 4)
+    samples = _run(session, "hot", 200, 4)
     assert samples and not failed(samples), failed(samples)[:3]
     by_server = Counter(s.server for s in samples)
     assert set(by_server) == {route, replica} and min(by_server.values()) > len(samples) / 5, by_server
@@ -109,10 +109,15 @@ def test_replicas_2_serves_from_both_servers(cluster):
     assert 'failsoft_app_ongoing_requests{app="hot"}' in metrics
 
 
-def _run(session: Session, app: str, seconds: float, in_flight: int) -> list[Sample]:
-    traffic = load(session, app, seconds, in_flight)
-    time.sleep(seconds)
+def _run(session: Session, app: str, count: int, in_flight: int) -> list[Sample]:
+    """About ``count`` answers to ``app`` (the load thread's start is slow on a busy machine)."""
+    traffic = load(session, app, 120.0, in_flight)
+    flowing(traffic, count)
     return traffic.stop(30.0)
+
+
+def flowing(traffic: LoadThread, count: int) -> None:
+    wait_for(lambda: len(traffic.samples) >= count, 60.0, f"{count} answers", 0.05)
 
 
 def test_a_replica_killed_under_load_fails_no_request_and_is_replaced(cluster):
@@ -143,10 +148,10 @@ def test_the_routes_server_killed_under_load_switches_to_a_replica_with_no_faile
 
 
 def _kill_under_load(session: Session, client: Client, server: str) -> tuple[list[Sample], float]:
-    """Load on ``hot``, ``server`` killed 1.5 s in; every sample, and when it was killed. No request
-    may fail: those the dead server held are retried on another active route."""
-    traffic = load(session, "hot", 6.0, in_flight=4)
-    time.sleep(1.5)
+    """Load on ``hot``, ``server`` killed once 50 answers came; every sample, and when it was
+    killed. No request may fail: those the dead server held are retried on another active route."""
+    traffic = load(session, "hot", 60.0, in_flight=4)
+    flowing(traffic, 50)
     t_kill = client.admin("kill", server=server)["killed"][0]["at"]
     time.sleep(4.5)
     samples = traffic.stop(30.0)
@@ -162,7 +167,7 @@ def test_autoscaling_scales_out_under_load_and_back_in_after_it(cluster):
         client.admin("slow", server=server, ms=20)  # 4 requests in flight: more than 1 replica keeps
     t0 = time.time()
     try:
-        traffic = load(session, "auto", 8.0, in_flight=4)
+        traffic = load(session, "auto", 120.0, in_flight=4)
         out = replicas(client, "auto", 2)
         metrics = httpx.get(f"{session.url}/metrics").text
         time.sleep(1.0)
