@@ -38,6 +38,7 @@ from failsoft.runtime.loadgen import LoadSpec, LoadThread, Sample
 
 Progress = Callable[[str], None]
 STATUS_S = 0.25
+START_S = 60.0  # how long a step's load may take to start answering
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +95,10 @@ def _run(cfg: RuntimeConfig, app: str, settings: AutoscaleSettings, say: Progres
         for level in (*settings.levels, settings.levels[0]):
             say(f"[autoscale] {level} requests in flight for {settings.step_s:g} s")
             start = time.time()
-            spec = LoadSpec(session.url, {app: (size,)}, 0.001, 10.0, settings.step_s,
+            spec = LoadSpec(session.url, {app: (size,)}, 0.001, 10.0, settings.step_s + START_S,
                             max_in_flight=level, seed=level)  # fmt: skip
             traffic = LoadThread(spec).start()
+            _until_flowing(traffic)  # the step counts from its first answer
             time.sleep(settings.step_s)
             got = traffic.stop(30.0)
             samples += got
@@ -155,6 +157,14 @@ def _step(level: int, at: float, samples: list[Sample], serving: int, settle_s: 
         "replicas_at_end": serving,
         "by_server": dict(sorted(Counter(s.server or "-" for s in samples).items())),
     }
+
+
+def _until_flowing(traffic: LoadThread) -> None:
+    """Wait (at most :data:`START_S`) for the load thread's first answer: its start (an event loop,
+    a client, the digits inputs) takes seconds on a busy machine."""
+    deadline = time.monotonic() + START_S
+    while not traffic.samples and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def _wait_back(watch: _Watch, replicas: int, timeout_s: float) -> float | None:
