@@ -192,6 +192,8 @@ class App:
     """A served application: one family, a primary placement, a request rate and an SLO.
 
     ``slo_ms`` of ``None`` means no latency bound; ``primary`` of ``None`` means not placed yet.
+    ``replicas`` is how many servers serve it at once (its route and ``replicas - 1`` copies the
+    core places); ``autoscaling``, when set, lets the load move that number between its bounds.
     """
 
     name: str
@@ -200,9 +202,41 @@ class App:
     critical: bool = False
     rate_rps: float = 1.0
     slo_ms: float | None = None
+    replicas: int = 1
+    autoscaling: Autoscaling | None = None
 
     def meets_slo(self, variant: Variant) -> bool:
         return self.slo_ms is None or variant.latency_ms <= self.slo_ms + _EPS
+
+    @property
+    def min_replicas(self) -> int:
+        """The replicas it starts with (and never goes below)."""
+        return self.autoscaling.min_replicas if self.autoscaling is not None else self.replicas
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscaling:
+    """Ray Serve's autoscaling config for one app: keep ``target_ongoing_requests`` requests in
+    flight per replica, between ``min_replicas`` and ``max_replicas``; a decision to scale up (down)
+    is carried out once it held for ``upscale_delay_s`` (``downscale_delay_s``), on the average of
+    the ongoing requests over the last ``look_back_s``. (Ray Serve's defaults wait 30 s and 600 s;
+    failsoft's are short, for clusters whose models load in milliseconds.)"""
+
+    __pydantic_config__: ClassVar[dict[str, Any]] = STRICT
+
+    min_replicas: Annotated[int, Ge(1), Le(64)] = 1
+    max_replicas: Annotated[int, Ge(1), Le(64)] = 2
+    target_ongoing_requests: Annotated[float, Gt(0)] = 2.0
+    upscale_delay_s: Annotated[float, Ge(0), Le(3600)] = 1.0
+    downscale_delay_s: Annotated[float, Ge(0), Le(3600)] = 5.0
+    look_back_s: Annotated[float, Gt(0), Le(600)] = 1.0
+
+    def __post_init__(self) -> None:
+        check_bounds(self)
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"Autoscaling.min_replicas ({self.min_replicas}) is above max_replicas ({self.max_replicas})"
+            )
 
 
 @dataclass(frozen=True, slots=True)

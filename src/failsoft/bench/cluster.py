@@ -4,15 +4,19 @@ the user's config once for them."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from failsoft.errors import ConfigError, FailsoftError
+from failsoft.runtime.config import RuntimeConfig
 
 
 def read_bench_config(path: Path, root: str | Path | None) -> dict[str, Any]:
@@ -29,6 +33,17 @@ def read_bench_config(path: Path, root: str | Path | None) -> dict[str, Any]:
         data["repository"] = str(Path(root).expanduser().resolve())
     data["gateway"] = {**(data.get("gateway") or {}), "port": 0}
     return data
+
+
+@contextlib.contextmanager
+def private_state(config: RuntimeConfig, prefix: str) -> Iterator[RuntimeConfig]:
+    """``config`` for a benchmark's own cluster: a fresh state directory (removed afterwards), the
+    SQLite store, a generated admin token and the gateway on a free port."""
+    state = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield config.replace(state_dir=state, store_url="sqlite", admin_token=None).with_gateway(port=0)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def with_service_params(data: Mapping[str, Any], service: str, **params: Any) -> dict[str, Any]:

@@ -35,12 +35,10 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -82,6 +80,7 @@ class ServingSettings:
 def run(
     config_path: str | Path, settings: ServingSettings, progress: Progress | None = None
 ) -> dict[str, Any]:
+    from failsoft.bench.cluster import private_state
     from failsoft.bench.models import ensure_families
     from failsoft.runtime.session import prepare
 
@@ -89,14 +88,10 @@ def run(
     base = load_config(config_path)
     app = _app(base, settings.app)
     ensure_families(base.replace(apps=(app,)), say)
-    state = Path(tempfile.mkdtemp(prefix="failsoft-bench-serving-state-"))
-    try:
-        cfg = base.replace(state_dir=state, store_url="sqlite", admin_token=None).with_gateway(port=0)
+    with private_state(base, "failsoft-bench-serving-state-") as cfg:
         primary = next(a.primary for a in prepare(cfg).deployment.apps if a.name == app.name)
         assert primary is not None
         return _run(cfg, app.name, app.family, primary.variant, settings, say)
-    finally:
-        shutil.rmtree(state, ignore_errors=True)
 
 
 def _run(

@@ -374,6 +374,34 @@ def rollout(
     _emit(run(config, period_s=period_s, warmup_s=warmup_s, progress=_progress), out)
 
 
+@app.command("autoscale")
+def autoscale(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML), e.g. examples/autoscale.yaml", show_default=False)
+    ],
+    app_name: Annotated[
+        str | None, typer.Option("--app", help="The autoscaled app (default: the config's first)")
+    ] = None,
+    levels: Annotated[
+        list[int] | None,
+        typer.Option("--level", "-l", min=1, max=1024, help="Requests in flight per step (default 1 2 4 8)"),
+    ] = None,
+    step_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds per step")] = 8.0,
+    slow_ms: Annotated[
+        float, typer.Option(min=0, max=10_000, help="Latency added to every inference (a slower model)")
+    ] = 0.0,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """An autoscaled app under a load ramp: replicas over time, p99 against the unloaded p99,
+    failed requests, and whether it scaled back in."""
+    from failsoft.bench.autoscale import AutoscaleSettings, run
+
+    settings = AutoscaleSettings(
+        app=app_name, levels=tuple(levels or (1, 2, 4, 8)), step_s=step_s, slow_ms=slow_ms
+    )
+    _emit(run(config, settings, progress=_progress), out)
+
+
 def _progress(message: str) -> None:
     typer.echo(message, err=True)
 

@@ -85,6 +85,7 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
                 "kind": a["kind"],
                 "degraded": a["degraded"],
                 "warm_backups": a["warm_backups"],
+                "replicas": a.get("replicas"),
                 "last_failover": a.get("last_failover"),
             }
             for a in body["apps"]
@@ -150,6 +151,9 @@ def app_table(body: dict[str, Any]) -> Any:
         shown = "[red]none[/]" if route is None else f"{route['server']}/{route['variant']}"
         if a["degraded"]:
             shown += " [yellow](degraded)[/]"
+        replicas = a.get("replicas") or {}
+        if replicas.get("wanted", 1) > 1 or len(replicas.get("serving", ())) > 1:  # route, then replicas
+            shown += f" + {', '.join(replicas['serving'][1:]) or '-'} ({replicas['wanted']} wanted)"
         warm = ", ".join(f"{w['server']}/{w['variant']} ({w['state']})" for w in a["warm_backups"]) or "-"
         primary = f"{a['primary']['server']}/{a['primary']['variant']}"
         table.add_row(

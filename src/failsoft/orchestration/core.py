@@ -39,6 +39,7 @@ from failsoft.domain import (
     ProactivePlan,
     ServerState,
 )
+from failsoft.errors import UnknownNameError
 from failsoft.orchestration.commands import (
     Command,
     Emit,
@@ -52,12 +53,14 @@ from failsoft.orchestration.deploy import DeployPlan, Desired, Running, apply_pl
 from failsoft.orchestration.deploy_run import Deploys
 from failsoft.orchestration.effects import Effects
 from failsoft.orchestration.operations import Group, Operations
+from failsoft.orchestration.replicas import Replicas
 from failsoft.orchestration.settings import OrchestrationSettings
-from failsoft.orchestration.state import ClusterState, RouteKind
+from failsoft.orchestration.state import REPLICA_OWNER, ClusterState, RouteKind
 from failsoft.orchestration.warm import WarmBackups
 from failsoft.policies.detection import HealthChange, HeartbeatDetector
 from failsoft.policies.failover.common import affected_apps, initial_ledger, warm_switches
 from failsoft.policies.failover.ledger import Ledger
+from failsoft.services import ServiceMode
 
 log = logging.getLogger(__name__)
 LONG_AGO_S = 3600.0
@@ -92,6 +95,7 @@ class Orchestrator:
         self.fx = Effects(state, settings.load_slots, now)
         self.warm = WarmBackups(self.fx)
         self.copies = MechanismCopies(self.fx, settings.drain_s)
+        self.replicas = Replicas(self.fx, settings.drain_s, backups_released=self.warm.mark_dirty)
         self.operations = Operations(
             self.fx, settings, routes_moved_home=self.warm.mark_dirty, home_ended=self._home_ended
         )
@@ -129,6 +133,7 @@ class Orchestrator:
     def resume(self, docs: dict[str, Any], now: float) -> list[Command]:
         """Resume from a stored state: trust what servers report, not the store."""
         self.state.load_docs(docs)
+        self.replicas.rewatch()
         for name, rec in self.state.servers.items():
             if rec.state in (ServerState.FAILED, ServerState.RECOVERING):
                 rec.state = ServerState.FAILED
@@ -200,6 +205,34 @@ class Orchestrator:
         if self.copies.unpin(app, server, owner, now):
             self.warm.mark_dirty()
         return self._flush(now)
+
+    # inputs: replicas and autoscaling (see orchestration/replicas.py) -------------------------
+    def observe_ongoing(self, app: str, ongoing: float, now: float) -> list[Command]:
+        """``app`` has ``ongoing`` requests in flight across its replicas (the gateway's count, or
+        the simulator's): an autoscaled app's replica count follows (Ray Serve's rule)."""
+        self._check_app(app)
+        self.replicas.observe(app, ongoing, now)
+        return self._flush(now)
+
+    def scale(self, app: str, replicas: int, now: float) -> list[Command]:
+        """Have ``replicas`` servers serve ``app`` (an autoscaled app's policy may change it again)."""
+        self._check_app(app)
+        if any(app in s.members and s.mode is not ServiceMode.SINGLE for s in self.state.services.values()):
+            raise ValueError(f"app {app!r} is a member of a service: only apps served alone scale")
+        if not 1 <= replicas <= len(self.state.servers):
+            raise ValueError(f"app {app!r}: replicas must be 1 to {len(self.state.servers)}; got {replicas}")
+        self.replicas.scale(app, replicas, reason="requested")
+        return self._flush(now)
+
+    def _check_app(self, app: str) -> None:
+        if app not in self.state.apps:
+            raise UnknownNameError(f"no app {app!r} (apps: {', '.join(sorted(self.state.apps))})")
+
+    def _replicas_wait(self, app: str) -> bool:
+        """Replicas are placed once recoveries are done: they must not take what a failover needs
+        (an app the last plan could not place does not hold them back)."""
+        recovering = any(a not in self.fx.unrecovered for a in self.fx.unrouted)
+        return app in self.operations or recovering or bool(self.failed_queue) or self.planning is not None
 
     # inputs: health -----------------------------------------------------------------------------
     def heartbeat(self, server: str, at: float, incarnation: str | None = None) -> list[Command]:
@@ -383,7 +416,8 @@ class Orchestrator:
         failover: ``warm``, or ``promoted`` for a pinned copy."""
         rec = self.state.apps[app]
         backup = self.state.warm.pop((app, server))
-        kind = RouteKind.PROMOTED if backup.backup.pinned else RouteKind.WARM
+        promoted = backup.backup.pinned and backup.owner != REPLICA_OWNER  # a replica is a warm switch
+        kind = RouteKind.PROMOTED if promoted else RouteKind.WARM
         self.fx.set_route(rec, Placement(server, backup.backup.variant), kind, detected_at, now)
         return kind.value
 
@@ -491,6 +525,9 @@ class Orchestrator:
             if ok and not self.fx.needed(job.app, job.server, job.variant):
                 self.fx.unload(job.server, job.app, job.variant)
         elif job.pinned:
+            rec = self.state.warm.get((job.app, job.server))
+            if rec is not None and rec.owner == REPLICA_OWNER and rec.backup.variant == job.variant:
+                self.replicas.loaded(ok, job.app, now)
             self.copies.loaded(ok, job.app, job.server, job.variant, now)
         elif job.warm:
             self.warm.loaded(load_id, ok, job.app, job.server, job.variant)
@@ -590,6 +627,7 @@ class Orchestrator:
         self._progress_deploy(now)
         if self.ready:
             self._reconcile(now)
+            self.replicas.reconcile(now, self._replicas_wait)
             self._collect_garbage(now)
         self.fx.publish()
 
@@ -608,9 +646,10 @@ class Orchestrator:
             self.phase = Phase.DEPLOYING
         if self.phase is Phase.DEPLOYING and not self.operations and self.planning is None:
             self.phase = Phase.WARMING
+            self.replicas.reconcile(now, self._replicas_wait)  # replicas first, backups in what is left
             if self.settings.replan_warm:
                 self.warm.start()
-        if self.phase is Phase.WARMING and not self.warm.busy:
+        if self.phase is Phase.WARMING and not self.warm.busy and not self.replicas.loading:
             self.warm.dirty = False
             self._become_ready(now, resumed=False)
 
@@ -672,6 +711,8 @@ class Orchestrator:
                 app, server, variant = payload
                 if self.state.live(server) and not self.fx.needed(app, server, variant):
                     self.fx.unload(server, app, variant)
+                if self.state.draining.pop((app, server), None) is not None:
+                    self.fx.publish(force=True)  # the gateway forgets the dropped replica
             elif kind == "attend":
                 self.fx.attention.add(payload)
                 self.fx.changes += 1

@@ -47,6 +47,7 @@ class RouteKind(StrEnum):
 
 
 LIVE = (ServerState.UP, ServerState.SUSPECT)
+REPLICA_OWNER = "replica"  # the owner of a pinned copy that is one of its app's replicas
 WALL_DRIFT_S = 0.05  # how far the wall clock may drift from the core's before the offset follows it
 
 
@@ -129,6 +130,11 @@ class ClusterState:
         self.servers = {s.name: ServerRecord(s) for s in deployment.servers}
         self.apps = {a.name: AppRecord(a) for a in deployment.apps}
         self.warm: dict[tuple[str, str], WarmRecord] = {}  # (app, server)
+        # replicas each app should have (its route included): its config's, then the autoscaler's
+        self.scale: dict[str, int] = {a.name: a.min_replicas for a in deployment.apps}
+        # replicas dropped by a scale-in, until their drain period ends: (app, server) -> variant;
+        # the gateway sends them nothing new but lets the requests they hold finish (not persisted)
+        self.draining: dict[tuple[str, str], str] = {}
         self.wall_offset = 0.0  # wall-clock seconds minus core seconds (see the module docstring)
         self._wall_synced = False
 
@@ -228,6 +234,19 @@ class ClusterState:
     def pinned_of(self, app: str) -> list[WarmRecord]:
         return [w for w in self.warm_of(app) if w.backup.pinned]
 
+    def replicas_of(self, app: str) -> list[WarmRecord]:
+        """``app``'s replicas besides its route (pinned copies owned by :data:`REPLICA_OWNER`)."""
+        return [w for w in self.warm_of(app) if w.backup.pinned and w.owner == REPLICA_OWNER]
+
+    def serving(self, app: str) -> list[Placement]:
+        """Where ``app`` serves now: its route, then its loaded replicas (by server)."""
+        rec = self.apps[app]
+        out = [] if rec.route is None else [rec.route]
+        for w in sorted(self.replicas_of(app), key=lambda w: w.backup.server):
+            if w.state is BackupState.WARM and self.live(w.backup.server):
+                out.append(Placement(w.backup.server, w.backup.variant))
+        return out
+
     # the policies' view ----------------------------------------------------------------------
     def snapshot(self, with_warm: bool = True, live_only: bool = False) -> Scenario:
         """The scenario policies plan on.
@@ -303,6 +322,19 @@ class ClusterState:
                 }
                 for w in self.pinned_of(name)
             ],
+            "replicas": {
+                "wanted": self.scale.get(name, 1),
+                "autoscaling": rec.app.autoscaling is not None,
+                "serving": [
+                    {
+                        "server": p.server,
+                        "variant": p.variant,
+                        "accuracy": self.variant(name, p.variant).accuracy,
+                    }
+                    for p in self.serving(name)[1:]
+                ],
+                "draining": sorted(s for (a, s) in self.draining if a == name and self.live(s)),
+            },
         }
         if rec.route is not None:
             served = self.variant(name, rec.route.variant)
@@ -358,7 +390,15 @@ class ClusterState:
                     "warm_backups": [
                         {"server": w.backup.server, "variant": w.backup.variant, "state": w.state.value}
                         for w in self.warm_of(name)
+                        if w.owner != REPLICA_OWNER
                     ],
+                    "replicas": {
+                        "wanted": self.scale.get(name, 1),
+                        "serving": [p.server for p in self.serving(name)],
+                        "loading": sorted(
+                            w.backup.server for w in self.replicas_of(name) if w.state is BackupState.LOADING
+                        ),
+                    },
                     "last_failover": _shift_at(rec.last_failover, self.wall_offset),
                 }
             )
@@ -381,6 +421,7 @@ class ClusterState:
                 }
                 for (a, s), w in self.warm.items()
             },
+            "scale": {a: {"replicas": n} for a, n in self.scale.items()},
         }
 
     def load_docs(self, docs: dict[str, dict[str, dict[str, Any]]]) -> None:
@@ -403,6 +444,9 @@ class ClusterState:
                 backup = WarmBackup(doc["app"], doc["variant"], doc["server"], bool(doc.get("pinned")))
                 record = WarmRecord(backup, BackupState(doc["state"]), doc.get("owner"))
                 self.warm[(backup.app, backup.server)] = record
+        for name, doc in docs.get("scale", {}).items():
+            if name in self.scale:
+                self.scale[name] = int(doc["replicas"])
 
 
 def _shift(t: float | None, by: float) -> float | None:

@@ -222,6 +222,10 @@ class ControllerRef(_ActorRef):
     async def report_unhealthy(self, server: str, reason: str, timeout_s: float = 5.0) -> bool:
         return await self._call("report_unhealthy", server, reason, timeout_s=timeout_s)
 
+    async def report_ongoing(self, counts: dict[str, int], timeout_s: float = 2.0) -> None:
+        """The gateway's requests in flight per autoscaled app (``Controller.report_ongoing``)."""
+        await self._call("report_ongoing", counts, timeout_s=timeout_s)
+
     async def pin(self, request: CopyRequest, timeout_s: float = 5.0) -> str:
         """Ask the core for a mechanism's copy (``Controller.pin``); the server it is pinned on."""
         return str(await self._call("pin", request, timeout_s=timeout_s))

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from failsoft.domain import PolicyParams, Server
+from failsoft.domain import Autoscaling, PolicyParams, Server
 from failsoft.errors import ConfigError
 from failsoft.policies.queueing import QueueParams
 from failsoft.policies.registry import failover_names as policy_names
@@ -83,6 +83,8 @@ class AppModel(_Strict):
     rate_rps: float = Field(default=1.0, ge=0)
     slo_ms: float | None = Field(default=None, gt=0)
     primary: PrimaryModel | None = None
+    replicas: int | None = Field(default=None, ge=1, le=64)  # fixed; or autoscaling, not both
+    autoscaling: Autoscaling | None = None
 
 
 def _policy_fields() -> dict[str, Any]:
@@ -216,6 +218,8 @@ class AppConfig:
     slo_ms: float | None
     server: str | None
     variant: str | None
+    replicas: int = 1  # servers serving it at once (autoscaling's min_replicas when it scales)
+    autoscaling: Autoscaling | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,9 +363,20 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
                 f"(servers: {', '.join(sorted(names))})"
             )
         apps.append(
-            AppConfig(a.name, a.family, a.critical, a.rate_rps, a.slo_ms, primary.server, primary.variant)
+            AppConfig(
+                a.name,
+                a.family,
+                a.critical,
+                a.rate_rps,
+                a.slo_ms,
+                primary.server,
+                primary.variant,
+                _replicas(a, i, len(servers), source),
+                a.autoscaling,
+            )
         )
     services = build_services(spec.services, {a.name: a for a in apps}, source)
+    _check_scaled_members(services, apps, source)
     repository = resolve_repository(_path(spec.repository, base_dir) if spec.repository else None)
     _check_graph_state(services, {a.name: a for a in apps}, repository, source)
     state_dir = _path(spec.state_dir, base_dir) if spec.state_dir else default_state_dir() / spec.name
@@ -403,6 +418,30 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
             spec.telemetry.traces, spec.telemetry.log_format, spec.telemetry.access_log
         ),
     )
+
+
+def _replicas(a: AppModel, i: int, servers: int, source: str) -> int:
+    """An app's starting replica count; one replica per server at most (each is a copy on its own)."""
+    where = f"{source}: apps[{i}] ({a.name!r})"
+    if a.replicas is not None and a.autoscaling is not None:
+        raise ConfigError(f"{where}: give replicas (a fixed count) or autoscaling, not both")
+    most = a.autoscaling.max_replicas if a.autoscaling is not None else (a.replicas or 1)
+    if most > servers:
+        key = "autoscaling.max_replicas" if a.autoscaling is not None else "replicas"
+        raise ConfigError(f"{where}: {key} is {most}, but there are {servers} servers (one replica each)")
+    return a.autoscaling.min_replicas if a.autoscaling is not None else (a.replicas or 1)
+
+
+def _check_scaled_members(services: tuple[Service, ...], apps: list[AppConfig], source: str) -> None:
+    """Replicas are for apps served alone: a service's mechanism decides where its members serve."""
+    scaled = {a.name for a in apps if a.replicas > 1 or a.autoscaling is not None}
+    for service in services:
+        for member in service.members:
+            if member in scaled:
+                raise ConfigError(
+                    f"{source}: app {member!r} has replicas or autoscaling but is a member of "
+                    f"service {service.name!r} ({service.mode.value}): only apps served alone scale"
+                )
 
 
 def _placements(spec: ConfigModel, source: str) -> tuple[tuple[str, Placement], ...]:

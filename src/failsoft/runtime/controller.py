@@ -193,6 +193,16 @@ class Controller:
         self._feed(commands)
         return bool(commands)
 
+    async def report_ongoing(self, counts: dict[str, int]) -> None:
+        """The gateway's requests in flight per autoscaled app: the core's autoscaling reads them
+        (Ray Serve's rule; a ``scale`` event when an app's replica count changes)."""
+        if not self.core.ready:
+            return
+        now = self.clock.now()
+        for app, ongoing in counts.items():
+            if app in self.state.apps:
+                self._feed(self.core.observe_ongoing(app, float(ongoing), now))
+
     async def pin(self, request: CopyRequest) -> str:
         """A mechanism's copy (a Jellyfish rung, a HAMS backup): the core plans its load, counts it
         and publishes it in the routing table (``pinned``, ``ready`` once loaded). The server it is

@@ -68,7 +68,10 @@ def resolve(
             )
         free[server] = free[server] - demand
         placed[app.name] = Placement(server, chosen[app.name].name)
-    apps = tuple(App(a.name, a.family, placed[a.name], a.critical, a.rate_rps, a.slo_ms) for a in config.apps)
+    apps = tuple(
+        App(a.name, a.family, placed[a.name], a.critical, a.rate_rps, a.slo_ms, a.replicas, a.autoscaling)
+        for a in config.apps
+    )
     used = tuple(f for f in families if any(a.family == f.name for a in config.apps))
     return Scenario(config.servers, used, apps, config.params, None, config.services)
 

@@ -52,6 +52,7 @@ class FakeController:
         self.resumed = asyncio.Event()  # clear: a restarted controller still resuming (not ready)
         self.resumed.set()
         self.agents: dict[str, Any] = {}  # what pin() loads on
+        self.ongoing_reports: list[dict[str, int]] = []  # what report_ongoing() was told
         self.allowed: tuple[str, ...] = ()  # where pin() may place a copy (empty: any agent's server)
         self.pins: list[tuple[str, str, str, str]] = []
         self.unpins: list[tuple[str, str, str]] = []
@@ -91,6 +92,10 @@ class FakeController:
     async def status(self, timeout_s: float = 5.0) -> dict[str, Any]:
         self._check()
         return {"servers": [], "apps": []}
+
+    async def report_ongoing(self, counts: dict[str, int]) -> None:
+        self._check()
+        self.ongoing_reports.append(dict(counts))
 
     # mechanism copies: a stand-in for the orchestration core's pin/unpin (tests/orchestration
     # tests the real one); it loads through ``agents`` and publishes ``pinned`` as the core does

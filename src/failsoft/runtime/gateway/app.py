@@ -84,6 +84,9 @@ STATS_POLL_S = 2.0
 RETIRE_S = 5.0  # a removed service's dispatcher is closed this long after its last request came in
 
 
+ONGOING_REPORT_S = 0.25  # how often autoscaled apps' requests in flight go to the controller
+
+
 @dataclass(frozen=True, slots=True)
 class Served:
     """A name the gateway serves: its service, dispatcher, and the member app whose model it takes."""
@@ -145,6 +148,7 @@ class Gateway:
             s.name: Served(s, dispatchers[s.name], apps[dispatchers[s.name].front_app()]) for s in services
         }
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
+        self.metrics.watch_apps(self._app_load)
         self.controller_stats: dict[str, Any] | None = None
         self.app = self._build()
         self.admin_app = self._build_admin()
@@ -152,7 +156,7 @@ class Gateway:
     # background tasks ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        loops = [self.mirror.run(), self.hub.run(), self._poll_stats()]
+        loops = [self.mirror.run(), self.hub.run(), self._poll_stats(), self._report_ongoing()]
         tasks = [asyncio.create_task(c) for c in loops]
         try:
             for served in self.served.values():  # their background work (re-planning, backups)
@@ -215,6 +219,32 @@ class Gateway:
         serving = {m for s in self.served.values() for m in s.service.members}
         for app in apps - serving:  # unless a later deploy brought it back meanwhile
             self.apps.pop(app, None)
+
+
+    # replicas: what autoscaling and /metrics read ----------------------------------------------------
+    def _ongoing(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for served in self.served.values():
+            counts.update(served.dispatcher.ongoing())
+        return counts
+
+    def _app_load(self) -> dict[str, tuple[int, int]]:
+        return {app: (len(self.mirror.active(app)), n) for app, n in self._ongoing().items()}
+
+    async def _report_ongoing(self) -> None:
+        """Tell the controller the requests in flight of every autoscaled app, every
+        :data:`ONGOING_REPORT_S` (Ray Serve's handles push the same metric to its controller)."""
+        while True:
+            await self.clock.sleep(ONGOING_REPORT_S)
+            scaled = self.mirror.autoscaled
+            if not scaled:
+                continue
+            counts = {app: n for app, n in self._ongoing().items() if app in scaled}
+            try:
+                await self.controller.report_ongoing(counts)
+                self.link.ok("ongoing report")
+            except FailsoftError as exc:
+                self.link.failed("ongoing report", exc)
 
     # app-level health -------------------------------------------------------------------------------
     def _outcome(self, server: str, ok: bool, error: str) -> None:

@@ -10,6 +10,9 @@
   route published, load time included (the ``failover`` event's ``route_ms``);
 * ``failsoft_recoveries_total{app}`` and ``failsoft_first_answer_seconds{kind}``: an app recovered
   when it answers again on a new route after a failure; detection to that first answer;
+* ``failsoft_app_replicas{app}`` (the routes serving it now: its route and loaded replicas) and
+  ``failsoft_app_ongoing_requests{app}`` (its requests in flight at this gateway, what autoscaling
+  reads), read when scraped;
 * ``failsoft_route_version``, ``failsoft_controller_connected`` (0 while a stream to the controller
   fails) and ``failsoft_controller_step_seconds{step, stat}`` (the control loop's step durations,
   read from the controller).
@@ -26,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -52,6 +55,24 @@ class _ControllerSteps(Collector):
             for stat in ("last_s", "max_s", "total_s"):
                 family.add_metric([step, stat.removesuffix("_s")], float(s[stat]))
         yield family
+
+
+class _AppLoad(Collector):
+    """Per app, read when scraped: (routes serving it, requests in flight)."""
+
+    def __init__(self, read: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        replicas = GaugeMetricFamily("failsoft_app_replicas", "Routes serving the app now", labels=["app"])
+        ongoing = GaugeMetricFamily(
+            "failsoft_app_ongoing_requests", "Requests in flight at this gateway", labels=["app"]
+        )
+        for app, (serving, in_flight) in sorted(self.read().items()):
+            replicas.add_metric([app], float(serving))
+            ongoing.add_metric([app], float(in_flight))
+        yield replicas
+        yield ongoing
 
 
 class GatewayMetrics:
@@ -103,6 +124,10 @@ class GatewayMetrics:
         # detection time of the last recovery (per app) and failure (per server) counted
         self._recovered: dict[str, float] = {}
         self._failed: dict[str, float] = {}
+
+    def watch_apps(self, read: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
+        """Export ``read()``'s (replicas, ongoing requests) per app at every scrape."""
+        self.registry.register(_AppLoad(read))
 
     def observe(self, app: str, code: int, seconds: float, answer: Answer | None) -> None:
         variant = answer.variant if answer else "-"

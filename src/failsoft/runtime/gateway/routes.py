@@ -2,8 +2,10 @@
 
 The controller publishes the table (app -> server and variant) under an epoch and a version; the
 mirror asks "wake me when you have something newer than what I hold" and updates the moment a route
-changes. Dispatchers read member routes here and wait on :meth:`RouteMirror.wait_route_change` when
-a route is missing or moved. Every wait runs on the injected clock; the controller being away is
+changes. An app with replicas has several active routes: its route, then its loaded replicas
+(:meth:`RouteMirror.active`), among which the ``single`` dispatcher chooses per request.
+Dispatchers read member routes here and wait on :meth:`RouteMirror.wait_route_change` when a route
+is missing or moved. Every wait runs on the injected clock; the controller being away is
 reported by the :class:`~failsoft.runtime.gateway.link.ControllerLink` and the last table keeps
 serving meanwhile; so it does while a restarted controller resumes (it answers "nothing new" until
 it is ready, however long its store takes).
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from failsoft.runtime.cluster import ControllerRef
 
 POLL_S = 10.0
+REPLICA_KIND = "replica"  # the kind of an answer a replica gave (besides the route's own kinds)
 STREAM = "route long-poll"
 
 
@@ -37,6 +40,12 @@ class Route:
     accuracy: float
     detected_at: float | None
     route_at: float | None
+
+    @classmethod
+    def replica(cls, entry: dict[str, Any]) -> Route:
+        """One of an app's replicas (``replicas.serving`` in the table): its home variant, no failover."""
+        accuracy = float(entry["accuracy"])
+        return cls(entry["server"], entry["variant"], REPLICA_KIND, False, accuracy, None, None)
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any] | None) -> Route | None:
@@ -79,6 +88,11 @@ class RouteMirror:
         self.routes: dict[str, Route | None] = {}
         self.pinned: dict[str, tuple[PinnedCopy, ...]] = {}
         self.fences: dict[str, float] = {}  # server -> the controller's stamp of its last failure
+
+
+        self.replicas: dict[str, tuple[Route, ...]] = {}  # each app's loaded replicas besides its route
+        self.autoscaled: frozenset[str] = frozenset()  # apps whose replicas follow their load
+        self.draining: dict[str, frozenset[str]] = {}  # servers of replicas dropped, still finishing
         self._changed = asyncio.Event()
 
     def route(self, app: str) -> Route | None:
@@ -89,6 +103,19 @@ class RouteMirror:
         failed). A call whose server's stamp changed while it ran was sent before the gateway
         learned of a failure: its answer is fenced off (:func:`~.dispatch.calls.call_on_route`)."""
         return self.fences.get(server)
+
+
+    def finishing(self, app: str, server: str) -> bool:
+        """Whether ``app`` has a replica on ``server`` that was dropped (scaled in) and finishes
+        the requests it holds: nothing new goes there, what is there is not moved."""
+        return server in self.draining.get(app, ())
+
+    def active(self, app: str) -> tuple[Route, ...]:
+        """Every route serving ``app`` now: its route (first), then its loaded replicas."""
+        route = self.routes.get(app)
+        if route is None:
+            return self.replicas.get(app, ())
+        return (route, *(r for r in self.replicas.get(app, ()) if r.server != route.server))
 
     def update(self, snap: dict[str, Any]) -> None:
         """Take a snapshot ``{"epoch", "version", "ready", "value": {app: {"route": entry}},
@@ -103,6 +130,12 @@ class RouteMirror:
             )
             for name, e in snap["value"].items()
         }
+        replicas = {name: e.get("replicas") or {} for name, e in snap["value"].items()}
+        self.replicas = {
+            name: tuple(Route.replica(r) for r in rep.get("serving", ())) for name, rep in replicas.items()
+        }
+        self.autoscaled = frozenset(name for name, rep in replicas.items() if rep.get("autoscaling"))
+        self.draining = {name: frozenset(rep.get("draining", ())) for name, rep in replicas.items()}
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -49,7 +49,7 @@ from failsoft.errors import (
 )
 from failsoft.runtime import telemetry
 from failsoft.runtime.gateway.dispatch.interface import DispatchContext
-from failsoft.runtime.gateway.routes import Route
+from failsoft.runtime.gateway.routes import Route, RouteMirror
 
 log = logging.getLogger(__name__)
 
@@ -100,12 +100,15 @@ class Watch:
     :meth:`route_changes`: any change of ``route`` (FailLite's single path: a newer route is a
     better one). :meth:`leaves_server`: only the route moving to another server (a copy that stays
     valid while the controller re-routes the app on its own server, or unroutes it for a while:
-    HAMS's primary, a Jellyfish worker).
+    HAMS's primary, a Jellyfish worker). :meth:`serves_on`: ``app`` no longer served on ``server``
+    at all, by its route or a replica, nor finishing there after a scale-in (a call on one of
+    several replicas).
     """
 
     app: str
     route: Route | None = None
     server: str | None = None
+    any_active: bool = False
 
     @classmethod
     def route_changes(cls, app: str, route: Route | None) -> Watch:
@@ -115,10 +118,23 @@ class Watch:
     def leaves_server(cls, app: str, server: str) -> Watch:
         return cls(app, server=server)
 
+    @classmethod
+    def serves_on(cls, app: str, server: str) -> Watch:
+        return cls(app, server=server, any_active=True)
+
     def moved(self, now: Route | None) -> bool:
         if self.server is not None:
             return now is not None and now.server != self.server
         return now != self.route
+
+    def moved_in(self, routes: RouteMirror) -> bool:
+        """Whether the watch no longer holds in the table ``routes`` mirrors."""
+        if self.any_active:
+            assert self.server is not None
+            if routes.finishing(self.app, self.server):
+                return False
+            return all(r.server != self.server for r in routes.active(self.app))
+        return self.moved(routes.route(self.app))
 
 
 async def call_on_route(
@@ -179,7 +195,7 @@ async def _call(
         if result.status is CallStatus.DEADLINE:  # the transport gave up: the queue may still hold it
             withdraw(agent, call_id)
         return result
-    if watch is not None and watch.moved(context.routes.route(watch.app)):
+    if watch is not None and watch.moved_in(context.routes):
         log.debug("%s: the route of %s moved off %s during the call", call_id, watch.app, target.server)
         moved = ServerUnavailableError(
             f"app {watch.app!r}: the controller moved its route during the call to {target.server!r}"
@@ -208,7 +224,7 @@ def _settled(
     except (InvalidRequestError, ConfigError):  # the client's mistake: not the server's health
         raise
     except DeadlineExceededError as exc:  # the transport's own timeout: no answer in time
-        if watch is not None and watch.moved(context.routes.route(watch.app)):
+        if watch is not None and watch.moved_in(context.routes):
             return CallResult(CallStatus.MOVED, error=exc)
         context.outcome(target.server, False, f"{type(exc).__name__}: {exc}")
         return CallResult(CallStatus.DEADLINE, error=exc)
@@ -234,12 +250,14 @@ async def _until_moved(context: DispatchContext, watch: Watch | None, deadline: 
             if left > 0:
                 await clock.sleep(left)
             return False
-        now = routes.route(watch.app)
-        if watch.moved(now):
+        if watch.moved_in(routes):
             return True
         if left <= 0:
             return False
-        await routes.wait_route_change(watch.app, now, left)
+        if watch.any_active:
+            await routes.wait_change(left)
+        else:
+            await routes.wait_route_change(watch.app, routes.route(watch.app), left)
 
 
 def withdraw(agent: Any, call_id: str) -> None:

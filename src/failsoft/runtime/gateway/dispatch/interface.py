@@ -217,6 +217,12 @@ class Dispatcher(ABC):
         builds its app, and maps their errors as it maps any. None (the default): no endpoints."""
         return None
 
+    def ongoing(self) -> Mapping[str, int]:
+        """Requests in flight per member app (queued or running, as Ray Serve counts them): what the
+        controller's autoscaling and ``failsoft_app_ongoing_requests`` read. Empty by default (a mode
+        whose members do not scale)."""
+        return {}
+
     async def start(self) -> None:
         """Start the mode's background work (a re-planning loop, backup placement) as tasks the
         dispatcher owns: called once, on the gateway's event loop, before it serves. It must not

@@ -1,28 +1,38 @@
-"""The ``single`` dispatcher: FailLite's request path, one member app on its current route.
+"""The ``single`` dispatcher: FailLite's request path, one member app on its active routes.
 
 A failover becomes a slower answer, not an error:
 
-* a request goes to its app's current route, with the time left before its deadline;
+* a request goes to one of its app's active routes (its route, or one of its replicas: the power of
+  two choices on the requests this gateway has in flight on each, as Ray Serve's router), with the
+  time left before its deadline;
 * if the server dies under it (its agent is gone), does not hold the model any more, or the route
-  changes while it waits (a hung server was failed over), the request moves to the newer route and
-  is tried again, as long as its deadline allows; the call it leaves behind is withdrawn from that
-  server's queue (``cancel_nowait``), as is a call still running at the deadline;
+  changes while it waits (a hung server was failed over), the request moves: at once to another
+  active route when the app has one (a crashed replica's share goes to the others), else to the
+  newer route once the controller publishes it, as long as its deadline allows; the call it leaves
+  behind is withdrawn from that server's queue (``cancel_nowait``), as is a call still running at
+  the deadline;
+* a queue that refuses the request (:class:`~failsoft.errors.OverloadedError`) sends it to another
+  active route when there is one;
 * when no route appears before the deadline: :class:`~failsoft.errors.NoRouteError` (503); when a
   route exists but its server does not answer in time: :class:`~failsoft.errors.DeadlineExceededError`
-  (504); an overloaded queue's :class:`~failsoft.errors.OverloadedError` and every other error pass
-  through to the client unchanged (there is no other route to try).
+  (504); a refusal from every active route and every other error pass through to the client
+  unchanged.
 
-Which route serves the app is the controller's decision (its failover policy), mirrored here; this
-module owns only the mechanism: deadlines, moves, retries and cancellation, all on the injected clock.
+Which routes serve the app is the controller's decision (its failover policy, its replicas),
+mirrored here; this module owns only the mechanism: the choice among them, deadlines, moves, retries
+and cancellation, all on the injected clock.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Mapping
 from typing import Any
 
 from failsoft.errors import NoRouteError
-from failsoft.runtime.gateway.dispatch.calls import CallStatus, Target, Watch, call_on_route
+from failsoft.policies.replica_routing import power_of_two
+from failsoft.runtime.gateway.dispatch.calls import CallResult, CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.routes import Route
 from failsoft.services import Service, ServiceMode
@@ -31,16 +41,22 @@ log = logging.getLogger(__name__)
 
 
 class SingleDispatcher(Dispatcher):
-    """One member app, served on its current route; retried on a newer route until the deadline."""
+    """One member app, served on its active routes; retried on another until the deadline."""
 
     mode = ServiceMode.SINGLE
 
     def __init__(self, service: Service, context: DispatchContext) -> None:
         super().__init__(service, context)
         (self.app,) = service.members
+        self.in_flight: dict[str, int] = {}  # server -> this app's calls under way there
+        self._ongoing = 0  # requests being served (waiting for a route included)
+        self._rng = random.Random(f"p2c:{self.app}")  # fixed seed: the same choices in every run
 
     def ready(self) -> bool:
         return self.context.routes.route(self.app) is not None
+
+    def ongoing(self) -> Mapping[str, int]:
+        return {self.app: self._ongoing}
 
     def describe(self) -> dict[str, Any]:
         route = self.context.routes.route(self.app)
@@ -51,43 +67,74 @@ class SingleDispatcher(Dispatcher):
             "server": None if route is None else route.server,
             "kind": None if route is None else route.kind,
             "degraded": bool(route and route.degraded),
+            "replicas": len(self.context.routes.active(self.app)),
         }
 
     async def dispatch(self, request: Request) -> Answer:
+        self._ongoing += 1
+        try:
+            return await self._dispatch(request)
+        finally:
+            self._ongoing -= 1
+
+    async def _dispatch(self, request: Request) -> Answer:
         clock, routes = self.context.clock, self.context.routes
         started = clock.now()
         attempts = 0
         failed: Route | None = None  # the last route an attempt left
+        left_behind: set[Route] = set()  # routes this request found dead or full
         while True:
             left = request.deadline - clock.now()
-            route = routes.route(self.app)
+            active = routes.active(self.app)
             if left <= 0:
                 raise self._no_route(failed, clock.now() - started)
-            if route is None:
-                await routes.wait_route_change(self.app, None, left)
+            targets = [r for r in active if r not in left_behind]
+            if not targets:  # none yet, or every one failed this request: wait for a newer table
+                await routes.wait_change(left)
                 continue
+            route = self._choose(targets)
             attempts += 1
-            result = await call_on_route(
+            result = await self._call(route, request, attempts)
+            if result.status is CallStatus.ANSWERED:
+                return _answer(result.outputs, route, attempts)
+            if result.status is CallStatus.DEADLINE:
+                result.raise_error()
+            left_behind.add(route)
+            if result.status is CallStatus.REFUSED:
+                if all(r in left_behind for r in routes.active(self.app)):
+                    result.raise_error()  # every active route's queue is full: the client backs off
+                continue
+            log.debug("%s: %s; trying another route", self.app, result.error)
+            self.moved(route)
+            failed = route
+
+    def _choose(self, targets: list[Route]) -> Route:
+        if len(targets) == 1:
+            return targets[0]
+        server = power_of_two([r.server for r in targets], self.in_flight, self._rng)
+        return next(r for r in targets if r.server == server)
+
+    async def _call(self, route: Route, request: Request, attempts: int) -> CallResult:
+        """One attempt on ``route``, counted in flight there while it runs."""
+        is_route = route == self.context.routes.route(self.app)
+        watch = Watch.route_changes(self.app, route) if is_route else Watch.serves_on(self.app, route.server)
+        self.in_flight[route.server] = self.in_flight.get(route.server, 0) + 1
+        try:
+            return await call_on_route(
                 self.context,
                 Target.route(self.app, route),
                 request.batch,
                 f"{request.request_id}#{attempts}",
                 request.deadline,
-                Watch.route_changes(self.app, route),
+                watch,
             )
-            if result.status is CallStatus.ANSWERED:
-                return _answer(result.outputs, route, attempts)
-            if result.status is not CallStatus.MOVED:
-                result.raise_error()  # refused by its queue, or late: there is no other route to try
-            log.debug("%s: %s; waiting for a new route", self.app, result.error)
-            self.moved(route)
-            failed = route
-            await routes.wait_route_change(self.app, route, request.deadline - clock.now())
+        finally:
+            self.in_flight[route.server] -= 1
 
     def moved(self, route: Route) -> None:
         """A call found ``route`` dead (its server gone or not holding the model, or the route moved
-        under it); the request now waits for a newer one. Nothing by default (a coded service's
-        members remember it)."""
+        under it); the request now goes to another active route or waits for a newer one. Nothing
+        by default (a coded service's members remember it)."""
         return None
 
     def _no_route(self, failed: Route | None, waited_s: float) -> NoRouteError:
