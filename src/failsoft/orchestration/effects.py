@@ -141,7 +141,8 @@ class Effects:
         load_id = next(self._load_ids)
         job = LoadJob(load_id, server, app, variant, priority, warm or pinned, pinned)
         self.jobs[load_id] = job
-        if self.loads.submit(server, load_id, priority):
+        load_ms = self.state.variant(app, variant).load_ms
+        if self.loads.submit(server, load_id, priority, load_ms):
             self._send_load(job)
         return load_id
 
