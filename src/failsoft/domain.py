@@ -323,17 +323,23 @@ class Scenario:
         placed = [(a, a.primary) for a in self.apps if a.primary is not None]
         if include_warm and self.warm:
             placed += [(self.app(b.app), b) for b in self.warm]
+        variant_of = self.variant_of
         for app, where in placed:  # floats, not Demand objects: this runs for every app of every plan
             if where.server in memory:
-                v = self.variant_of(app, where.variant)
+                v = variant_of(app, where.variant)
                 memory[where.server] += v.memory_mb
                 compute[where.server] += app.rate_rps * v.latency_ms / 1000.0
         return {name: Demand(memory[name], compute[name]) for name in memory}
 
     def free(self, failed: Collection[str] = (), include_warm: bool = True) -> dict[str, Demand]:
         """Free capacity of each live server (never negative)."""
-        used = self.used(failed, include_warm)
-        return {name: (self.server(name).capacity - u).clipped() for name, u in used.items()}
+        used, servers = self.used(failed, include_warm), self._server_index
+        return {  # (capacity - used).clipped(), in floats: this runs for every server of every plan
+            name: Demand(
+                max(servers[name].memory_mb - u.memory_mb, 0.0), max(servers[name].compute - u.compute, 0.0)
+            )
+            for name, u in used.items()
+        }
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with some fields changed (the indexes are rebuilt)."""

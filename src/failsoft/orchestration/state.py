@@ -139,9 +139,10 @@ class ClusterState:
         state = cls(deployment)
         for rec in state.servers.values():
             rec.state = ServerState.UP
+        servers = state.servers
         for name, rec in state.apps.items():
-            rec.route = rec.home
-            state.servers[rec.home.server].holdings.add((name, rec.home.variant))
+            rec.route = home = rec.home
+            servers[home.server].holdings.add((name, home.variant))
         for backup in deployment.warm or ():
             state.warm[(backup.app, backup.server)] = WarmRecord(backup, BackupState.WARM)
             state.servers[backup.server].holdings.add((backup.app, backup.variant))
@@ -242,6 +243,9 @@ class ClusterState:
         )
 
     def _as_placed(self, rec: AppRecord) -> App:
+        app = rec.app
+        if rec.final is None and (rec.route is None or rec.route is app.primary):
+            return app  # at home (most apps of every snapshot): nothing to compute
         reserved = self._reserved(rec)
         return rec.app if reserved == rec.app.primary else dataclasses.replace(rec.app, primary=reserved)
 
