@@ -205,7 +205,10 @@ class ClusterState:
         capacity. ``live_only`` keeps only live servers and the apps placed on them (warm backups are
         planned there only).
         """
-        apps = tuple(self._as_placed(r) for r in self.apps.values())
+        apps = tuple(  # an app at home (most of them) as it is; the others where they are reserved
+            r.app if r.final is None and (r.route is None or r.route is r.app.primary) else self._as_placed(r)
+            for r in self.apps.values()
+        )
         servers = self.deployment.servers
         if not with_warm:
             servers = self._less_pinned(servers)
@@ -214,11 +217,9 @@ class ClusterState:
             apps = tuple(a for a in apps if a.primary is not None and self.live(a.primary.server))
         warm = None
         if with_warm:
-            warm = tuple(
-                w.backup
-                for w in self.warm.values()
-                if w.state is BackupState.WARM and self.live(w.backup.server)
-            )
+            live = {name for name, rec in self.servers.items() if rec.state in LIVE}
+            warm = tuple(w.backup for w in self.warm.values() if w.state is BackupState.WARM)
+            warm = tuple(b for b in warm if b.server in live)
         return self.deployment.replace(servers=servers, apps=apps, warm=warm)
 
     def _less_pinned(self, servers: tuple[Server, ...]) -> tuple[Server, ...]:
