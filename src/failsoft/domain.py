@@ -336,12 +336,16 @@ class Scenario:
         return tuple(s.name for s in self.servers if s.site in wanted)
 
     def variant_of(self, app: App, variant_name: str) -> Variant:
+        index = self.__dict__.get("_variant_index") or self._variant_index_built()
+        found = index.get((app.family, variant_name))
+        return found if found is not None else self.family(app.family).variant(variant_name)
+
+    def _variant_index_built(self) -> dict[tuple[str, str], Variant]:
         index = self.__dict__.get("_variant_index")
         if index is None:  # built on first use: (family, variant) -> Variant, a dict lookup after that
             index = {(f.name, v.name): v for f in self.families for v in f.variants}
             self.__dict__["_variant_index"] = index
-        found = index.get((app.family, variant_name))
-        return found if found is not None else self.family(app.family).variant(variant_name)
+        return index
 
     def primary_variant(self, app: App) -> Variant:
         if app.primary is None:
@@ -357,17 +361,25 @@ class Scenario:
         placed = [(a, a.primary) for a in self.apps if a.primary is not None]
         if include_warm and self.warm:
             placed += [(self.app(b.app), b) for b in self.warm]
+        index = self._variant_index_built()
         for app, where in placed:  # floats, not Demand objects: this runs for every app of every plan
             if where.server in memory:
-                v = self.variant_of(app, where.variant)
+                v = index.get((app.family, where.variant))
+                if v is None:
+                    v = self.variant_of(app, where.variant)
                 memory[where.server] += v.memory_mb
                 compute[where.server] += app.rate_rps * v.latency_ms / 1000.0
         return {name: Demand(memory[name], compute[name]) for name in memory}
 
     def free(self, failed: Collection[str] = (), include_warm: bool = True) -> dict[str, Demand]:
         """Free capacity of each live server (never negative)."""
-        used = self.used(failed, include_warm)
-        return {name: (self.server(name).capacity - u).clipped() for name, u in used.items()}
+        used, servers = self.used(failed, include_warm), self._server_index
+        return {  # (capacity - used).clipped(), in floats: this runs for every server of every plan
+            name: Demand(
+                max(servers[name].memory_mb - u.memory_mb, 0.0), max(servers[name].compute - u.compute, 0.0)
+            )
+            for name, u in used.items()
+        }
 
     def replace(self, **changes: Any) -> Scenario:
         """A copy with some fields changed (the indexes are rebuilt)."""

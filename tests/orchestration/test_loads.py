@@ -60,3 +60,27 @@ def test_a_load_of_a_few_milliseconds_work_runs_at_the_inference_priority():
     assert load_nice(tiny) == load_nice(disk_bound) == INFERENCE_NICE
     assert load_nice(big) == load_nice(unsplit) == LOAD_NICE
     assert load_nice(tiny, background=True) == load_nice(big, background=True) == BACKGROUND_NICE
+
+
+def test_loads_of_one_priority_start_shortest_first_and_ties_keep_arrival():
+    q = LoadQueue(["s1"], slots=1)
+    assert q.submit("s1", 1, Priority.FAILOVER, load_ms=50.0)
+    assert not q.submit("s1", 2, Priority.FAILOVER, load_ms=900.0)
+    assert not q.submit("s1", 3, Priority.UPGRADE, load_ms=1.0)  # an upgrade waits, however short
+    assert not q.submit("s1", 4, Priority.FAILOVER, load_ms=30.0)
+    assert not q.submit("s1", 5, Priority.FAILOVER, load_ms=30.0)
+    assert [q.finish(1), q.finish(4), q.finish(5), q.finish(2)] == [[4], [5], [2], [3]]
+
+
+def test_shortest_first_gives_the_smallest_mean_finish_time():
+    from itertools import accumulate, permutations
+
+    from failsoft.orchestration.loads import shortest_first_finish_ms
+
+    loads = [400.0, 30.0, 120.0, 30.0, 900.0]
+    assert shortest_first_finish_ms(loads, slots=1) == [580.0, 30.0, 180.0, 60.0, 1480.0]
+    assert shortest_first_finish_ms(loads, slots=2) == [430.0, 30.0, 150.0, 30.0, 1050.0]
+    best = min(sum(accumulate(order)) for order in permutations(loads))
+    assert sum(shortest_first_finish_ms(loads, slots=1)) == best  # no order of one slot does better
+    with pytest.raises(ValueError, match="at least one load slot"):
+        shortest_first_finish_ms(loads, slots=0)

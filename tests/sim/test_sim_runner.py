@@ -90,3 +90,30 @@ def test_unknown_names_are_refused_with_the_known_ones():
         get_experiment("fig99", FAMILIES)
     with pytest.raises(ConfigError, match="faillite-paper"):
         run_experiment(get_experiment("testbed", FAMILIES), FAMILIES, policies=["best"])
+
+
+# headroom, seed 0, two failure events per row: (policy, point, mttr_ms, outage_ms, req_p99_ms, recovered)
+# as computed at commit 9b25a66, before the simulator's per-event work was cut (issue 26 item 5).
+HEADROOM_AT_9B25A66 = [
+    ["faillite", "10%", 234.625, 269.29866922777234, 605.5213489433816, 12.0],
+    ["full-cold", "10%", 2654.45, 2689.1236692277726, 4722.940399296704, 8.0],
+    ["faillite", "20%", 324.15000000000003, 358.2856257879733, 314.202403448692, 12.0],
+    ["full-cold", "20%", 3739.6666666666665, 3773.80229245464, 7374.563626407938, 12.0],
+    ["faillite", "30%", 173.26666666666668, 208.88736887256982, 248.99290947719436, 12.0],
+    ["full-cold", "30%", 4004.0, 4039.620702205903, 6294.299822185703, 12.0],
+    ["faillite", "40%", 286.09999999999997, 315.4210288577691, 237.14072023350184, 16.0],
+    ["full-cold", "40%", 2818.325, 2847.646028857769, 7202.0396164814665, 16.0],
+    ["faillite", "50%", 294.18333333333334, 327.0693161939417, 1217.7905344925389, 12.0],
+    ["full-cold", "50%", 3871.8333333333335, 3904.7193161939417, 7494.693942089185, 12.0],
+]
+
+
+def test_the_headroom_numbers_are_those_of_the_simulator_before_its_speed_up():
+    """Speeding the simulator up must not move a single float: the same seed gives the same rows."""
+    exp = get_experiment("headroom", FAMILIES)
+    result = run_experiment(exp, FAMILIES, seeds=1, policies=["faillite", "full-cold"], failures=2)
+    rows = [
+        [r["policy"], r["label"], r["mttr_ms"], r["outage_ms"], r["req_p99_ms"], r["recovered"]]
+        for r in result.rows
+    ]
+    assert rows == HEADROOM_AT_9B25A66

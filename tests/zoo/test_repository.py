@@ -186,3 +186,46 @@ def test_default_zoo_path_follows_the_environment(monkeypatch, tmp_path):
 def test_an_empty_or_absent_repository_lists_nothing(tmp_path):
     assert ModelRepository(tmp_path / "absent").family_names() == []
     assert ModelRepository(tmp_path).families() == ()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mappings (Linux)")
+def test_weights_on_the_cpu_are_the_files_mapped_pages_not_a_copy(tiny_zoo):
+    from failsoft.zoo.network import read_weights, weights_path
+
+    path = weights_path(tiny_zoo.variant_dir("digits_mlp", "mlp_l")).resolve()
+    state = read_weights(path, "cpu")
+    regions = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if line.endswith(str(path)):
+            lo, hi = line.split()[0].split("-")
+            regions.append((int(lo, 16), int(hi, 16)))
+    assert regions, "the weight file is not mapped"
+    for name, tensor in state.items():
+        ptr = tensor.untyped_storage().data_ptr()
+        assert any(lo <= ptr < hi for lo, hi in regions), f"{name} was copied out of the file"
+    # the mapped, assigned weights answer bit for bit as a module that copied them in the usual way
+    from safetensors.torch import load_file
+
+    from failsoft.zoo.layout import read_config
+    from failsoft.zoo.network import build_network
+
+    loaded = tiny_zoo.load("digits_mlp", "mlp_l", "cpu")
+    copied, _ = build_network(read_config(path.parent))
+    copied.load_state_dict(load_file(str(path)))  # copies into the module's own tensors
+    batch = loaded.example_batch(8)
+    with torch.inference_mode():
+        expected = copied.eval()(torch.from_numpy(batch)).numpy()
+    assert np.array_equal(loaded.predict(batch), expected)
+
+
+def test_bench_load_times_each_phase_with_the_loaders_functions(tiny_zoo):
+    from failsoft.bench.load import PHASES, LoadBenchSettings, run
+
+    result = run(tiny_zoo, LoadBenchSettings(("digits_mlp/mlp_l",), repeats=2))
+    row = result["variants"]["digits_mlp/mlp_l"]
+    assert all(row[p] >= 0 for p in PHASES) and row["load_ms"] > 0
+    assert row["weight_bytes"] == (tiny_zoo.variant_dir("digits_mlp", "mlp_l") / WEIGHTS_FILE).stat().st_size
+    assert row["limit_ms"] == pytest.approx(row["copy_ms"] + row["answer_ms"], abs=0.02)
+    assert row["ratio"] == pytest.approx(row["load_ms"] / row["limit_ms"], rel=0.02)
+    with pytest.raises(ConfigError, match="family/variant"):
+        LoadBenchSettings(("mlp_l",))

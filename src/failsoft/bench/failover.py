@@ -16,6 +16,11 @@ ImageNet-style apps during the warm-up (their baseline); then the chosen server(
 * ``outage_ms``: per affected app, what a client saw: the first successful answer after the kill,
   minus the kill time, minus the app's usual latency (``warm`` / ``progressive`` / ``cold``: the
   same, by how the app was recovered);
+* ``ideal_ms``: per affected app, the MTTR its recovery allows in isolation: 0 for a warm switch;
+  for a load, its first variant's profiled ``load_ms``, queued shortest first behind the other
+  loads sent to the same server (``max_parallel_loads`` at once), as
+  :func:`~failsoft.orchestration.loads.shortest_first_finish_ms` computes; ``mttr_ms`` beside it
+  (``mttr_over_ideal``) is what the calls, the controller and a busy host add;
 * ``recovery_rate``: affected apps answering again within the window, over affected apps;
 * ``accuracy_reduction_pct``: mean over recovered apps of ``(a_primary - a_served) / a_primary`` with
   the variant each app settled on (after progressive upgrades), in percent.
@@ -200,6 +205,7 @@ def run_once(
         report = client.recoveries()
         client.close()
     result = measure(before, affected, kill_at, samples, report, usual)
+    add_ideal(result["apps"], cfg)
     # under steady load, before the kill: the host's busy cores, and whose they were
     result["host_busy_cores"] = busy["busy_cores"]
     result["host_cpu"] = busy
@@ -415,6 +421,7 @@ def _app_result(
         "first_variant": None if failover is None else failover["variant"],
         "settled_variant": _settled(events, app, "variant"),
         "mttr_ms": None if failover is None else failover["route_ms"],
+        "server": None if failover is None else failover.get("server"),
         # the first load as the agent timed it (warm-up included); MTTR minus it is waiting for a
         # load slot, the calls and the controller
         "load_ms": None if failover is None else failover.get("load_ms"),
@@ -460,6 +467,25 @@ def _usual_ms(usual: Sequence[Sample], app: str) -> float | None:
     return statistics.median(latencies) if latencies else None
 
 
+def add_ideal(apps: dict[str, dict[str, Any]], cfg: RuntimeConfig) -> None:
+    """Set each recovered app's ``ideal_ms`` (module docstring) from the repository's profiles."""
+    from failsoft.orchestration.loads import shortest_first_finish_ms
+    from failsoft.zoo.repository import ModelRepository
+
+    repo = ModelRepository(cfg.repository)
+    family = {a.name: a.family for a in cfg.apps}
+    loads: dict[str, list[tuple[str, float]]] = {}
+    for name, a in apps.items():
+        a["ideal_ms"] = 0.0 if a["kind"] == "warm" else None
+        if a["recovered"] and a["kind"] != "warm" and a["server"] and a["first_variant"]:
+            load_ms = repo.variant(family[name], a["first_variant"]).load_ms
+            loads.setdefault(a["server"], []).append((name, load_ms))
+    for queued in loads.values():
+        ends = shortest_first_finish_ms([ms for _, ms in queued], cfg.agents.max_parallel_loads)
+        for (name, _), end in zip(queued, ends, strict=True):
+            apps[name]["ideal_ms"] = round(end, 2)
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     flat = [a for r in runs for a in r["apps"].values()]
     recovered = [a for a in flat if a["recovered"]]
@@ -477,6 +503,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "detection_ms": _stats([v for r in runs for v in r["detection_ms"].values()], ("p50", "max")),
         "mttr_ms": _stats([a["mttr_ms"] for a in recovered], ("mean", "p50", "max"))
         | {"per_app": _per_app(per_app, "mttr_ms")},
+        "ideal_ms": _stats(_values(recovered, "ideal_ms"), ("mean", "p50", "max"))
+        | {"per_app": _per_app(per_app, "ideal_ms")},
+        "mttr_over_ideal": _over_ideal(recovered),
         "first_answer_ms": _stats(_values(recovered, "first_answer_ms"), ("mean", "p50", "max"))
         | {"per_app": _per_app(per_app, "first_answer_ms")},
         "outage_ms": _stats(_values(flat, "outage_ms"), ("p50", "max"))
@@ -511,7 +540,7 @@ def _warm_light(summary: dict[str, Any]) -> set[str]:
 
 
 def _values(apps: list[dict[str, Any]], key: str) -> list[float]:
-    return [a[key] for a in apps if a[key] is not None]
+    return [a[key] for a in apps if a.get(key) is not None]
 
 
 def _per_app(per_app: dict[str, list[dict[str, Any]]], key: str) -> dict[str, float | None]:
@@ -530,6 +559,13 @@ def _stats(values: list[float], which: tuple[str, ...]) -> dict[str, float | Non
         "max": max,
     }
     return {k: round(funcs[k](values), 1) for k in which}
+
+
+def _over_ideal(apps: list[dict[str, Any]]) -> float | None:
+    """Mean MTTR over mean ideal, of the apps with both (None when no ideal is above zero)."""
+    pairs = [(a["mttr_ms"], a["ideal_ms"]) for a in apps if a.get("ideal_ms") is not None]
+    ideal = sum(i for _, i in pairs)
+    return round(sum(m for m, _ in pairs) / ideal, 3) if ideal > 0 else None
 
 
 def _mean(values: list[float]) -> float | None:

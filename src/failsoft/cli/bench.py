@@ -244,6 +244,22 @@ def llm_engine(
     _emit(run(EngineBenchSettings(new_tokens=new_tokens, repeats=repeats, threads=threads)), out)
 
 
+@app.command("load")
+def load(
+    variants: Annotated[list[str], typer.Argument(help="family/variant, one or more", show_default=False)],
+    root: Annotated[Path | None, typer.Option(help="Model repository (default: the zoo's)")] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Cold loads per variant (medians)")] = 5,
+    threads: Annotated[int, typer.Option(min=1, max=256, help="torch threads (an agent runs one)")] = 1,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """A cold load's phases (read, skeleton, assign, first answer) beside its limit (copy + answer)."""
+    from failsoft.bench.load import LoadBenchSettings, run
+    from failsoft.zoo.repository import ModelRepository, resolve_repository
+
+    settings = LoadBenchSettings(tuple(variants), repeats=repeats, threads=threads)
+    _emit(run(ModelRepository(resolve_repository(root)), settings), out)
+
+
 @app.command("replication")
 def replication(
     config: Annotated[

@@ -368,8 +368,11 @@ class Orchestrator:
             del self.state.warm[key]
             self.warm.dirty = True
         hit: dict[str, list[tuple[str, Placement]]] = {s: [] for s in failed}
+        touching = self.operations.working_with(failed)  # a few apps of many: the others skip the call
         for name, rec in self.state.apps.items():
-            if self.operations.works_with(name, failed) or (rec.final and rec.final.server in failed):
+            if (name in touching and self.operations.works_with(name, failed)) or (
+                rec.final and rec.final.server in failed
+            ):
                 self.operations.cancel(name, now)
                 rec.final = None
             if rec.route is not None and rec.route.server in failed:

@@ -143,7 +143,8 @@ class Effects:
         family = self.state.apps[app].app.family
         job = LoadJob(load_id, server, app, variant, priority, warm or pinned, family, pinned)
         self.jobs[load_id] = job
-        if self.loads.submit(server, load_id, priority):
+        load_ms = self.state.variant(app, variant).load_ms
+        if self.loads.submit(server, load_id, priority, load_ms):
             self._send_load(job)
         return load_id
 

@@ -103,6 +103,10 @@ class Operations:
         op = self.ops.get(app)
         return op is not None and bool(op.servers & servers)
 
+    def working_with(self, servers: set[str]) -> set[str]:
+        """The apps whose operation works with one of ``servers`` now (see :meth:`works_with`)."""
+        return {app for app, op in self.ops.items() if op.servers & servers}
+
     def server_failed(self, server: str) -> None:
         """``server`` failed: nobody holds its upgrade turn any more (its operations are cancelled)."""
         self.upgrading.pop(server, None)

@@ -145,9 +145,10 @@ class ClusterState:
         state = cls(deployment)
         for rec in state.servers.values():
             rec.state = ServerState.UP
+        servers = state.servers
         for name, rec in state.apps.items():
-            rec.route = rec.home
-            state.servers[rec.home.server].holdings.add((name, rec.home.variant))
+            rec.route = home = rec.home
+            servers[home.server].holdings.add((name, home.variant))
         for backup in deployment.warm or ():
             state.warm[(backup.app, backup.server)] = WarmRecord(backup, BackupState.WARM)
             state.servers[backup.server].holdings.add((backup.app, backup.variant))
@@ -265,11 +266,9 @@ class ClusterState:
             apps = tuple(a for a in apps if a.primary is not None and self.live(a.primary.server))
         warm = None
         if with_warm:
-            warm = tuple(
-                w.backup
-                for w in self.warm.values()
-                if w.state is BackupState.WARM and self.live(w.backup.server)
-            )
+            live = {name for name, rec in self.servers.items() if rec.state in LIVE}
+            warm = tuple(w.backup for w in self.warm.values() if w.state is BackupState.WARM)
+            warm = tuple(b for b in warm if b.server in live)
         return self.deployment.replace(servers=servers, apps=apps, warm=warm)
 
     def _less_pinned(self, servers: tuple[Server, ...]) -> tuple[Server, ...]:
@@ -294,6 +293,9 @@ class ClusterState:
         )
 
     def _as_placed(self, rec: AppRecord) -> App:
+        app = rec.app
+        if rec.final is None and (rec.route is None or rec.route is app.primary):
+            return app  # at home (most apps of every snapshot): nothing to compute
         reserved = self._reserved(rec)
         return rec.app if reserved == rec.app.primary else dataclasses.replace(rec.app, primary=reserved)
 

@@ -130,8 +130,11 @@ class _Instance:
                     return  # stopped: stop() handed the queue over
                 continue
             decision = discipline.next_batch(self.queue, env.now, self.service)
-            taken = {id(item) for item in decision.run + decision.drop}
-            self.queue = [item for item in self.queue if id(item) not in taken]
+            if len(decision.run) + len(decision.drop) == len(self.queue):
+                self.queue = []  # the whole queue taken (the usual case): nothing to filter
+            else:
+                taken = {id(item) for item in decision.run + decision.drop}
+                self.queue = [item for item in self.queue if id(item) not in taken]
             for item in decision.drop:
                 item.key.dropped = True
             if not decision.run:

@@ -76,23 +76,45 @@ def file_sha256(path: Path) -> str:
 
 
 def load_network(variant_dir: Path, config: VariantConfig, device: str) -> tuple[torch.nn.Module, Forward]:
-    """Rebuild the variant and assign its weights on ``device``, in eval mode."""
+    """Rebuild the variant and assign its weights on ``device``, in eval mode.
+
+    Three phases, each timed on its own by ``failsoft bench load``: :func:`read_weights` (on the CPU
+    the tensors are views of the file's pages: nothing is copied), the module skeleton on ``meta``
+    (no allocation), and :func:`assign_weights` (the skeleton takes the tensors as they are).
+    """
+    state = read_weights(weights_path(variant_dir), device)
+    module, forward = build_network(config, on_meta=True)
+    return assign_weights(module, state, weights_path(variant_dir)), forward
+
+
+def weights_path(variant_dir: Path) -> Path:
+    """The variant's safetensors file; ModelNotFoundError when it is missing."""
     from failsoft.zoo.layout import WEIGHTS_FILE
 
     path = variant_dir / WEIGHTS_FILE
     if not path.is_file():
         raise ModelNotFoundError(f"weight file {str(path)!r} is missing")
-    state = _read_safetensors(path, device)
-    module, forward = build_network(config, on_meta=True)
+    return path
+
+
+def assign_weights(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> torch.nn.Module:
+    """``module`` (a ``meta`` skeleton) holding ``state``'s tensors themselves, in eval mode."""
     try:
         module.load_state_dict(state, strict=True, assign=True)
     except (RuntimeError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise CorruptModelError(f"weight file {str(path)!r} does not fit its config.json: {first}") from exc
-    return module.eval(), forward
+    return module.eval()
 
 
-def _read_safetensors(path: Path, device: str) -> dict[str, torch.Tensor]:
+def read_weights(path: Path, device: str) -> dict[str, torch.Tensor]:
+    """The file's tensors on ``device``.
+
+    safetensors (0.4 and later) maps the file and, on the CPU, hands out tensors over the mapped
+    pages: the read costs the header and the page-table work, and the bytes are touched first by
+    the first answer (from the page cache, or the disk when cold). On a GPU the bytes are copied
+    once, host to device.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
