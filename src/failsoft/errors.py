@@ -67,11 +67,13 @@ class StateMismatchError(RepositoryError, ValueError):
 
 
 class InvalidRequestError(FailsoftError):
-    """A client request the gateway refuses with a 4xx; ``status`` is the HTTP status code."""
+    """A client request the gateway refuses with a 4xx; ``status`` is the HTTP status code,
+    ``param`` the request field at fault when one is (OpenAI's error object names it)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.param = param
 
 
 class ServingError(FailsoftError):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 import pytest
+import torch
 
 from failsoft.errors import ConfigError, InvalidRequestError
 from failsoft.llm import CheckpointBuffer, Engine, SamplingParams, speculative_generate
@@ -170,6 +172,18 @@ def test_temperature_sampling_is_reproducible_by_seed(pair):
     assert hot[0] == hot[1] != hot[2]
 
 
+def test_nucleus_sampling_draws_only_from_the_top_p_mass(pair):
+    engine = Engine(pair[0], kv_pages=32, page_size=8)
+    req = engine.submit("x", SamplingParams(max_tokens=1, temperature=1.0, top_p=0.8, seed=3))
+    logits = torch.log(torch.tensor([0.05, 0.5, 0.15, 0.3]))  # the nucleus of 0.8: tokens 1 and 3
+    drawn = Counter(engine._sample(req, logits) for _ in range(2000))
+    assert set(drawn) == {1, 3} and 0.58 < drawn[1] / 2000 < 0.67  # 0.5 / 0.8 renormalised
+    engine.cancel(req.id)
+    greedy = engine.generate(PROMPTS[0], SamplingParams(max_tokens=20)).output
+    one = SamplingParams(max_tokens=20, temperature=1.0, top_p=1e-6, seed=5)  # a nucleus of one token
+    assert engine.generate(PROMPTS[0], one).output == greedy
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
@@ -177,6 +191,9 @@ def test_temperature_sampling_is_reproducible_by_seed(pair):
         ({"max_tokens": 10**6}, "got 1000000"),
         ({"max_tokens": 2.5}, "max_tokens must be an integer"),
         ({"temperature": -0.1}, "temperature must be in [0, 10.0]; got -0.1"),
+        ({"top_p": 0}, "top_p must be in (0, 1]; got 0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1]; got 1.5"),
+        ({"seed": 2**64}, "seed must be an integer in [-2**63, 2**64); got 18446744073709551616"),
     ],
 )
 def test_bad_sampling_parameters_are_refused(kwargs, words):

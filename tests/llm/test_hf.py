@@ -5,33 +5,16 @@ decoding) must equal ``transformers``' own ``generate(do_sample=False)`` token f
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 from failsoft.errors import ConfigError, InvalidRequestError
 from failsoft.llm import CheckpointBuffer, Engine, SamplingParams, speculative_generate
 from failsoft.llm.hf import load_hf
+from tests.llm.tinymodels import hf_config as _config
+from tests.llm.tinymodels import save_model as _save
+from tests.llm.tinymodels import train_tokenizer
 
-WORDS = [
-    "the",
-    "a",
-    "of",
-    "to",
-    "and",
-    "node",
-    "page",
-    "cache",
-    "token",
-    "model",
-    "serve",
-    "fail",
-    "recover",
-    "draft",
-    "verify",
-    "batch",
-]
 PROMPTS = [
     "the node",
     "a page of the cache and the model serve",
@@ -40,64 +23,12 @@ PROMPTS = [
 ]
 MAX_NEW = 12
 GREEDY = SamplingParams(max_tokens=MAX_NEW)
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    """A byte-level BPE trained on generated text (319 tokens: the merges run out before the 320
-    asked), as a PreTrainedTokenizerFast with a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    rng = random.Random(0)
-    text = [" ".join(rng.choice(WORDS) for _ in range(24)) for _ in range(300)]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<s>", "</s>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(text, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-def _config(arch: str, tok, hidden: int, layers: int, vocab_pad: int = 0):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
-
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[arch]
-    return cls(
-        vocab_size=len(tok) + vocab_pad,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        initializer_range=0.3,  # wide: greedy outputs then depend on the context
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-
-
-def _save(tmp, arch: str, tok, hidden: int, layers: int, seed: int, vocab_pad: int = 0):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(_config(arch, tok, hidden, layers, vocab_pad)).eval()
-    where = tmp / f"{arch}-{hidden}"
-    model.save_pretrained(where)
-    tok.save_pretrained(where)
-    return where
+    """A byte-level BPE with a chat template (:func:`tests.llm.tinymodels.train_tokenizer`)."""
+    return train_tokenizer()
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])

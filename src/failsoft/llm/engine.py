@@ -27,8 +27,10 @@ cache left-padded and masked when the lengths differ, explicit positions). Each 
 token per step; requests leave as soon as they finish.
 
 **Sampling.** Greedy (``temperature = 0``) or temperature sampling from a per-request seeded
-generator. Each new token goes to the request's callback and its stream; TTFT (submit to first
-token) and time per output token are measured with ``time.perf_counter``.
+generator, optionally nucleus (``top_p < 1``: only the most likely tokens whose probabilities sum
+to ``top_p`` are drawn from, Holtzman et al., 2020). Each new token goes to the request's callback
+and its stream; TTFT (submit to first token) and time per output token are measured with
+``time.perf_counter``.
 
 **KV checkpoints.** :meth:`Engine.export_kv` returns the full pages filled since the last export
 as bytes (:mod:`failsoft.llm.checkpoint`); :meth:`Engine.restore` rebuilds a request on another
@@ -72,12 +74,14 @@ TokenCallback = Callable[["Request", int], None]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """``max_tokens`` in [1, 4096]; ``temperature`` 0 (greedy) to 10; ``seed`` for sampling."""
+    """``max_tokens`` in [1, 4096]; ``temperature`` 0 (greedy) to 10; ``top_p`` in (0, 1] (1: the
+    whole distribution); ``seed`` for sampling (what a torch generator takes)."""
 
     max_tokens: int = 64
     temperature: float = 0.0
     seed: int = 0
     stop_at_eos: bool = True
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
@@ -90,6 +94,10 @@ class SamplingParams:
             raise InvalidRequestError(
                 f"temperature must be in [0, {MAX_TEMPERATURE}]; got {self.temperature!r}"
             )
+        if isinstance(self.top_p, bool) or not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
+            raise InvalidRequestError(f"top_p must be in (0, 1]; got {self.top_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not -(2**63) <= self.seed < 2**64:
+            raise InvalidRequestError(f"seed must be an integer in [-2**63, 2**64); got {self.seed!r}")
 
 
 class PagePool:
@@ -537,6 +545,11 @@ class Engine:
         if req.params.temperature == 0:
             return int(logits.argmax())
         probs = torch.softmax(logits.float() / req.params.temperature, dim=-1)
+        if req.params.top_p < 1:
+            # the nucleus: the most likely tokens until their mass reaches top_p (the first always)
+            ranked, order = probs.sort(descending=True)
+            outside = ranked.cumsum(-1) - ranked >= req.params.top_p
+            probs = torch.zeros_like(probs).scatter_(-1, order, ranked.masked_fill(outside, 0.0))
         return int(torch.multinomial(probs, 1, generator=req.generator))
 
     def _emit(self, req: Request, tokens: Sequence[int]) -> int:

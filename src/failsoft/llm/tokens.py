@@ -107,3 +107,41 @@ def eos_ids(module: Any, tokenizer: Any | None = None) -> frozenset[int]:
         if value is not None:
             return frozenset(int(v) for v in (value if isinstance(value, list | tuple) else [value]))
     return frozenset()
+
+
+class IncrementalDecoder:
+    """Token ids to text as they come, so that the pieces concatenate to the text of the whole.
+
+    Decoding each token alone is wrong twice: a character split over several byte-level tokens
+    decodes to U+FFFD halves, and tokenizers that mark word starts (SentencePiece's ``▁``) drop
+    the space of a piece decoded without its left context. vLLM's answer, kept here: decode a
+    short window (the tokens already shown since the previous piece, then the new ones) and emit
+    only what the new tokens add to the window's text, and only once it does not end in U+FFFD
+    (a character still incomplete waits for its next bytes). The window starts on the prompt's
+    last few tokens, so the first piece has its context too.
+    """
+
+    CONTEXT = 5
+
+    def __init__(self, tokenizer: Tokenizer, prompt: Sequence[int] = ()) -> None:
+        self._decode = tokenizer.decode
+        self._ids = [int(t) for t in prompt[-self.CONTEXT :]]
+        self._read = len(self._ids)  # the window: ids[:read] is shown already, ids[read:] is not
+
+    def feed(self, tokens: Sequence[int]) -> str:
+        """The text ``tokens`` add (empty while a character is incomplete)."""
+        self._ids.extend(int(t) for t in tokens)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """The text still held back at the end (an incomplete character, as U+FFFD)."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        shown = self._decode(self._ids[: self._read])
+        text = self._decode(self._ids)
+        if len(text) <= len(shown) or (text.endswith("\ufffd") and not final):
+            return ""
+        del self._ids[: self._read]  # the next window: what this piece shows, then what comes
+        self._read = len(self._ids)
+        return text[len(shown) :]

@@ -30,10 +30,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +47,6 @@ from failsoft.domain import App, Family
 from failsoft.errors import (
     FailsoftError,
     InvalidRequestError,
-    OverloadedError,
     ServerUnavailableError,
     UnknownNameError,
     http_status,
@@ -61,6 +59,9 @@ from failsoft.runtime.gateway import admin
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
 from failsoft.runtime.gateway.events import EventHub, Feed
+from failsoft.runtime.gateway.http_io import CLIENT_LEFT, read_body, retry_after
+from failsoft.runtime.gateway.http_io import byte_count as _byte_count
+from failsoft.runtime.gateway.http_io import unless_the_client_leaves as _unless_the_client_leaves
 from failsoft.runtime.gateway.link import ControllerLink
 from failsoft.runtime.gateway.metrics import GatewayMetrics
 from failsoft.runtime.gateway.protocol import (
@@ -75,7 +76,6 @@ from failsoft.services import Service, with_singles
 
 log = logging.getLogger(__name__)
 STATS_POLL_S = 2.0
-CLIENT_LEFT = 499  # nginx's code for a request whose client closed the connection first
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,16 +234,7 @@ class Gateway:
 
     async def read_body(self, request: Request, limit: int) -> bytes:
         """The request's body, refused (413) past ``limit`` bytes, whatever Content-Length claims."""
-        declared = _byte_count(request.headers.get("content-length"), "Content-Length")
-        if declared is not None and declared > limit:
-            raise InvalidRequestError(f"request body of {declared} bytes exceeds the limit of {limit}", 413)
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise InvalidRequestError(f"request body exceeds the limit of {limit} bytes", 413)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_body(request, limit)
 
     async def infer(self, name: str, request: Request) -> Response:
         started = time.perf_counter()
@@ -391,29 +382,6 @@ def _lead(dispatcher: Dispatcher, apps: Mapping[str, App]) -> App | None:
     return None if front is None else apps[front]
 
 
-async def _unless_the_client_leaves(request: Request, dispatched: Awaitable[Answer]) -> Answer | None:
-    """The answer, or None when the client disconnected first: the dispatch is then cancelled, which
-    withdraws its calls from the servers' queues (nobody would read the answer)."""
-    answer, error = None, None
-    async with anyio.create_task_group() as tasks:
-
-        async def watch() -> None:
-            # the body is read: the next message is the disconnect (or comes after the response)
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            tasks.cancel_scope.cancel()
-
-        tasks.start_soon(watch)
-        try:
-            answer = await dispatched
-        except Exception as exc:  # raised past the group, not wrapped in an ExceptionGroup
-            error = exc
-        tasks.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return answer
-
-
 async def _send_events(ws: WebSocket, feed: Feed, only: str | None) -> None:
     with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
         while (event := await feed.get()) is not None:
@@ -437,15 +405,6 @@ async def _refuse(ws: WebSocket, message: str) -> None:
         await ws.close(code=1013, reason=message)
 
 
-def _byte_count(value: str | None, header: str) -> int | None:
-    """A header that counts bytes: ASCII digits only (``"²".isdigit()`` is true, ``int("²")`` fails)."""
-    if value is None:
-        return None
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:
-        raise InvalidRequestError(f"{header} must be a number of bytes, got {value[:40]!r}")
-    return int(value)
-
-
 def _json(content: Any) -> Response:
     """JSON that may hold NaN or Infinity (a model's outputs can), written as Python's json writes them."""
     return Response(json.dumps(content, separators=(",", ":")), media_type="application/json")
@@ -453,11 +412,7 @@ def _json(content: Any) -> Response:
 
 def _error_response(exc: FailsoftError) -> JSONResponse:
     status = http_status(exc)
-    headers = None
-    if isinstance(exc, OverloadedError):
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after_s)))}
-    elif status == 503:
-        headers = {"Retry-After": "1"}
+    headers = retry_after(exc)
     if status >= 500:
         log.warning("request failed: %s", exc)
     return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)

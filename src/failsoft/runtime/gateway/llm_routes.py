@@ -6,7 +6,8 @@
 * ``POST /v2/models/{name}/generate_stream``: the same request; the answer is a Server-Sent Events
   stream, one ``data: {"model_name", "text_output"}`` event per chunk of tokens as the worker
   produces them, and a last event with ``parameters`` as above. A client that disconnects ends its
-  generation: the request is cancelled on its worker and its KV pages and checkpoint are freed.
+  generation: the request is cancelled on its worker and its KV pages and checkpoint are freed;
+* the OpenAI-compatible endpoints over the same services (``/v1/...``, ``docs/openai.md``).
 
 The gateway tokenizes with the model's tokenizer (bytes for the byte-level pair, the model's own
 for a Hugging Face one) and detokenizes incrementally: text is sent once it no longer ends in a
@@ -26,6 +27,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from failsoft.errors import FailsoftError, InvalidRequestError, UnknownNameError, http_status
+from failsoft.runtime.gateway.http_io import read_body
+from failsoft.runtime.gateway.openai import openai_router
 
 if TYPE_CHECKING:
     from failsoft.llm.tokens import Tokenizer
@@ -65,14 +68,9 @@ def _last_parameters(event: Mapping[str, Any]) -> dict[str, Any]:
 
 async def _body(request: Request) -> tuple[str, dict[str, Any]]:
     """``text_input`` and ``parameters`` of a generate request, read within :data:`MAX_BODY`."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise InvalidRequestError(f"request body exceeds the limit of {MAX_BODY} bytes", 413)
-        chunks.append(chunk)
+    raw = await read_body(request, MAX_BODY)
     try:
-        data = json.loads(b"".join(chunks) or b"{}")
+        data = json.loads(raw or b"{}")
     except ValueError as exc:
         raise InvalidRequestError(f"the body is not JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -87,10 +85,13 @@ async def _body(request: Request) -> tuple[str, dict[str, Any]]:
 
 
 def llm_router(backends: Mapping[str, LlmBackend]) -> APIRouter | None:
-    """The generate endpoints of ``backends`` (service name -> its backend); None when none."""
+    """The endpoints of ``backends`` (service name -> its backend): Triton's generate extension
+    and the OpenAI-compatible API (:func:`~failsoft.runtime.gateway.openai.openai_router`,
+    ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``); None when there is none."""
     if not backends:
         return None
     router = APIRouter()
+    router.include_router(openai_router(backends))
 
     def served(name: str) -> LlmBackend:
         d = backends.get(name)
