@@ -41,6 +41,7 @@ from failsoft.errors import DeadlineExceededError, FailsoftError, ServerUnavaila
 from failsoft.runtime import cluster
 from failsoft.runtime.llm_config import LlmServing
 from failsoft.runtime.longpoll import VersionedValue
+from failsoft.runtime.loop import StepRunner
 
 log = logging.getLogger(__name__)
 PROBE_S = 0.25
@@ -85,7 +86,11 @@ class LlmFleet:
         clock: AsyncClock,
         emit: Callable[[str, dict[str, Any]], None],
         probe_s: float = PROBE_S,
+        spawn: Callable[[str, str, Any], Any] | None = None,
+        build: bool = True,
     ) -> None:
+        """``spawn(name, server, spec)`` starts a worker actor (spec None: a standby) and returns
+        its ref (default: a Ray actor; tests give fakes); ``build``: build the byte pair if needed."""
         from failsoft.policies import registry
 
         self.serving = serving
@@ -102,6 +107,9 @@ class LlmFleet:
         self.model: dict[str, Any] = {}
         self.table = VersionedValue(self._snapshot())
         self.ready = asyncio.Event()
+        self.steps = StepRunner(slow_s=PROBE_TIMEOUT_S)
+        self._spawn = spawn or self._spawn_actor
+        self._build = build
         self._restarts: dict[str, asyncio.Task[None]] = {}
         self._spare_turn = 0
 
@@ -128,10 +136,16 @@ class LlmFleet:
 
     # start ------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Start the workers, then watch them until cancelled."""
-        await self._start()
+        """Start the workers (again after a second while that fails), then watch them until
+        cancelled; a failed probe is logged and counted, and the loop goes on."""
+        while not self.ready.is_set():
+            try:
+                await self._start()
+            except Exception:
+                log.exception("llm service %s could not start; retrying in 1 s", self.serving.name)
+                await self.clock.sleep(1.0)
         while True:
-            await self._probe()
+            await self.steps.run("llm-probe", self._probe)
             await self.clock.sleep(self.probe_s)
 
     def _spec(self, worker: str) -> Any:
@@ -151,7 +165,7 @@ class LlmFleet:
             dtype=s.model.dtype,
         )
 
-    def _spawn(self, name: str, server: str, spec: Any) -> cluster.LlmWorkerRef:
+    def _spawn_actor(self, name: str, server: str, spec: Any) -> cluster.LlmWorkerRef:
         from failsoft.runtime.llm_worker import LlmWorker
 
         threads = self.serving.engine.torch_threads
@@ -160,7 +174,8 @@ class LlmFleet:
         )
 
     async def _start(self) -> None:
-        await asyncio.to_thread(self.serving.build)
+        if self._build:
+            await asyncio.to_thread(self.serving.build)
         for w in self.workers.values():
             w.ref = self._spawn(w.name, w.server, self._spec(w.name))
         for server in self.serving.spare_servers:
@@ -178,10 +193,6 @@ class LlmFleet:
         self._publish()
         self.ready.set()
         self.emit("llm-service-ready", {"service": self.serving.name, "workers": list(self.workers)})
-        for spare in list(self.spares):
-            with contextlib.suppress(FailsoftError):  # a dead standby is replaced when used
-                spare.pid = int((await self._info(spare.ref, START_TIMEOUT_S))["pid"])
-        self._publish()
 
     def _spawn_spare(self, server: str | None = None) -> None:
         """A standby (returns at once: its process starts and imports meanwhile)."""
@@ -189,8 +200,17 @@ class LlmFleet:
             servers = self.serving.spare_servers or self.serving.servers
             server = servers[self._spare_turn % len(servers)]
             self._spare_turn += 1
-        ref = self._spawn("spare", server, None)
-        self.spares.append(_Spare(server, ref))
+        spare = _Spare(server, self._spawn("spare", server, None))
+        self.spares.append(spare)
+        task = asyncio.get_running_loop().create_task(self._note_spare(spare))
+        self._restarts[f"spare-{id(spare)}"] = task
+        task.add_done_callback(lambda _: self._restarts.pop(f"spare-{id(spare)}", None))
+
+    async def _note_spare(self, spare: _Spare) -> None:
+        """A standby's process, once it is up (chaos kills it with its server)."""
+        with contextlib.suppress(FailsoftError):  # a dead standby is replaced when used
+            spare.pid = int((await self._info(spare.ref, START_TIMEOUT_S))["pid"])
+            self._publish()
 
     @staticmethod
     async def _info(ref: cluster.LlmWorkerRef | None, timeout_s: float) -> dict[str, Any]:
@@ -235,6 +255,17 @@ class LlmFleet:
 
     # restart ------------------------------------------------------------------------------------
     async def _restart(self, w: _Worker) -> None:
+        while True:  # never silent, never given up
+            try:
+                await self._restart_once(w)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("restart of llm worker %s failed; retrying in 1 s", w.name)
+                await self.clock.sleep(1.0)
+
+    async def _restart_once(self, w: _Worker) -> None:
         failed_at = self.clock.now()
         spec = self._spec(w.name)
         draft = self.serving.draft_name() if self.progressive else None
