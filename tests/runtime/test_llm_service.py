@@ -12,6 +12,8 @@ running when its worker is killed: no assert is timed.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -81,6 +83,7 @@ def _config(root: Path, state: Path, policy: str = "lumen") -> Any:
                     "policy": policy,
                     "params": {"checkpoint_budget_mb": 8},
                     "engine": {"kv_pages": 64, "page_size": 8, "max_batch": 8, "torch_threads": 1},
+                    "restart_delay_ms": 4000,  # a restarted target "reloads" 4 s: the draft's time
                 }
             ],
             "heartbeat": {"interval_ms": 50, "missed": 3},
@@ -296,6 +299,47 @@ def test_chaos_kill_of_a_workers_server_mid_stream_every_stream_completes_identi
         assert client.generate("bytes", PROMPTS[2], **GREEDY)["text_output"] == reference[PROMPTS[2]]
     assert _wait(lambda: {"llm-worker-failed", "llm-worker-recovered"} <= {e.get("type") for e in events})
     assert any(e.get("type") == "llm-request-recovered" for e in events)
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_progressive_restart_drafts_for_the_busiest_survivor_until_the_target_is_back(session: Any) -> None:
+    """LUMEN's restart on the serve path: the killed worker's standby loads the draft (phase
+    ``draft``), the dispatcher has it draft for the most loaded survivor while its target reloads
+    (4 s emulated), then it serves; every stream equals its no-failure text."""
+    d = _dispatcher(session)
+    with Client(session.url, timeout=120) as client:
+        reference = {p: client.generate("bytes", p, **GREEDY)["text_output"] for p in PROMPTS}
+    assert _wait(lambda: all(s.get("pid") for s in d._spares), 120)  # a standby is up
+    victim = "w2"
+    for name, w in d.workers.items():
+        w.set_slow_sync(0 if name == victim else 250)  # slow survivors: drafting pays, even here
+    rounds, restarts = d.stats.assist_rounds, len(d.stats.restarts)
+    os.kill(int(d._table[victim]["pid"]), signal.SIGKILL)
+    assert _wait(lambda: victim in d.dead)
+    outs: list[dict[str, Any]] = [{"first": threading.Event()} for _ in PROMPTS]
+    clients = [Client(session.url, timeout=120) for _ in PROMPTS]
+    threads = [
+        threading.Thread(target=_stream, args=(c, p, GREEDY, o), daemon=True)
+        for c, p, o in zip(clients, PROMPTS, outs, strict=True)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert _wait(lambda: len(d.stats.restarts) > restarts and d.stats.restarts[-1]["serving"], 120)
+    finally:
+        _slow(session, 0)
+        for c in clients:
+            c.close()
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        assert out.get("text") == reference[prompt], prompt
+    last = d.stats.restarts[-1]
+    assert last["worker"] == victim and last["draft"] is not None
+    assert last["serving"] - last["draft"] >= 3.5  # drafting while the target reloaded
+    assert d.stats.assist_rounds > rounds and d.stats.drafts_accepted > 0
+    assert victim not in d.dead and d._table[victim]["phase"] == "serving"
 
 
 @pytest.mark.slow

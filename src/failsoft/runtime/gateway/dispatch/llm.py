@@ -540,76 +540,13 @@ class LlmDispatcher(Dispatcher):
         )
 
     # ------------------------------------------------------------------ progressive restart
-    async def assist(self, name: str, drafter: Any, stop: Any, acceptance: float | None = None) -> None:
-        """LUMEN's Alg. 3 while ``name`` (``drafter``: its worker, draft loaded, target loading)
-        recovers: as long as the policy's ``progressive`` decides ``peer-verify``, draft
-        ``draft_tokens`` tokens for the greedy requests of the survivor it names and have that
-        survivor verify them (its output stays its own greedy output, a few tokens per pass
-        sooner); until ``stop()`` is true or the drafter has no draft any more."""
-        from failsoft.policies.llm_recovery import Recovering, SpeculationCost
+    async def assist(
+        self, name: str, drafter: Any, stop: Callable[[], bool], acceptance: float | None = None
+    ) -> None:
+        """LUMEN's Alg. 3 while ``name`` recovers with only its draft (``llm_assist.assist``)."""
+        from failsoft.runtime.gateway.dispatch.llm_assist import assist
 
-        progressive = self.policy.progressive
-        if progressive is None:
-            return
-        clock = self.context.clock
-        recorded = 0.6 if acceptance is None else acceptance
-        k = self.params.draft_tokens
-        known: dict[str, list[int]] = {}  # request id -> its tokens as its worker last reported
-        round_ms: float | None = None  # a draft-and-verify round, moving average
-        step_ms: dict[str, float] = {}  # survivor -> its own decode step
-        idle_since: float | None = None
-        while not stop():
-            view = self.view()
-            proposed, accepted = self.stats.drafts_proposed, self.stats.drafts_accepted
-            a = accepted / proposed if proposed >= 8 else recorded
-            survivor_step = step_ms.get(str(progressive_target(progressive, name, view, self.params)), 0.0)
-            if round_ms is not None and survivor_step > 0:
-                # measured: a round (draft, then verification, one after the other, over the
-                # network) costs round_ms / survivor_step of the survivor's decode steps
-                cost = SpeculationCost(a, draft_step=0.0, verify_step=max(1.0, round_ms / survivor_step))
-            else:
-                cost = SpeculationCost(acceptance=a)  # the policy's model, until measured
-            (decision,) = progressive.decide((Recovering(name, draft_ready=True),), view, self.params, cost)
-            survivor = decision.assist
-            live = list(self._live.items())
-            mine = [(r, v) for r, v in live if v[0] == survivor and v[4]] if survivor is not None else []
-            if decision.mode != "peer-verify" or survivor is None or not mine:
-                now = clock.now()
-                idle_since = idle_since or now
-                if decision.mode == "idle" and now - idle_since > 2.0:
-                    round_ms, idle_since = None, None  # measure again: the load may have changed
-                await clock.sleep(0.05)
-                continue
-            idle_since = None
-            items = []
-            for rid, (_, prompt, received, max_tokens, _) in mine:
-                now_tokens = known.get(rid) or prompt + list(received)
-                items.append((rid, now_tokens, max_tokens - (len(now_tokens) - len(prompt))))
-            started = clock.now()
-            try:
-                drafts = await drafter.draft_for(items, k)
-            except (InvalidRequestError, ServerUnavailableError):
-                return  # the target is back (the draft evicted) or the drafter died
-            if not drafts:
-                await clock.sleep(0.02)
-                continue
-            base = {rid: len(now_tokens) for rid, now_tokens, _ in items}
-            try:
-                verdicts = await self.workers[survivor].verify_drafts(
-                    [(rid, base[rid], d) for rid, d in drafts.items()]
-                )
-                load = await self.workers[survivor].load()
-            except (InvalidRequestError, ServerUnavailableError):
-                await clock.sleep(0.02)
-                continue
-            ms = (clock.now() - started) * 1000.0
-            round_ms = ms if round_ms is None else 0.7 * round_ms + 0.3 * ms
-            if load.get("step_ms"):
-                step_ms[survivor] = float(load["step_ms"])
-            known = {rid: list(v["tokens"]) for rid, v in verdicts.items() if not v["finished"]}
-            self.stats.assist_rounds += 1
-            self.stats.drafts_proposed += sum(int(v["proposed"]) for v in verdicts.values())
-            self.stats.drafts_accepted += sum(int(v["accepted"]) for v in verdicts.values())
+        await assist(self, name, drafter, stop, acceptance)
 
     def describe(self) -> dict[str, Any]:
         live = [w for w in self.service.members if w not in self.dead]
@@ -659,15 +596,6 @@ async def collect(events: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
         if event.get("finished"):
             last = event
     return {"tokens": tokens, **last}
-
-
-def progressive_target(progressive: Any, name: str, view: ClusterView, params: LlmParams) -> str | None:
-    """The survivor ``progressive`` would have ``name`` assist (at any gain), for its step time."""
-    from failsoft.policies.llm_recovery import Recovering, SpeculationCost
-
-    free = SpeculationCost(acceptance=1.0, draft_step=0.0, verify_step=1.0)
-    (decision,) = progressive.decide((Recovering(name, draft_ready=True),), view, params, free)
-    return decision.assist
 
 
 __all__ = ["LlmDispatcher", "LlmServiceBackend", "LlmStats", "collect"]
