@@ -119,7 +119,7 @@ def test_resolve_refuses_what_does_not_fit_or_does_not_exist():
         resolve(config_from_dict(data), [FAM])
 
 
-LLM_EXAMPLES = ("llm.yaml",)  # LUMEN deployments: `failsoft llm serve`, their own schema
+LLM_EXAMPLES = ("llm.yaml",)  # LUMEN: an llm service only (no app of the model repository)
 
 
 @pytest.mark.parametrize(
@@ -132,14 +132,49 @@ def test_every_example_config_is_valid(path):
 
 @pytest.mark.parametrize("name", LLM_EXAMPLES)
 def test_every_example_llm_config_is_valid(name):
-    from failsoft.runtime.llm_session import load_llm_config
+    cfg = load_config(EXAMPLES / name)
+    (llm,) = cfg.llm
+    assert llm.service.members == ("w0", "w1", "w2") and llm.servers == ("s1", "s2", "s3")
+    assert llm.policy == "lumen" and not cfg.apps
 
-    cfg = load_llm_config(EXAMPLES / name)
-    assert cfg.workers and cfg.spec.service.policy == "lumen"
-    with pytest.raises(ConfigError, match="checkpoint_budget_mb"):
-        from failsoft.runtime.llm_session import llm_config_from_dict
 
-        llm_config_from_dict({"service": {"params": {"checkpoint_budget_mb": -1}}})
+def _llm_config(**service):
+    return {
+        "servers": [{"name": "s1", "site": "a", "memory_mb": 64}],
+        "services": [{"name": "bytes", "mode": "llm", **service}],
+    }
+
+
+@pytest.mark.parametrize(
+    ("service", "named"),
+    [
+        (
+            {"params": {"checkpoint_budget_mb": -1}},
+            r"services\[0\] \('bytes'\)\.params: .*checkpoint_budget_mb",
+        ),
+        ({"policy": "nope"}, r"policy 'nope' is unknown \(known: .*lumen"),
+        ({"servers": ["s9"]}, r"servers: 's9' is not a server"),
+        ({"workers": 0}, "workers"),
+        ({"model": {"path": "/no/such/dir"}}, "not a Hugging Face model directory"),
+        ({"model": {"draft": "/x"}}, "model.draft needs model.path"),
+        ({"members": ["a"]}, "members"),  # an llm service's members are its workers
+    ],
+)
+def test_an_llm_service_is_validated_at_the_edge(service, named):
+    with pytest.raises(ConfigError, match=named):
+        config_from_dict(_llm_config(**service))
+
+
+def test_a_config_that_serves_nothing_is_refused():
+    with pytest.raises(ConfigError, match="serves nothing"):
+        config_from_dict({"servers": [{"name": "s1", "site": "a", "memory_mb": 64}]})
+
+
+def test_an_llm_service_cannot_take_an_apps_name():
+    data = _llm_config()
+    data["apps"] = [{"name": "bytes", "family": "fam"}]
+    with pytest.raises(ConfigError, match=r"'bytes'.*taken"):
+        config_from_dict(data)
 
 
 def test_the_demo_serves_examples_edge_yaml():

@@ -13,7 +13,6 @@ import pytest
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.devices import NOSET_ENV, VISIBLE_ENV, Placement, check_placement, local_device
-from failsoft.runtime.llm_session import llm_config_from_dict
 
 
 def _config(servers: list[dict[str, Any]], agents: dict[str, Any] | None = None) -> Any:
@@ -85,10 +84,22 @@ def test_a_machine_gpu_number_maps_to_its_place_among_the_visible_ones() -> None
 
 
 def test_llm_workers_take_a_share_the_same_way() -> None:
-    cfg = llm_config_from_dict({"model": {"device": "cuda", "gpus": 0.25}}, source="llm.yaml")
-    assert cfg.placement == Placement("cuda", 0.25)
-    with pytest.raises(ConfigError, match=r"llm.yaml: model: device 'cuda' needs a share of a GPU"):
-        llm_config_from_dict({"model": {"device": "cuda"}}, source="llm.yaml")
+    from failsoft.runtime.config import config_from_dict
+
+    def cfg(model):
+        return config_from_dict(
+            {
+                "servers": [{"name": "s1", "site": "a", "memory_mb": 64}],
+                "services": [{"name": "bytes", "mode": "llm", "model": model}],
+            },
+            source="llm.yaml",
+        )
+
+    assert cfg({"device": "cuda", "gpus": 0.25}).llm[0].placement == Placement("cuda", 0.25)
+    with pytest.raises(
+        ConfigError, match=r"llm.yaml: services\[0\] \('bytes'\).model: device 'cuda' needs a share"
+    ):
+        cfg({"device": "cuda"})
     assert check_placement("x", "auto", 0.5) == Placement("auto", 0.5)
 
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
+from failsoft.clock import MonotonicClock
+from failsoft.runtime.gateway.dispatch import DispatchContext
 from failsoft.runtime.gateway.dispatch.llm import LlmDispatcher
-from failsoft.services import LlmParams
+from failsoft.runtime.llm_config import LlmServiceModel, llm_serving
 
 
 class _Survivor:
@@ -41,8 +44,12 @@ class _Drafter:
 def _run(step_ms: float, verify_ms: float, seconds: float = 0.6) -> tuple[LlmDispatcher, dict[str, Any]]:
     survivors = {"w0": _Survivor(step_ms, verify_ms), "w1": _Survivor(step_ms, verify_ms)}
     drafter = _Drafter()
-    d = LlmDispatcher("bytes", {**survivors, "w2": drafter}, LlmParams(), "lumen", 256, 0.01)
-    d.mark_dead("w2")
+    spec = LlmServiceModel(name="bytes", mode="llm", workers=3, model={"root": "unused"})
+    serving = llm_serving(spec, "test", ("s1",), Path("."))
+    context = DispatchContext(None, lambda s: None, MonotonicClock(), llm={"bytes": serving})  # type: ignore[arg-type]
+    d = LlmDispatcher(serving.service, context)
+    d.workers.update(survivors)
+    d.dead = {"w2"}  # drafting: its target is not back
     d._outstanding.update(w0=1, w1=3)  # w1 is the most loaded survivor
     d._live["a"] = ("w0", [1, 2, 3], [], 60, True)
     d._live["b"] = ("w1", [4, 5], [], 60, True)

@@ -1,15 +1,18 @@
 """``failsoft bench llm CONFIG``: LUMEN's recovery policies on a real LLM service, one worker killed.
 
-For each policy a fresh deployment of the config (its workers, model and engine settings; the
-service's policy replaced) replays the same trace: the Azure LLM conversation trace shipped with
-failsoft (``failsoft/data/llm``), its arrivals compressed to ``rate_rps`` and its prompt and output
-lengths rescaled to the model's context (``scale``), prompts cut from the corpus's held-out text.
-Every request streams through the gateway (``generate_stream``) with greedy decoding. After
-``kill_at_s`` seconds the busiest worker's process is killed (Ray kills the actor: its engine and
-every KV page are gone). A first run without a failure gives the reference texts.
+``CONFIG`` is a ``failsoft serve`` config with an ``llm`` service (``examples/llm.yaml``). For each
+policy a fresh :class:`~failsoft.runtime.session.Session` of the config (the serve path: the
+controller's workers, the one gateway; the service's policy replaced) replays the same trace: the
+Azure LLM conversation trace shipped with failsoft (``failsoft/data/llm``), its arrivals compressed
+to ``rate_rps`` and its prompt and output lengths rescaled to the model's context (``scale``),
+prompts cut from the corpus's held-out text. Every request streams through the gateway
+(``generate_stream``) with greedy decoding. After ``kill_at_s`` seconds the busiest worker's process
+is killed (SIGKILL: its engine and every KV page are gone). A first run without a failure gives the
+reference texts.
 
-The killed worker is then restarted at once: a warm standby worker (imports done, the same for
-every policy) adopts it and loads the model, ``reload_ms`` later for a larger model emulated. Under
+The controller detects the death and restarts the worker: a warm standby worker (imports done, the
+same for every policy) adopts it and loads the model, ``reload_ms`` later for a larger model
+emulated. Under
 a policy with progressive recovery (``lumen``) the standby loads the draft first and drafts for
 the most loaded survivor until its target is back (``draft_ready_ms``, ``assist_rounds``,
 ``drafts_proposed`` / ``drafts_accepted``); ``reload_window`` is the TTFT of the requests sent
@@ -87,8 +90,8 @@ def trace(n: int, rate_rps: float, context: int, seed: int) -> list[tuple[float,
 async def _one(url: str, model: str, arrival: float, t0: float, prompt: str, max_tokens: int) -> _Outcome:
     import httpx
 
-    await asyncio.sleep(max(0.0, t0 + arrival - time.perf_counter()))
-    o = _Outcome(sent=time.perf_counter())
+    await asyncio.sleep(max(0.0, t0 + arrival - time.monotonic()))
+    o = _Outcome(sent=time.monotonic())
     body = {"text_input": prompt, "parameters": {"max_tokens": max_tokens, "temperature": 0}}
     chunks: list[str] = []
     try:
@@ -107,7 +110,7 @@ async def _one(url: str, model: str, arrival: float, t0: float, prompt: str, max
                 if "error" in event:
                     o.error = str(event["error"])
                     return o
-                o.times.append(time.perf_counter())
+                o.times.append(time.monotonic())
                 chunks.append(event["text_output"])
                 p = event.get("parameters")
                 if p:
@@ -141,38 +144,74 @@ def recovery(outcomes: list[_Outcome], killed_at: float | None, restart_ms: floa
     }
 
 
-def _run_one(
-    config: Any, policy: str | None, settings: LlmBenchSettings, reqs: list[tuple[float, str, int]]
-) -> tuple[list[_Outcome], dict[str, Any]]:
-    from failsoft.runtime.llm_session import LlmSession
+def next_tokens(outcomes: list[_Outcome], killed_at: float | None) -> list[float]:
+    """Per interrupted stream that completed, the kill to its next token (ms)."""
+    out = []
+    for o in outcomes:
+        after = [t for t in o.times if killed_at is not None and t > killed_at]
+        if o.recoveries > 0 and o.error is None and after and killed_at is not None:
+            out.append(round((after[0] - killed_at) * 1000, 1))
+    return out
 
-    spec = config.spec
-    svc = spec.service.model_copy(update={"policy": policy or spec.service.policy})
-    gw = spec.gateway.model_copy(update={"port": 0})
-    cfg = type(config)(spec.model_copy(update={"service": svc, "gateway": gw}), config.params, config.root)
-    with LlmSession(cfg, reload_delay_ms=settings.reload_ms).start() as session:
-        for w in session.workers.values():
+
+def _session_config(config: Any, serving: Any, policy: str | None, settings: LlmBenchSettings) -> Any:
+    """The config with one llm service (its policy replaced, the reload emulated), a free port and
+    a state directory of its own."""
+    import dataclasses
+    import tempfile
+    from pathlib import Path
+
+    svc = dataclasses.replace(serving, policy=policy or serving.policy, restart_delay_ms=settings.reload_ms)
+    state = Path(tempfile.mkdtemp(prefix="failsoft-bench-llm-"))
+    return config.replace(llm=(svc,), apps=(), services=(), state_dir=state).with_gateway(port=0)
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _run_one(
+    config: Any,
+    serving: Any,
+    policy: str | None,
+    settings: LlmBenchSettings,
+    reqs: list[tuple[float, str, int]],
+) -> tuple[list[_Outcome], dict[str, Any]]:
+    import os
+    import signal
+
+    from failsoft.runtime.session import Session
+
+    with Session(_session_config(config, serving, policy, settings)) as session:
+        d = session.gateway.served[serving.name].dispatcher
+        _wait(lambda: d.ready() and len(d.workers) == len(serving.service.members), 120)
+        _wait(lambda: all(s.get("pid") for s in d._spares) and len(d._spares) >= 1, 120)  # standbys up
+        for w in d.workers.values():
             w.set_slow_sync(settings.slow_ms)
 
         async def drive() -> tuple[list[_Outcome], float | None]:
-            t0 = time.perf_counter()
-            tasks = [asyncio.ensure_future(_one(session.url, svc.name, a, t0, p, m)) for a, p, m in reqs]
+            t0 = time.monotonic()
+            tasks = [asyncio.ensure_future(_one(session.url, serving.name, a, t0, p, m)) for a, p, m in reqs]
             killed_at = None
             if policy is not None:
                 await asyncio.sleep(settings.kill_at_s)
-                in_flight = session.dispatcher.describe()["in_flight"]
+                in_flight = d.describe()["in_flight"]
                 victim = max(in_flight, key=lambda w: (in_flight[w], w))
-                killed_at = time.perf_counter()
-                await asyncio.to_thread(session.kill_worker, victim)
-                await asyncio.to_thread(session.restart_worker, victim)
-                restarted.append(time.perf_counter())
+                killed_at = time.monotonic()
+                os.kill(int(d._table[victim]["pid"]), signal.SIGKILL)
             return list(await asyncio.gather(*tasks)), killed_at
 
-        restarted: list[float] = []
         outcomes, killed_at = asyncio.run(drive())
-        stats = session.dispatcher.stats
-        last = session.restarts[-1] if session.restarts else {}
-        draft_ready = last.get("draft_ready")
+        if killed_at is not None:  # the controller's restart, as the gateway saw it
+            _wait(lambda: bool(d.stats.restarts) and d.stats.restarts[-1]["serving"] is not None, 600)
+        stats = d.stats
+        last = stats.restarts[-1] if stats.restarts else {}
+        draft_ready, restarted = last.get("draft"), last.get("serving")
         extra = {
             "draft_ready_ms": round((draft_ready - killed_at) * 1000, 1)
             if draft_ready and killed_at
@@ -185,29 +224,47 @@ def _run_one(
             "recovered_requests": stats.recovered,
             "checkpoint_bytes_shipped": stats.shipped_bytes,
             "killed_at": killed_at,
-            "restart_ms": round((restarted[0] - killed_at) * 1000, 1) if restarted and killed_at else None,
-            "restarted_at": restarted[0] if restarted else None,
+            "restart_ms": round((restarted - killed_at) * 1000, 1) if restarted and killed_at else None,
+            "restarted_at": restarted,
         }
     return outcomes, extra
+
+
+def _llm_service(config: Any) -> Any:
+    from failsoft.errors import ConfigError
+
+    if not config.llm:
+        raise ConfigError(f"{config.source}: no llm service to benchmark (a services entry with mode: llm)")
+    return config.llm[0]
+
+
+def _context(serving: Any) -> int:
+    if serving.hf:
+        from transformers import AutoConfig
+
+        from failsoft.llm.models import serving_context
+
+        return serving_context(AutoConfig.from_pretrained(serving.root, local_files_only=True))
+    from failsoft.llm.models import load_lm
+
+    return load_lm(serving.root, serving.target_name(), "cpu").context
 
 
 def run(
     config_path: Any, settings: LlmBenchSettings, progress: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    from failsoft.llm.models import build_pair, load_lm
-    from failsoft.runtime.llm_session import load_llm_config
+    from failsoft.runtime.config import load_config
 
-    config = load_llm_config(config_path)
-    device = None if config.spec.model.device == "auto" else config.spec.model.device
-    build_pair(config.root, config.spec.model.size, device)
-    context = load_lm(config.root, f"{config.spec.model.size}-target", "cpu").context
-    reqs = trace(settings.requests, settings.rate_rps, context, settings.seed)
+    config = load_config(config_path)
+    serving = _llm_service(config)
+    serving.build()
+    reqs = trace(settings.requests, settings.rate_rps, _context(serving), settings.seed)
     progress(f"no-failure reference: {len(reqs)} requests")
-    reference, _ = _run_one(config, None, settings, reqs)
+    reference, _ = _run_one(config, serving, None, settings, reqs)
     results: dict[str, Any] = {
         "config": str(config_path),
-        "model": f"{config.spec.model.size}-target",
-        "workers": config.spec.service.workers,
+        "model": serving.target_name(),
+        "workers": len(serving.service.members),
         "settings": {
             "requests": settings.requests,
             "rate_rps": settings.rate_rps,
@@ -225,7 +282,7 @@ def run(
     }
     for policy in settings.policies:
         progress(f"policy {policy}: kill the busiest worker at {settings.kill_at_s} s")
-        outcomes, extra = _run_one(config, policy, settings, reqs)
+        outcomes, extra = _run_one(config, serving, policy, settings, reqs)
         killed_at = extra.pop("killed_at")
         restarted_at = extra.pop("restarted_at")
         during = [
@@ -240,6 +297,7 @@ def run(
             "ttft_ms": _stat([o.ttft_ms for o in outcomes if o.ttft_ms is not None]),
             "tpot_ms": _stat([o.tpot_ms for o in outcomes if o.tpot_ms is not None]),
             **recovery(outcomes, killed_at, extra["restart_ms"]),
+            "kill_to_next_token_ms": next_tokens(outcomes, killed_at),
             "reload_window": {"requests": len(during), "ttft_ms": _stat(during)},
             "identical_outputs": sum(
                 o.error is None and o.text == r.text for o, r in zip(outcomes, reference, strict=True)

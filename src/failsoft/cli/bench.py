@@ -198,7 +198,7 @@ def coding(
 
 @app.command("llm")
 def llm(
-    config: Annotated[Path, typer.Argument(help="An llm deployment config, e.g. examples/llm.yaml")],
+    config: Annotated[Path, typer.Argument(help="A config with an llm service (examples/llm.yaml)")],
     policy: Annotated[
         list[str] | None,
         typer.Option(

@@ -5,7 +5,8 @@ in minutes on a CPU) and prints what it measured as JSON: held-out bits per byte
 the draft's greedy acceptance rate. ``generate`` streams one prompt's tokens and prints TTFT, time
 per output token and, with ``--draft-tokens``, the speculative acceptance; ``--model DIR`` serves a
 local Hugging Face causal LM instead of the pair (``--draft-model DIR`` its draft, ``--chat`` the
-prompt through its chat template).
+prompt through its chat template). An ``llm`` service is served by ``failsoft serve`` (a config
+with a ``mode: llm`` service, ``examples/llm.yaml``).
 """
 
 from __future__ import annotations
@@ -130,34 +131,3 @@ def generate(
             "tpot_ms": round(req.tpot_ms or 0.0, 3),
         }
     typer.echo(json.dumps(summary, indent=2))
-
-
-@app.command("serve")
-def serve(
-    config: Annotated[Path, typer.Argument(help="An llm deployment config (examples/llm.yaml)")],
-    port: Annotated[int | None, typer.Option(help="Override the gateway's port")] = None,
-) -> None:
-    """Build the model pair if needed, start the LLM workers and the generate gateway; Ctrl-C stops."""
-    from failsoft.runtime.llm_session import LlmSession, load_llm_config
-
-    cfg = load_llm_config(config)
-    if port is not None:
-        spec = cfg.spec.model_copy(update={"gateway": cfg.spec.gateway.model_copy(update={"port": port})})
-        cfg = type(cfg)(spec, cfg.params, cfg.root)
-
-    session = LlmSession(cfg)
-    typer.echo(f"building/loading the {cfg.spec.model.size} model under {cfg.root} ...", err=True)
-    try:
-        session.start(background=True)
-        typer.echo(
-            f"serving {cfg.spec.service.name!r} ({cfg.spec.service.workers} workers, policy "
-            f"{cfg.spec.service.policy}) on {session.url}; try:\n  curl -N {session.url}/v2/models/"
-            f'{cfg.spec.service.name}/generate_stream -d \'{{"text_input": "def main(", '
-            f'"parameters": {{"max_tokens": 64}}}}\'',
-            err=True,
-        )
-        session.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        session.stop()

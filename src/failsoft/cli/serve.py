@@ -81,7 +81,7 @@ def serve(
     prepared = session.prepare()  # a bad config or repository stops here, before any process starts
     typer.echo(
         f"failsoft: starting {len(cfg.servers)} servers in {len(cfg.sites)} sites, "
-        f"{len(prepared.deployment.apps)} apps, policy {cfg.policy} ...",
+        f"{len(prepared.deployment.apps)} apps, {len(cfg.llm)} llm services, policy {cfg.policy} ...",
         err=True,
     )
     session.start(background=False)

@@ -32,7 +32,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,8 @@ class Chaos:
         self.servers = {s.name: s for s in servers}
         self.agents = agents
         self._procs: dict[str, AgentProcess] = {}
+        # processes on a server beside its agent (llm workers, given by the gateway): killed with it
+        self.companions: Callable[[str], list[int]] = lambda server: []
 
     def servers_of(self, server: str | None = None, site: str | None = None) -> list[str]:
         if site is not None:
@@ -128,7 +130,7 @@ class Chaos:
         for name, proc in zip(names, procs, strict=True):
             at = time.time()
             self._signal(name, proc, signal.SIGKILL)
-            killed.append({"server": name, "pid": proc.pid, "at": at})
+            killed.append({"server": name, "pid": proc.pid, "at": at, "with": self._kill_companions(name)})
         return {"action": "kill", "killed": killed}
 
     async def hang(self, server: str) -> dict[str, Any]:
@@ -159,6 +161,17 @@ class Chaos:
         (name,) = self.servers_of(server)
         await self.agents[name].set_broken(broken)
         return {"action": "break", "server": name, "broken": broken, "at": time.time()}
+
+    def _kill_companions(self, server: str) -> list[int]:
+        """SIGKILL the server's other processes on this host (an llm service's workers)."""
+        killed = []
+        for pid in self.companions(server):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except (ProcessLookupError, PermissionError):
+                pass  # gone already, or not ours to signal
+        return killed
 
     @staticmethod
     def _check(server: str, proc: AgentProcess) -> None:

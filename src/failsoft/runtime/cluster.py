@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -245,6 +246,16 @@ class ControllerRef(_ActorRef):
 
     async def deploy_status(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return await self._call("deploy_status", timeout_s=timeout_s)
+
+
+    async def wait_llm(self, service: str, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
+        """An llm service's worker table once newer than ``(epoch, version)`` (``Controller.wait_llm``)."""
+        return await self._call("wait_llm", service, epoch, version, timeout_s, timeout_s=timeout_s + 5.0)
+
+    async def llm_failed(
+        self, service: str, worker: str, incarnation: int, reason: str, timeout_s: float = 5.0
+    ) -> bool:
+        return bool(await self._call("llm_failed", service, worker, incarnation, reason, timeout_s=timeout_s))
 
     def wait_ready_sync(self, timeout_s: float) -> bool:
         return self._call_sync("wait_ready", timeout_s, timeout_s=timeout_s + 10.0)
@@ -591,41 +602,68 @@ class LlmWorkerRef(_ActorRef):
     ) -> dict[str, dict[str, Any]]:
         return dict(await self._call("verify_drafts", items, timeout_s=timeout_s))
 
-    def adopt_sync(
-        self, spec: Any, draft: str | None = None, target_delay_ms: float = 0.0, timeout_s: float = 120.0
+    async def adopt(
+        self, spec: Any, draft: str | None = None, target_delay_ms: float = 0.0, timeout_s: float = 600.0
     ) -> dict[str, Any]:
         """A standby worker takes ``spec.name`` (loads its model, serves; with ``draft``, loads
         the draft first and returns, the target loading on); its info. The handle is named after
         the worker it now is."""
+        info = dict(await self._call("adopt", spec, draft, target_delay_ms, timeout_s=timeout_s))
+        self.worker, self.what = spec.name, f"llm worker {spec.name!r}"
+        return info
+
+    def adopt_sync(
+        self, spec: Any, draft: str | None = None, target_delay_ms: float = 0.0, timeout_s: float = 120.0
+    ) -> dict[str, Any]:
         info = dict(self._call_sync("adopt", spec, draft, target_delay_ms, timeout_s=timeout_s))
         self.worker, self.what = spec.name, f"llm worker {spec.name!r}"
         return info
 
+    async def wait_target(self, timeout_s: float = 600.0) -> dict[str, Any]:
+        return dict(await self._call("wait_target", timeout_s, timeout_s=timeout_s + 10.0))
+
+    async def set_slow(self, ms: float, timeout_s: float = 10.0) -> None:
+        await self._call("set_slow", ms, timeout_s=timeout_s)
+
 
 def spawn_llm_worker(
-    cluster: RayCluster, cls: type, service: str, worker: str, *args: Any, placement: Placement = ON_CPU
+    cls: type, service: str, name: str, *args: Any, server: str | None = None, placement: Placement = ON_CPU
 ) -> LlmWorkerRef:
-    """A new LLM worker actor of ``service``, named by service and worker, on any node (with its
-    GPU share, as an agent's; with none it is left as Ray starts it: no runtime environment of its
-    own, so that Ray's pool of started worker processes serves its restarts)."""
+    """A new LLM worker actor of ``service`` (``name``: the worker it serves, or a standby's), on
+    the node that offers ``server``'s resource (any node when that one is gone), with its GPU share
+    as an agent's; with none it is left as Ray starts it: no runtime environment of its own, so
+    that Ray's pool of started worker processes serves its restarts. The actor is owned by the
+    caller (the controller): it goes when its owner goes."""
     env = placement.actor_env() if placement.gpus > 0 else {}
+    strategy = _node_of(server) if server is not None else None
     handle: Any = (
         ray.remote(cls)
         .options(
-            name=llm_worker_name(service, worker),
+            name=f"{llm_worker_name(service, name)}-{os.getpid()}-{next(_LLM_IDS)}",
             namespace=NAMESPACE,
             num_cpus=0,
             num_gpus=placement.gpus,
             **({"runtime_env": {"env_vars": env}} if env else {}),
+            **({"scheduling_strategy": strategy} if strategy is not None else {}),
             max_restarts=0,
             max_task_retries=0,
             max_concurrency=64,
         )
         .remote(*args)
     )
-    ref = LlmWorkerRef(handle, worker)
-    cluster._spawned.append(ref)
-    return ref
+    return LlmWorkerRef(handle, name)
+
+
+_LLM_IDS = itertools.count()
+
+
+def _node_of(server: str) -> Any:
+    """Where ``server``'s agent runs: the live node offering its resource (soft: another node when
+    it has none)."""
+    for node in ray.nodes():
+        if node.get("Alive") and node.get("Resources", {}).get(server_resource(server), 0) > 0:
+            return NodeAffinitySchedulingStrategy(node["NodeID"], soft=True)
+    return None
 
 
 def _env_gpus() -> int | None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model, field_validator
 
 from failsoft.domain import Autoscaling, PolicyParams, Server
 from failsoft.errors import ConfigError
@@ -42,6 +42,7 @@ from failsoft.policies.queueing import QueueParams
 from failsoft.policies.registry import failover_names as policy_names
 from failsoft.policies.registry import names as registered
 from failsoft.runtime.devices import DEVICE_PATTERN, MAX_GPUS, Placement, check_placement
+from failsoft.runtime.llm_config import LlmServiceModel, LlmServing, is_llm_entry, llm_serving
 from failsoft.runtime.security import MIN_TOKEN_CHARS, TlsSettings
 from failsoft.runtime.telemetry import TelemetrySettings
 from failsoft.scenario import (  # one-line errors, one service parser
@@ -168,12 +169,23 @@ class TelemetryModel(_Strict):
     access_log: bool = True
 
 
+def _service_kind(value: Any) -> str:
+    return "llm" if is_llm_entry(value) else "apps"
+
+
+# a service groups apps of the repository, or (mode llm) LLM workers with their own schema
+ServiceEntry = typing.Annotated[
+    typing.Annotated[ServiceSpec, Tag("apps")] | typing.Annotated[LlmServiceModel, Tag("llm")],
+    Discriminator(_service_kind),
+]
+
+
 class ConfigModel(_Strict):
     name: str = Field(default="failsoft", pattern=_NAME, max_length=64)
     repository: str | None = None
     servers: list[ServerModel] = Field(min_length=1)
-    apps: list[AppModel] = Field(min_length=1)
-    services: list[ServiceSpec] = Field(default_factory=list)
+    apps: list[AppModel] = Field(default_factory=list)  # none: only llm services
+    services: list[ServiceEntry] = Field(default_factory=list)
     failover: FailoverModel = Field(default_factory=FailoverModel)
     heartbeat: HeartbeatModel = Field(default_factory=HeartbeatModel)
     gateway: GatewayModel = Field(default_factory=GatewayModel)
@@ -297,6 +309,7 @@ class RuntimeConfig:
     admin_token: str | None
     placements: tuple[tuple[str, Placement], ...] = ()  # per server: device and GPU share
     telemetry: TelemetrySettings = dataclasses.field(default_factory=TelemetrySettings)
+    llm: tuple[LlmServing, ...] = ()  # the llm services (their members are LLM workers, not apps)
 
     def replace(self, **changes: Any) -> RuntimeConfig:
         return dataclasses.replace(self, **changes)
@@ -375,8 +388,12 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
                 a.autoscaling,
             )
         )
-    services = build_services(spec.services, {a.name: a for a in apps}, source)
+    app_services = [s for s in spec.services if isinstance(s, ServiceSpec)]
+    services = build_services(app_services, {a.name: a for a in apps}, source)
     _check_scaled_members(services, apps, source)
+    llm = _llm_services(spec, source, base_dir, {a.name for a in apps} | {s.name for s in services})
+    if not apps and not llm:
+        raise ConfigError(f"{source}: apps: the config serves nothing (no app and no llm service)")
     repository = resolve_repository(_path(spec.repository, base_dir) if spec.repository else None)
     _check_graph_state(services, {a.name: a for a in apps}, repository, source)
     state_dir = _path(spec.state_dir, base_dir) if spec.state_dir else default_state_dir() / spec.name
@@ -417,6 +434,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
         telemetry=TelemetrySettings(
             spec.telemetry.traces, spec.telemetry.log_format, spec.telemetry.access_log
         ),
+        llm=llm,
     )
 
 
@@ -442,6 +460,20 @@ def _check_scaled_members(services: tuple[Service, ...], apps: list[AppConfig], 
                     f"{source}: app {member!r} has replicas or autoscaling but is a member of "
                     f"service {service.name!r} ({service.mode.value}): only apps served alone scale"
                 )
+
+
+def _llm_services(spec: ConfigModel, source: str, base_dir: Path, taken: set[str]) -> tuple[LlmServing, ...]:
+    """The ``mode: llm`` entries of ``services``, validated (their names must not be taken)."""
+    servers = tuple(s.name for s in spec.servers)
+    out = []
+    for i, entry in enumerate(spec.services):
+        if isinstance(entry, LlmServiceModel):
+            where = f"{source}: services[{i}] ({entry.name!r})"
+            if entry.name in taken:
+                raise ConfigError(f"{where}: the name is taken by another app or service")
+            taken.add(entry.name)
+            out.append(llm_serving(entry, where, servers, base_dir))
+    return tuple(out)
 
 
 def _placements(spec: ConfigModel, source: str) -> tuple[tuple[str, Placement], ...]:

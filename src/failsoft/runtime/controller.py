@@ -42,6 +42,7 @@ from failsoft.orchestration.deploy import Desired, plan_deploy
 from failsoft.runtime import cluster
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
+from failsoft.runtime.llm_fleet import LlmFleet
 from failsoft.runtime.longpoll import EventLog, VersionedValue
 from failsoft.runtime.loop import StepRunner, spawn
 from failsoft.runtime.orchestrator import CoreDriver
@@ -110,6 +111,7 @@ class Controller:
         self._last_check = self.clock.now()
         self.late_ticks = 0
         self.receiver = HeartbeatReceiver(heartbeat, set(self.state.servers))
+        self.fleets = {s.name: LlmFleet(s, self.clock, self._emit) for s in config.llm}  # llm services
         gc.freeze()  # keep full collections (hundreds of ms over Ray's and numpy's objects) off the loop
         _raise_priority()
         spawn(self._main(), "controller-main", self.tasks)
@@ -253,9 +255,29 @@ class Controller:
         return self.core.deploys.to_dict(self.state.wall_offset)
 
     async def wait_ready(self, timeout_s: float) -> bool:
+        """Whether every app is deployed and every llm service's workers serve, by ``timeout_s``."""
+        waits = [self._ready.wait(), *(f.ready.wait() for f in self.fleets.values())]
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
-        return self.core.ready
+            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
+        return self.core.ready and all(f.ready.is_set() for f in self.fleets.values())
+
+    # llm services (runtime/llm_fleet.py) ----------------------------------------------------------
+    async def wait_llm(self, service: str, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
+        """An llm service's worker table once newer than ``(epoch, version)`` (the gateway's
+        dispatcher long-polls it)."""
+        return await self._fleet(service).table.wait_newer(epoch, version, timeout_s)
+
+    async def llm_failed(self, service: str, worker: str, incarnation: int, reason: str) -> bool:
+        """The gateway saw ``worker`` die under a request: restart it now (True: a restart began)."""
+        return self._fleet(service).report_failed(worker, incarnation, reason)
+
+    def _fleet(self, service: str) -> LlmFleet:
+        from failsoft.errors import UnknownNameError
+
+        fleet = self.fleets.get(service)
+        if fleet is None:
+            raise UnknownNameError(f"no llm service {service!r} (llm services: {', '.join(self.fleets)})")
+        return fleet
 
     async def status(self) -> dict[str, Any]:
         self.state.sync_wall(time.time(), self.clock.now())
@@ -299,6 +321,8 @@ class Controller:
     async def _main(self) -> None:
         spawn(self._start(), "controller-start", self.tasks)
         spawn(self._persist_loop(), "controller-persist", self.tasks)
+        for name, fleet in self.fleets.items():
+            spawn(fleet.run(), f"llm-fleet-{name}", self.tasks)
         while True:
             await self.steps.run("health", self._check_health, slow_s=self.config.heartbeat.interval_s)
             await self.clock.sleep(self.tick_s)

@@ -45,7 +45,8 @@ ASSIST_LEASE_S = 0.3  # a request verified for a drafting peer is decoded here a
 
 @dataclass(frozen=True, slots=True)
 class LlmWorkerSpec:
-    """Which model a worker serves and how: ``model`` (e.g. ``tiny-target``) under ``root``."""
+    """Which model a worker serves and how: ``model`` (e.g. ``tiny-target``) under ``root``, or,
+    with ``hf``, the Hugging Face model directory ``root`` (``model`` is then its label)."""
 
     name: str
     root: Path
@@ -55,6 +56,20 @@ class LlmWorkerSpec:
     page_size: int = 16
     max_batch: int = 16
     torch_threads: int = 1
+    hf: bool = False
+    dtype: str = "auto"
+
+    def load(self, which: str | None = None) -> Any:
+        """The target (``which`` None) or the named draft (a built pair's name, or a Hugging Face
+        directory), loaded onto this process's device."""
+        if self.hf:
+            from failsoft.llm.hf import load_hf
+
+            path = self.root if which is None else Path(which)
+            return load_hf(path, _local(self.device), self.dtype, name=None if which else self.model)
+        from failsoft.llm.models import load_lm
+
+        return load_lm(self.root, which or self.model, _local(self.device))
 
 
 @dataclass(slots=True)
@@ -81,9 +96,11 @@ def _recorded_acceptance(root: Path, model: str) -> float | None:
 
 def sampling_params(sampling: dict[str, Any]) -> Any:
     """:class:`failsoft.llm.SamplingParams` from a request's JSON fields; unknown fields refused."""
+    import dataclasses
+
     from failsoft.llm import SamplingParams
 
-    known = {"max_tokens", "temperature", "top_p", "seed", "stop_at_eos"}
+    known = {f.name for f in dataclasses.fields(SamplingParams)}
     extra = sorted(set(sampling) - known)
     if extra:
         raise InvalidRequestError(
@@ -148,13 +165,12 @@ class LlmWorker:
             self._target_ready.set()
             return self.info()
         from failsoft.llm import Engine
-        from failsoft.llm.models import load_lm
 
         started = time.perf_counter()
-        lm = load_lm(spec.root, draft, _local(spec.device))
+        lm = spec.load(draft)
         self.draft_ms = (time.perf_counter() - started) * 1000.0
         self.drafter = Engine(lm, spec.kv_pages, spec.page_size, spec.max_batch)
-        self.draft_acceptance = _recorded_acceptance(spec.root, draft)
+        self.draft_acceptance = None if spec.hf else _recorded_acceptance(spec.root, draft)
         threading.Thread(
             target=self._load_target, args=(spec, target_delay_ms), name=f"load-{spec.name}", daemon=True
         ).start()
@@ -180,13 +196,12 @@ class LlmWorker:
         import torch
 
         from failsoft.llm import Engine
-        from failsoft.llm.models import load_lm
 
         if spec.torch_threads > 0:
             torch.set_num_threads(spec.torch_threads)
         self.spec = spec
         started = time.perf_counter()
-        self.lm = load_lm(spec.root, spec.model, _local(spec.device))
+        self.lm = spec.load()
         self.load_ms = (time.perf_counter() - started) * 1000.0
         self.engine = Engine(self.lm, spec.kv_pages, spec.page_size, spec.max_batch)
         self._streams: dict[str, _Stream] = {}

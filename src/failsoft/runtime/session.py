@@ -195,6 +195,7 @@ class Session:
             p.admin_token,
             services=p.deployment.all_services(),
             families={f.name: f for f in p.deployment.families},
+            llm=cfg.llm,
         )
         from failsoft.runtime.redeploy import Redeployer
 
@@ -328,6 +329,11 @@ def prepare(config: RuntimeConfig) -> Prepared:
     token = admin_token(config)
     root = config.repository
     repo = ModelRepository(root)
+    if not config.apps:  # only llm services: their models are not the repository's
+        deployment = resolve(config, ())
+        with open_store(config.store_url, config.state_dir, config.name):
+            pass
+        return Prepared(deployment, {}, {}, repo.root, token)
     if not repo.root.is_dir():
         raise ConfigError(
             f"model repository {str(root)!r} does not exist: build it with 'failsoft zoo build --out {root}'"

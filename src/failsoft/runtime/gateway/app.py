@@ -48,6 +48,7 @@ from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import App, Family, Scenario
 from failsoft.errors import (
     FailsoftError,
+    InvalidRequestError,
     ServerUnavailableError,
     UnknownNameError,
     http_status,
@@ -93,7 +94,16 @@ class Served:
 
     service: Service
     dispatcher: Dispatcher
-    lead: App
+    lead: App | None  # None: a mode whose members are no apps (llm: its own endpoints)
+
+    def app(self) -> App:
+        """The app whose model an infer request takes; InvalidRequestError for an ``llm`` service."""
+        if self.lead is None:
+            raise InvalidRequestError(
+                f"{self.service.name!r} is an {self.service.mode.value} service: send it generate or "
+                f"generate_stream requests (/v2/models/{self.service.name}/generate_stream)"
+            )
+        return self.lead
 
 
 class Gateway:
@@ -113,7 +123,9 @@ class Gateway:
         services: Sequence[Service] | None = None,
         clock: AsyncClock | None = None,
         families: Mapping[str, Family] | None = None,
+        llm: Sequence[Any] = (),
     ) -> None:
+        """``llm``: the config's llm services (:class:`~failsoft.runtime.llm_config.LlmServing`)."""
         self.settings, self.controller, self.chaos = settings, controller, chaos
         self.apps, self.models, self.variants = apps, models, variants
         self.admin_token = admin_token
@@ -124,7 +136,7 @@ class Gateway:
         self.metrics.registry.register(self.fleet)
         self.mirror = RouteMirror(controller, self.clock, self.link)
         self._agents = agents
-        services = with_singles(services or (), apps)
+        services = (*with_singles(services or (), apps), *(s.service for s in llm))
         self.health = RouteHealth(settings.unhealthy_after)
         self._families: dict[str, Family] = dict(families or {})  # grows with a deploy
         self._reports: set[asyncio.Task[Any]] = set()
@@ -139,14 +151,17 @@ class Gateway:
             event=self._publish,
             servers=self._servers,
             copies=controller,
+            llm={s.name: s for s in llm},
+            fleet=controller,
         )
         self._context = context
         self._closing: set[asyncio.Task[Any]] = set()
         self.deployer: Any = None  # failsoft deploy's side here (runtime/redeploy.py), set by the session
         dispatchers = build_dispatchers(services, context)
         self.served = {
-            s.name: Served(s, dispatchers[s.name], apps[dispatchers[s.name].front_app()]) for s in services
+            s.name: Served(s, dispatchers[s.name], _lead(dispatchers[s.name], apps)) for s in services
         }
+        chaos.companions = self._companions
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
         self.metrics.watch_apps(self._app_load)
         self.controller_stats: dict[str, Any] | None = None
@@ -203,8 +218,11 @@ class Gateway:
         retired = [self.served.pop(n) for n in gone]
         for service in new:
             d = dispatchers[service.name]
-            self.served[service.name] = Served(service, d, self.apps[d.front_app()])
+            front = d.front_app()
+            self.served[service.name] = Served(service, d, None if front is None else self.apps[front])
         for name, served in self.served.items():  # settings changed in place (an SLO: the timeout)
+            if served.lead is None:
+                continue
             lead = apps.get(served.lead.name)
             if lead is not None and lead != served.lead:
                 self.served[name] = dataclasses.replace(served, lead=lead)
@@ -272,6 +290,14 @@ class Gateway:
         """A dispatcher's event (a coded service reconstructing a failed member), stamped and sent."""
         self.hub.publish({"timestamp": time.time(), "source": "gateway", **event})
 
+    def _companions(self, server: str) -> list[int]:
+        """The processes that run on ``server`` beside its agent (an llm service's workers): a
+        server killed by chaos takes them with it."""
+        pids: list[int] = []
+        for served in self.served.values():
+            pids.extend(served.dispatcher.processes_on(server))
+        return pids
+
     def _servers(self) -> tuple[str, ...]:
         return tuple(sorted(self._agents))
 
@@ -292,7 +318,7 @@ class Gateway:
     def _check_version(self, name: str, version: str) -> None:
         """UnknownNameError (404) unless ``version`` of ``name`` is the one its route serves."""
         served = self._served(name)
-        route = self.mirror.route(served.lead.name)
+        route = self.mirror.route(served.app().name)
         loaded = None if route is None else version_of(route.variant)
         if not (version.isascii() and version.isdigit()) or int(version) != loaded:
             now = "none is loaded" if loaded is None else f"version {loaded} is loaded"
@@ -318,9 +344,10 @@ class Gateway:
                 request.headers.get("inference-header-content-length"), "Inference-Header-Content-Length"
             )
             body = await self.read_body(request, self.settings.max_body_bytes)
-            meta = self.models[served.lead.family]
+            lead = served.app()
+            meta = self.models[lead.family]
             req = parse_infer_request(body, name, meta, self.settings.max_batch, header_length)
-            deadline = self.clock.now() + self._timeout_s(served.lead, req.timeout_s)
+            deadline = self.clock.now() + self._timeout_s(lead, req.timeout_s)
             rid = logs.request_id.get() or uuid.uuid4().hex  # the access log's and X-Request-Id's
             work = Work(name, req.batch, deadline, rid, req.parameters)
             answer = await _unless_the_client_leaves(request, served.dispatcher.dispatch(work))
@@ -402,7 +429,7 @@ class Gateway:
 
         @api.get("/v2/models/{name}")
         async def metadata(name: str) -> dict[str, Any]:
-            lead = self._served(name).lead
+            lead = self._served(name).app()
             return model_metadata(name, lead.family, self.models[lead.family], self.variants[lead.family])
 
         @api.get("/v2/models/{name}/ready")
@@ -465,6 +492,11 @@ class Gateway:
                 tasks.cancel_scope.cancel()
         finally:
             self.hub.unsubscribe(feed)
+
+
+def _lead(dispatcher: Dispatcher, apps: Mapping[str, App]) -> App | None:
+    front = dispatcher.front_app()
+    return None if front is None else apps[front]
 
 
 async def _send_events(ws: WebSocket, feed: Feed, only: str | None) -> None:

@@ -5,7 +5,7 @@ signal again, so that the process dies of it. ``failsoft serve`` has more to sto
 (the agents, the controller, Ray) and reports it; for it, a Ctrl-C is how serving ends, not an
 error, so :class:`GatewayServer` does not raise the signal again.
 
-Both sessions (``failsoft serve``'s and ``failsoft llm serve``'s) run it either in the main thread
+The session (``failsoft serve``'s) runs it either in the main thread
 (:meth:`uvicorn.Server.run`) or in a daemon thread (:meth:`GatewayServer.start_in_thread`, for tests,
 benchmarks and the demo), and stop it the same way (:meth:`GatewayServer.stop`).
 

@@ -14,6 +14,7 @@ from failsoft.errors import ConfigError
 from failsoft.runtime.gateway.dispatch.coded import CodedDispatcher
 from failsoft.runtime.gateway.dispatch.graph import GraphDispatcher
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
+from failsoft.runtime.gateway.dispatch.llm import LlmDispatcher
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
 from failsoft.services import Service, ServiceMode
@@ -23,6 +24,7 @@ DISPATCHERS: Mapping[ServiceMode, type[Dispatcher]] = {
     ServiceMode.SLO: SloDispatcher,
     ServiceMode.CODED: CodedDispatcher,
     ServiceMode.GRAPH: GraphDispatcher,
+    ServiceMode.LLM: LlmDispatcher,
 }
 
 
@@ -56,6 +58,7 @@ __all__ = [
     "DispatchContext",
     "Dispatcher",
     "GraphDispatcher",
+    "LlmDispatcher",
     "Request",
     "SingleDispatcher",
     "SloDispatcher",

@@ -90,6 +90,29 @@ class CopyControl(Protocol):
     async def unpin(self, app: str, server: str, owner: str) -> None: ...
 
 
+class FleetControl(Protocol):
+    """How the ``llm`` dispatcher follows the workers the controller keeps alive
+    (:class:`~failsoft.runtime.llm_fleet.LlmFleet`): the worker table by long-poll, and a worker it
+    saw die under a request, reported so that its restart begins at once (``ControllerRef``)."""
+
+    async def wait_llm(self, service: str, epoch: str, version: int, timeout_s: float) -> dict[str, Any]: ...
+
+    async def llm_failed(self, service: str, worker: str, incarnation: int, reason: str) -> bool: ...
+
+
+class NoFleet:
+    """No controller (a dispatcher built without one): no worker table ever comes."""
+
+    async def wait_llm(self, service: str, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
+        import asyncio
+
+        await asyncio.sleep(timeout_s)
+        return {"epoch": epoch, "version": version, "value": None}
+
+    async def llm_failed(self, service: str, worker: str, incarnation: int, reason: str) -> bool:
+        return False
+
+
 class NoCopies:
     """No controller to ask (a dispatcher built without one): every pin is refused."""
 
@@ -111,7 +134,9 @@ class DispatchContext:
     ``input_shape(app)`` is the shape of one query to a member app (without the batch dimension; None
     when unknown), ``event(dict)`` publishes a gateway event to the event stream (``/v2/events``), and
     ``servers()`` names the servers that have an agent, and ``copies`` asks the orchestration core
-    for a copy of the dispatcher's own (:class:`CopyControl`)."""
+    for a copy of the dispatcher's own (:class:`CopyControl`). ``llm`` holds the ``llm`` services'
+    settings by name (:class:`~failsoft.runtime.llm_config.LlmServing`) and ``fleet`` their worker
+    tables (:class:`FleetControl`)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
@@ -123,6 +148,8 @@ class DispatchContext:
     event: Callable[[dict[str, Any]], None] = _no_event
     servers: Callable[[], tuple[str, ...]] = _no_servers
     copies: CopyControl = field(default_factory=NoCopies)
+    llm: Mapping[str, Any] = field(default_factory=dict)
+    fleet: FleetControl = field(default_factory=NoFleet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,10 +231,11 @@ class Dispatcher(ABC):
         """The service's entry in ``/v2/repository/index`` beside its name: ``state`` (READY or
         UNAVAILABLE), ``reason``, and what the mode can say about where it is served."""
 
-    def front_app(self) -> str:
+    def front_app(self) -> str | None:
         """The member app whose model a request to this service takes: the gateway validates a
         request's input against it and describes it at ``/v2/models/{name}``. The first member by
-        default."""
+        default; None for a mode whose members are no apps of the repository (``llm``: its
+        endpoints are its own, :meth:`http_routes`)."""
         return self.service.members[0]
 
     @classmethod
@@ -222,6 +250,12 @@ class Dispatcher(ABC):
         controller's autoscaling and ``failsoft_app_ongoing_requests`` read. Empty by default (a mode
         whose members do not scale)."""
         return {}
+
+
+    def processes_on(self, server: str) -> list[int]:
+        """Processes of this service that run on ``server`` beside its agent (an ``llm`` service's
+        workers), which chaos kills with the server. None by default."""
+        return []
 
     async def start(self) -> None:
         """Start the mode's background work (a re-planning loop, backup placement) as tasks the

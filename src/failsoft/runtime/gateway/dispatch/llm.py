@@ -1,9 +1,19 @@
 """The ``llm`` dispatcher: LUMEN's request path over the LLM workers of one service.
 
-* **Routing**: join-shortest-queue over the live workers, by the requests this gateway has in flight
-  on each (ties to the first in the service's order).
+It serves the same :class:`~.interface.Dispatcher` contract as every mode, on the gateway's event
+loop and its injected clock, and is the service's :class:`~failsoft.runtime.gateway.llm_backend.LlmBackend`:
+token ids in (the gateway tokenizes with the model's tokenizer), token events out. Its endpoints
+(Triton's ``generate`` / ``generate_stream``) are :mod:`failsoft.runtime.gateway.llm_routes`.
+
+* **Workers** are the controller's (:class:`~failsoft.runtime.llm_fleet.LlmFleet`): the dispatcher
+  long-polls their table (actor, server, phase, incarnation). A worker that dies under a request is
+  reported to the controller, which restarts it (a warm standby adopts its name); the table then
+  brings it back. A restarted worker in phase ``draft`` (LUMEN's progressive recovery) drafts for
+  the most loaded survivor (:meth:`LlmDispatcher.assist`) until its target serves.
+* **Routing**: join-shortest-queue over the serving workers, by the requests this gateway has in
+  flight on each (ties to the first in the service's order).
 * **Streaming**: a request is submitted to its worker and its output long-polled; every poll that
-  brings tokens is yielded to the caller (the generate endpoints stream them as SSE events).
+  brings tokens is yielded to the caller.
 * **KV checkpoints** (policy ``placement``, within ``checkpoint_budget_mb`` per holder by the
   :class:`~failsoft.policies.llm_recovery.CheckpointLedger`): once a request's first token is out,
   a holder is chosen from the workers' loads; after a poll that brought tokens the pages its worker
@@ -14,7 +24,8 @@
   routes it: to its checkpoint's holder, which restores the pages and recomputes only the tokens
   they do not cover, or to the least loaded worker, which recomputes the prompt and the output the
   client already received. The stream goes on from the token after the last one delivered; with
-  greedy decoding the text is the one a run without the failure gives.
+  greedy decoding the text is the one a run without the failure gives. Each is an event
+  (``llm-request-recovered``) on ``/v2/events``.
 * **Cancellation**: when the caller stops iterating (the client left), the request is cancelled on
   its worker (its KV pages are freed) and its checkpoint dropped.
 
@@ -25,13 +36,19 @@ mechanism: calls, polls, shipping, retries.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from failsoft.errors import InvalidRequestError, NoRouteError, ServerUnavailableError
+from failsoft.errors import (
+    ConfigError,
+    FailsoftError,
+    InvalidRequestError,
+    NoRouteError,
+    ServerUnavailableError,
+)
 from failsoft.policies import registry
 from failsoft.policies.llm_recovery import (
     CheckpointLedger,
@@ -39,11 +56,18 @@ from failsoft.policies.llm_recovery import (
     Interrupted,
     WorkerLoad,
 )
-from failsoft.services import LlmParams
+from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
+from failsoft.services import LlmParams, Service, ServiceMode
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+    from failsoft.llm.tokens import Tokenizer
 
 log = logging.getLogger(__name__)
 POLL_WAIT_S = 5.0
-MAX_PROMPT_BYTES = 1 << 20
+TABLE_WAIT_S = 30.0
+MAX_PROMPT_TOKENS = 1 << 20
 
 
 @dataclass(slots=True)
@@ -61,41 +85,183 @@ class LlmStats:
     assist_rounds: int = 0  # progressive restart: draft-and-verify rounds for a survivor
     drafts_proposed: int = 0
     drafts_accepted: int = 0
+    # per restart seen in the worker table, on the dispatcher's clock: failed, draft, serving
+    restarts: list[dict[str, Any]] = field(default_factory=list)
 
 
-class LlmDispatcher:
-    """Streams generations over ``workers`` (name -> :class:`~failsoft.runtime.cluster.LlmWorkerRef`,
-    in ring order) with the named recovery ``policy``. ``context`` and ``kv_mb_per_token`` are the
-    model's (every worker serves the same one)."""
+class LlmDispatcher(Dispatcher):
+    """Streams generations over the workers of one ``llm`` service with its recovery policy."""
 
-    def __init__(
-        self,
-        service: str,
-        workers: Mapping[str, Any],
-        params: LlmParams,
-        policy: str,
-        context: int,
-        kv_mb_per_token: float,
-    ) -> None:
-        if not workers:
-            raise NoRouteError(f"llm service {service!r} has no worker")
-        self.service = service
-        self.workers = dict(workers)
-        self.params = params
-        self.policy = registry.make("llm_recovery", policy, params)
-        self.policy_name = policy
-        self.context = context
-        self.kv_mb_per_token = kv_mb_per_token
-        self.ledger = CheckpointLedger(kv_mb_per_token, params.checkpoint_budget_mb)
-        self.dead: set[str] = set()
-        self._outstanding = dict.fromkeys(self.workers, 0)
+    mode = ServiceMode.LLM
+
+    def __init__(self, service: Service, context: DispatchContext) -> None:
+        super().__init__(service, context)
+        serving = context.llm.get(service.name)
+        if serving is None:
+            raise ConfigError(f"llm service {service.name!r} has no settings in the dispatch context")
+        assert isinstance(service.params, LlmParams)
+        self.serving = serving
+        self.params: LlmParams = service.params
+        self.policy_name = serving.policy
+        self.policy = registry.make("llm_recovery", serving.policy, service.params)
+        self._tokenizer: Tokenizer = serving.tokenizer()
+        self.workers: dict[str, Any] = {}  # name -> LlmWorkerRef, in ring order
+        self._table: dict[str, dict[str, Any]] = {}
+        self._spares: list[dict[str, Any]] = []
+        self.model: dict[str, Any] = {}
+        self.dead: set[str] = set(service.members)  # until the table says they serve
+        self._outstanding = dict.fromkeys(service.members, 0)
+        self.ledger = CheckpointLedger(1e-6, self.params.checkpoint_budget_mb)  # sized with the model
         self._ids = 0
-        self._cleanups: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._assisting: dict[str, asyncio.Task[None]] = {}
         self._shipping: dict[str, asyncio.Task[None]] = {}
         # request id -> (worker, prompt tokens, tokens received so far, max_tokens, greedy):
         # what a drafting peer needs to draft for the requests of a survivor
         self._live: dict[str, tuple[str, list[int], list[int], int, bool]] = {}
+        self._changed = asyncio.Event()
         self.stats = LlmStats()
+
+    # ------------------------------------------------------------------ the backend seam
+    @property
+    def backend(self) -> LlmServiceBackend:
+        """This service as the OpenAI endpoints see it (an ``LlmBackend``, ``gateway/llm_backend.py``)."""
+        return LlmServiceBackend(self)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def context_tokens(self) -> int:
+        """The model's context in tokens (0 until the workers first serve)."""
+        return int(self.model.get("context", 0))
+
+    @property
+    def kv_mb_per_token(self) -> float:
+        return float(self.model.get("kv_mb_per_token", 0.0))
+
+    # ------------------------------------------------------------------ the dispatch contract
+    async def dispatch(self, request: Request) -> Answer:
+        raise InvalidRequestError(
+            f"{self.service.name!r} is an llm service: send it generate or generate_stream requests"
+        )
+
+    def front_app(self) -> str | None:
+        return None
+
+    @classmethod
+    def http_routes(cls, dispatchers: Mapping[str, Dispatcher]) -> APIRouter | None:
+        from failsoft.runtime.gateway.llm_routes import llm_router
+
+        return llm_router({n: d.backend for n, d in dispatchers.items() if isinstance(d, LlmDispatcher)})
+
+    async def start(self) -> None:
+        self._spawn(self._follow(), f"llm-table-{self.service.name}")
+
+    async def close(self) -> None:
+        tasks = [*self._tasks, *self._assisting.values(), *self._shipping.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def processes_on(self, server: str) -> list[int]:
+        pids = [w.get("pid") for w in self._table.values() if w.get("server") == server]
+        pids += [s.get("pid") for s in self._spares if s.get("server") == server]
+        return [int(p) for p in pids if p is not None]
+
+    # ------------------------------------------------------------------ the worker table
+    async def _follow(self) -> None:
+        """Mirror the controller's worker table (long-poll), for as long as the gateway runs."""
+        epoch, version = "", -1
+        while True:
+            try:
+                snap = await self.context.fleet.wait_llm(self.service.name, epoch, version, TABLE_WAIT_S)
+            except FailsoftError as exc:
+                log.warning("llm service %s: worker table: %s", self.service.name, exc)
+                await self.context.clock.sleep(0.5)
+                continue
+            if snap.get("value") is not None and (snap["epoch"], snap["version"]) != (epoch, version):
+                self._apply(snap["value"])
+            epoch, version = snap["epoch"], snap["version"]
+
+    def _apply(self, table: Mapping[str, Any]) -> None:
+        """A new worker table: revive restarted workers, fail the failed, assist with drafts."""
+        if table.get("model") and not self.model:
+            self.model = dict(table["model"])
+            self.ledger = CheckpointLedger(self.kv_mb_per_token, self.params.checkpoint_budget_mb)
+        now = self.context.clock.now()
+        for name, w in table["workers"].items():
+            before = self._table.get(name, {})
+            phase, incarnation = w["phase"], w["incarnation"]
+            if phase != before.get("phase"):
+                self._note_phase(name, phase, now)
+            if phase == "serving":
+                if name in self.dead or incarnation != before.get("incarnation"):
+                    self._revive(name, w["ref"])
+            else:
+                self._lose(name)
+            if phase == "draft" and name not in self._assisting and w["ref"] is not None:
+                stop = self._drafting_ends(name, incarnation)
+                task = self._spawn(self.assist(name, w["ref"], stop, w.get("acceptance")), f"assist-{name}")
+                self._assisting[name] = task
+                task.add_done_callback(functools.partial(self._assisted, name))
+        self._table = {n: dict(w) for n, w in table["workers"].items()}
+        self._spares = list(table.get("spares", ()))
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _assisted(self, worker: str, task: asyncio.Task[Any]) -> None:
+        self._assisting.pop(worker, None)
+
+    def _drafting_ends(self, worker: str, incarnation: int) -> Callable[[], bool]:
+        """Whether ``worker``'s drafting (in ``incarnation``) is over: its target serves, or it died."""
+
+        def ended() -> bool:
+            w = self._table.get(worker, {})
+            return w.get("phase") != "draft" or w.get("incarnation") != incarnation
+
+        return ended
+
+    def _note_phase(self, worker: str, phase: str, now: float) -> None:
+        if phase == "failed":
+            self.stats.restarts.append({"worker": worker, "failed": now, "draft": None, "serving": None})
+            return
+        mine = [r for r in self.stats.restarts if r["worker"] == worker]
+        if mine and phase in ("draft", "serving") and mine[-1][phase] is None:
+            mine[-1][phase] = now
+
+    def _revive(self, worker: str, ref: Any) -> None:
+        """A (re)started ``worker`` (a fresh engine: no request, no checkpoint) serves."""
+        self.workers[worker] = ref
+        self._outstanding.setdefault(worker, 0)
+        self.dead.discard(worker)
+
+    def _lose(self, worker: str) -> None:
+        if worker not in self.dead:
+            self.dead.add(worker)
+            for request in self.ledger.lose_holder(worker):
+                log.info("checkpoint of %s lost with its holder %s", request, worker)
+
+    def mark_dead(self, worker: str, reason: str = "its actor is gone") -> None:
+        """A worker died under a request: stop routing to it, and have the controller restart it."""
+        if worker in self.dead:
+            return
+        self._lose(worker)
+        incarnation = int(self._table.get(worker, {}).get("incarnation", 0))
+        self._spawn(self._report(worker, incarnation, reason), f"llm-report-{worker}")
+
+    async def _report(self, worker: str, incarnation: int, reason: str) -> None:
+        try:
+            await self.context.fleet.llm_failed(self.service.name, worker, incarnation, reason)
+        except FailsoftError as exc:  # the controller's own probe finds it anyway
+            log.warning("could not report llm worker %s: %s", worker, exc)
 
     # ------------------------------------------------------------------ routing
     def view(self) -> ClusterView:
@@ -104,79 +270,81 @@ class LlmDispatcher:
                 WorkerLoad(
                     name, self._outstanding[name], self.ledger.held_mb(name), alive=name not in self.dead
                 )
-                for name in self.workers
+                for name in self.service.members
             )
         )
 
-    def pick(self) -> str:
-        """Join the shortest queue among the live workers."""
-        live = [w for w in self.workers if w not in self.dead]
-        if not live:
-            raise NoRouteError(f"llm service {self.service!r}: no worker is alive")
-        return min(live, key=lambda w: self._outstanding[w])
+    async def pick(self, deadline: float) -> str:
+        """Join the shortest queue among the serving workers; while none serves (all restarting),
+        wait for the table until ``deadline``."""
+        while True:
+            live = [w for w in self.service.members if w not in self.dead]
+            if live:
+                return min(live, key=lambda w: self._outstanding[w])
+            left = deadline - self.context.clock.now()
+            if left <= 0:
+                raise NoRouteError(f"llm service {self.service.name!r}: no worker is serving")
+            changed = self._changed
+            waiter = asyncio.ensure_future(changed.wait())
+            try:
+                await asyncio.wait([waiter], timeout=min(left, 0.5))
+            finally:
+                waiter.cancel()
 
     def ready(self) -> bool:
-        return any(w not in self.dead for w in self.workers)
-
-    def mark_dead(self, worker: str) -> None:
-        if worker not in self.dead:
-            self.dead.add(worker)
-            for request in self.ledger.lose_holder(worker):
-                log.info("checkpoint of %s lost with its holder %s", request, worker)
-
-    def revive(self, worker: str, ref: Any) -> None:
-        """A restarted ``worker`` (a fresh process: no request, no checkpoint) serves again."""
-        self.workers[worker] = ref
-        self._outstanding.setdefault(worker, 0)
-        self.dead.discard(worker)
+        return any(w not in self.dead for w in self.service.members)
 
     # ------------------------------------------------------------------ requests
-    def check(self, prompt: Any, sampling: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    def check(self, tokens: Sequence[int], sampling: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
         """The prompt's tokens and the sampling fields, or InvalidRequestError naming the value."""
-        from failsoft.llm.corpus import encode
         from failsoft.runtime.llm_worker import sampling_params
 
-        if not isinstance(prompt, str):
-            raise InvalidRequestError(f"text_input must be a string; got {type(prompt).__name__}")
-        if len(prompt) > MAX_PROMPT_BYTES:
-            raise InvalidRequestError(f"text_input has {len(prompt)} characters; at most {MAX_PROMPT_BYTES}")
-        tokens = encode(prompt)
-        if not tokens:
-            raise InvalidRequestError("text_input is empty")
+        if not self.model:
+            raise NoRouteError(f"llm service {self.service.name!r} is starting: no worker serves yet")
+        if len(tokens) > MAX_PROMPT_TOKENS:
+            raise InvalidRequestError(f"the prompt has {len(tokens)} tokens; at most {MAX_PROMPT_TOKENS}")
+        ids = [int(t) for t in tokens]
+        if not ids:
+            raise InvalidRequestError("the prompt is empty")
         fields = dict(sampling)
         params = sampling_params(fields)
-        if len(tokens) > self.context:
+        if len(ids) > self.context_tokens:
             raise InvalidRequestError(
-                f"the prompt has {len(tokens)} tokens, longer than the model's context of {self.context}"
+                f"the prompt has {len(ids)} tokens, longer than the model's context of {self.context_tokens}"
             )
-        if len(tokens) + params.max_tokens > self.context:
+        if len(ids) + params.max_tokens > self.context_tokens:
             raise InvalidRequestError(
-                f"prompt of {len(tokens)} tokens + max_tokens {params.max_tokens} exceeds the model's "
-                f"context of {self.context}"
+                f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} exceeds the model's "
+                f"context of {self.context_tokens}"
             )
-        return tokens, fields
+        return ids, fields
 
-    async def generate(
-        self, prompt: Any, sampling: Mapping[str, Any], request_id: str | None = None
+    def generate(
+        self, tokens: Sequence[int], sampling: Mapping[str, Any], request_id: str | None = None
     ) -> AsyncGenerator[dict[str, Any], None]:
         """Events of one generation: ``{"tokens": [...]}`` as they come, then a last one with
-        ``finished`` true, the finish ``reason``, ``ttft_ms``, ``tpot_ms``, ``worker`` and
-        ``recoveries``. Bad input raises before anything is sent to a worker."""
-        tokens, fields = self.check(prompt, sampling)
+        ``finished`` true, the finish ``reason``, ``ttft_ms``, ``tpot_ms``, ``worker``,
+        ``recoveries`` and ``output_tokens``. Bad input raises here, before anything is sent."""
+        ids, fields = self.check(tokens, sampling)
         self._ids += 1
-        rid = request_id or f"{self.service}-{self._ids}"
-        started = time.perf_counter()
+        return self._generate(ids, fields, request_id or f"{self.service.name}-{self._ids}")
+
+    async def _generate(
+        self, tokens: list[int], fields: dict[str, Any], rid: str
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        clock = self.context.clock
+        started = clock.now()
         received: list[int] = []
         times: list[float] = []
         recoveries = 0
         finished = False
         while True:  # a worker that died before anyone noticed: the next shortest queue
-            worker = self.pick()
+            worker = await self.pick(started + 60.0)
             try:
                 await self.workers[worker].submit(rid, tokens, fields)
                 break
-            except ServerUnavailableError:
-                self.mark_dead(worker)
+            except ServerUnavailableError as exc:
+                self.mark_dead(worker, str(exc))
         self._outstanding[worker] += 1
         max_tokens = int(fields.get("max_tokens", 16))
         greedy = float(fields.get("temperature", 0.0) or 0.0) == 0.0
@@ -185,8 +353,8 @@ class LlmDispatcher:
             while True:
                 try:
                     got = await self.workers[worker].poll(rid, len(received), POLL_WAIT_S)
-                except ServerUnavailableError:
-                    self.mark_dead(worker)
+                except ServerUnavailableError as exc:
+                    self.mark_dead(worker, str(exc))
                     recoveries += 1
                     self.stats.recovered += 1
                     await self._shipped(rid)
@@ -197,27 +365,13 @@ class LlmDispatcher:
                     continue
                 new = [int(t) for t in got["tokens"]]
                 if new:
-                    now = time.perf_counter()
+                    now = clock.now()
                     received.extend(new)
                     times.extend([now] * len(new))
                     yield {"tokens": new}
                 if got["finished"]:
                     finished = True
-                    ttft = (times[0] - started) * 1000 if times else None
-                    tpot = (times[-1] - times[0]) * 1000 / (len(times) - 1) if len(times) > 1 else None
-                    if ttft is not None:
-                        self.stats.ttft_ms.append(ttft)
-                    if tpot is not None:
-                        self.stats.tpot_ms.append(tpot)
-                    yield {
-                        "finished": True,
-                        "reason": got["reason"],
-                        "ttft_ms": ttft,
-                        "tpot_ms": tpot,
-                        "worker": worker,
-                        "recoveries": recoveries,
-                        "output_tokens": len(received),
-                    }
+                    yield self._finished(got["reason"], started, times, worker, recoveries, len(received))
                     return
                 shipping = self._shipping.get(rid)
                 if new and self.policy.checkpoints and (shipping is None or shipping.done()):
@@ -230,9 +384,26 @@ class LlmDispatcher:
             self._live.pop(rid, None)
             # in a task of its own: a client that left cancels this coroutine, and the web
             # framework's cancel scope would cancel every await of the clean-up here too
-            cleanup = asyncio.get_running_loop().create_task(self._cleanup(rid, worker, finished))
-            self._cleanups.add(cleanup)
-            cleanup.add_done_callback(self._cleanups.discard)
+            self._spawn(self._cleanup(rid, worker, finished), f"llm-cleanup-{rid}")
+
+    def _finished(
+        self, reason: str, started: float, times: list[float], worker: str, recoveries: int, n: int
+    ) -> dict[str, Any]:
+        ttft = (times[0] - started) * 1000 if times else None
+        tpot = (times[-1] - times[0]) * 1000 / (len(times) - 1) if len(times) > 1 else None
+        if ttft is not None:
+            self.stats.ttft_ms.append(ttft)
+        if tpot is not None:
+            self.stats.tpot_ms.append(tpot)
+        return {
+            "finished": True,
+            "reason": reason,
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "worker": worker,
+            "recoveries": recoveries,
+            "output_tokens": n,
+        }
 
     async def _cleanup(self, rid: str, worker: str, finished: bool) -> None:
         """Free what a request left: its KV pages on its worker (when it did not finish: the
@@ -317,11 +488,13 @@ class LlmDispatcher:
             kv_mb=0.0 if entry is None else entry.kv_mb,
         )
         (route,) = self.policy.dispatch.route([item], self.view(), self.params)
-        if route.worker is None:
-            self.stats.failed += 1
-            raise NoRouteError(
-                f"llm service {self.service!r}: request {rid} lost its worker and none is alive"
-            )
+        if route.worker is None:  # every worker is down: wait for a restart
+            try:
+                await self.pick(self.context.clock.now() + 120.0)
+            except NoRouteError:
+                self.stats.failed += 1
+                raise
+            return await self._recover(rid, failed, prompt, received, fields)
         everything = prompt + received
         if route.restore and entry is not None:
             try:
@@ -330,6 +503,9 @@ class LlmDispatcher:
                 self.stats.restored += 1
                 self.stats.recomputed_tokens += context - int(out.get("restored_tokens", 0))
                 log.info("%s: %s failed; restored on %s (%s)", rid, failed, route.worker, route.reason)
+                self._recovered(
+                    rid, failed, str(route.worker), True, context - int(out.get("restored_tokens", 0))
+                )
                 return str(route.worker)
             except ServerUnavailableError:
                 self.mark_dead(route.worker)
@@ -340,97 +516,75 @@ class LlmDispatcher:
             return await self._recover(rid, failed, prompt, received, fields)
         await self._drop_checkpoint(rid)
         target = str(route.worker)
-        await self.workers[target].submit(rid, everything, fields, len(prompt))
+        try:
+            await self.workers[target].submit(rid, everything, fields, len(prompt))
+        except ServerUnavailableError as exc:  # that one died too: route again
+            self.mark_dead(target, str(exc))
+            return await self._recover(rid, failed, prompt, received, fields)
         self.stats.recomputed_tokens += context
         log.info("%s: %s failed; recomputed on %s (%s)", rid, failed, target, route.reason)
+        self._recovered(rid, failed, target, False, context)
         return target
 
-    # ------------------------------------------------------------------ progressive restart
-    async def assist(self, name: str, drafter: Any, stop: Any, acceptance: float | None = None) -> None:
-        """LUMEN's Alg. 3 while ``name`` (``drafter``: its worker, draft loaded, target loading)
-        recovers: as long as the policy's ``progressive`` decides ``peer-verify``, draft
-        ``draft_tokens`` tokens for the greedy requests of the survivor it names and have that
-        survivor verify them (its output stays its own greedy output, a few tokens per pass
-        sooner); until ``stop()`` is true or the drafter has no draft any more."""
-        from failsoft.policies.llm_recovery import Recovering, SpeculationCost
+    def _recovered(self, rid: str, failed: str, worker: str, restored: bool, recomputed: int) -> None:
+        self.context.event(
+            {
+                "type": "llm-request-recovered",
+                "service": self.service.name,
+                "request_id": rid,
+                "failed": failed,
+                "worker": worker,
+                "restored": restored,
+                "recomputed_tokens": recomputed,
+            }
+        )
 
-        progressive = self.policy.progressive
-        if progressive is None:
-            return
-        recorded = 0.6 if acceptance is None else acceptance
-        k = self.params.draft_tokens
-        known: dict[str, list[int]] = {}  # request id -> its tokens as its worker last reported
-        round_ms: float | None = None  # a draft-and-verify round, moving average
-        step_ms: dict[str, float] = {}  # survivor -> its own decode step
-        idle_since: float | None = None
-        while not stop():
-            try:
-                view = self.view()
-            except RuntimeError:  # the gateway's loop changed a dict meanwhile: read again
-                continue
-            proposed, accepted = self.stats.drafts_proposed, self.stats.drafts_accepted
-            a = accepted / proposed if proposed >= 8 else recorded
-            survivor_step = step_ms.get(str(progressive_target(progressive, name, view, self.params)), 0.0)
-            if round_ms is not None and survivor_step > 0:
-                # measured: a round (draft, then verification, one after the other, over the
-                # network) costs round_ms / survivor_step of the survivor's decode steps
-                cost = SpeculationCost(a, draft_step=0.0, verify_step=max(1.0, round_ms / survivor_step))
-            else:
-                cost = SpeculationCost(acceptance=a)  # the policy's model, until measured
-            (decision,) = progressive.decide((Recovering(name, draft_ready=True),), view, self.params, cost)
-            survivor = decision.assist
-            live = list(self._live.items())
-            mine = [(r, v) for r, v in live if v[0] == survivor and v[4]] if survivor is not None else []
-            if decision.mode != "peer-verify" or survivor is None or not mine:
-                now = time.monotonic()
-                idle_since = idle_since or now
-                if decision.mode == "idle" and now - idle_since > 2.0:
-                    round_ms, idle_since = None, None  # measure again: the load may have changed
-                await asyncio.sleep(0.05)
-                continue
-            idle_since = None
-            items = []
-            for rid, (_, prompt, received, max_tokens, _) in mine:
-                now_tokens = known.get(rid) or prompt + list(received)
-                items.append((rid, now_tokens, max_tokens - (len(now_tokens) - len(prompt))))
-            started = time.perf_counter()
-            try:
-                drafts = await drafter.draft_for(items, k)
-            except (InvalidRequestError, ServerUnavailableError):
-                return  # the target is back (the draft evicted) or the drafter died
-            if not drafts:
-                await asyncio.sleep(0.02)
-                continue
-            base = {rid: len(now_tokens) for rid, now_tokens, _ in items}
-            try:
-                verdicts = await self.workers[survivor].verify_drafts(
-                    [(rid, base[rid], d) for rid, d in drafts.items()]
-                )
-                load = await self.workers[survivor].load()
-            except (InvalidRequestError, ServerUnavailableError):
-                await asyncio.sleep(0.02)
-                continue
-            ms = (time.perf_counter() - started) * 1000.0
-            round_ms = ms if round_ms is None else 0.7 * round_ms + 0.3 * ms
-            if load.get("step_ms"):
-                step_ms[survivor] = float(load["step_ms"])
-            known = {rid: list(v["tokens"]) for rid, v in verdicts.items() if not v["finished"]}
-            self.stats.assist_rounds += 1
-            self.stats.drafts_proposed += sum(int(v["proposed"]) for v in verdicts.values())
-            self.stats.drafts_accepted += sum(int(v["accepted"]) for v in verdicts.values())
+    # ------------------------------------------------------------------ progressive restart
+    async def assist(
+        self, name: str, drafter: Any, stop: Callable[[], bool], acceptance: float | None = None
+    ) -> None:
+        """LUMEN's Alg. 3 while ``name`` recovers with only its draft (``llm_assist.assist``)."""
+        from failsoft.runtime.gateway.dispatch.llm_assist import assist
+
+        await assist(self, name, drafter, stop, acceptance)
 
     def describe(self) -> dict[str, Any]:
-        live = [w for w in self.workers if w not in self.dead]
+        live = [w for w in self.service.members if w not in self.dead]
         return {
-            "name": self.service,
-            "mode": "llm",
             "state": "READY" if live else "UNAVAILABLE",
-            "reason": "" if live else "no LLM worker is alive",
-            "workers": list(self.workers),
+            "reason": "" if live else "no LLM worker serves",
+            "workers": {
+                n: {"server": w.get("server"), "phase": w.get("phase")} for n, w in self._table.items()
+            },
             "dead": sorted(self.dead),
             "policy": self.policy_name,
             "in_flight": dict(self._outstanding),
         }
+
+
+class LlmServiceBackend:
+    """An ``llm`` service as an :class:`~failsoft.runtime.gateway.llm_backend.LlmBackend` (the
+    OpenAI endpoints' seam): its dispatcher's tokenizer, context and generations."""
+
+    def __init__(self, dispatcher: LlmDispatcher) -> None:
+        self._d = dispatcher
+
+    @property
+    def model_id(self) -> str:
+        return self._d.service.name
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._d.tokenizer
+
+    @property
+    def context(self) -> int:
+        return self._d.context_tokens
+
+    def generate(
+        self, tokens: Sequence[int], sampling: Mapping[str, Any], request_id: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        return self._d.generate(tokens, sampling, request_id)
 
 
 async def collect(events: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
@@ -444,13 +598,4 @@ async def collect(events: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
     return {"tokens": tokens, **last}
 
 
-def progressive_target(progressive: Any, name: str, view: ClusterView, params: LlmParams) -> str | None:
-    """The survivor ``progressive`` would have ``name`` assist (at any gain), for its step time."""
-    from failsoft.policies.llm_recovery import Recovering, SpeculationCost
-
-    free = SpeculationCost(acceptance=1.0, draft_step=0.0, verify_step=1.0)
-    (decision,) = progressive.decide((Recovering(name, draft_ready=True),), view, params, free)
-    return decision.assist
-
-
-__all__ = ["LlmDispatcher", "LlmStats", "collect"]
+__all__ = ["LlmDispatcher", "LlmServiceBackend", "LlmStats", "collect"]
