@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from failsoft.runtime.netns import unsupported_reason
-from tests.runtime.conftest import tiny_zoo  # noqa: F401  (the real model repository, built once)
 
 
 @pytest.fixture(scope="session")
