@@ -362,3 +362,27 @@ def test_a_restart_lifts_the_quarantine():
         h.take(h.core.heartbeat("s0", 0.5 + k * HB, incarnation="two"))
         h.check(0.5 + k * HB + 0.001)
     assert [c.purpose for c in h.of(Inspect)] == [InspectPurpose.RESTORE]
+
+
+def test_a_connection_that_ends_fails_the_server_now_and_says_so():
+    h = Harness(cluster(), link_grace_s=0.25)
+    h.take(h.core.heartbeat("s0", 0.0, incarnation="one"))
+    h.beat_until(0.1)
+    assert h.core.link("s0", "old", False, 0.1, "stale") == []  # another process's connection
+    h.take(h.core.link("s0", "one", True, 0.1, "connected"))
+    h.beat_until(0.3, silent=("s1",), silent_from=0.11)  # s1 is late: suspect, which must not delay s0
+    h.check(0.125)
+    out = h.take(h.core.link("s0", "one", False, 0.13, "the agent closed it"))
+    assert h.state.servers["s0"].state.value == "failed"
+    failures = h.events("failure")
+    assert {e["app"] for e in failures} == {"A", "B", "C"}
+    assert all(e["cause"] == "connection" and e["detected_at"] == 0.13 for e in failures)
+    assert h.state.apps["A"].route == Placement("s1", "small")  # the warm switch in the same step
+    assert h.of(PlanFailover, out)
+    assert h.core.link("s0", "one", False, 0.2, "again") == []
+
+
+def test_heartbeat_failures_have_no_cause_field():
+    h = Harness(cluster())
+    h.fail_s0()
+    assert h.events("failure") and all("cause" not in e for e in h.events("failure"))

@@ -84,7 +84,10 @@ class Orchestrator:
     def __init__(self, state: ClusterState, settings: OrchestrationSettings, now: float) -> None:
         self.state, self.settings = state, settings
         self.detector = HeartbeatDetector(
-            settings.heartbeat_interval_s, settings.missed_to_fail, pause_grace=settings.pause_grace
+            settings.heartbeat_interval_s,
+            settings.missed_to_fail,
+            pause_grace=settings.pause_grace,
+            link_grace_s=settings.link_grace_s,
         )
         self.fx = Effects(state, settings.load_slots, now)
         self.warm = WarmBackups(self.fx)
@@ -94,6 +97,7 @@ class Orchestrator:
         self.last_heard: dict[str, float] = {}
         self.heard_again: dict[str, float] = {}
         self.restoring: set[str] = set()
+        self.connection_lost: set[str] = set()  # failed by their connection's end, not yet failed over
         self.planning: int | None = None
         self.last_plan: dict[str, Any] | None = None
         self.phase = Phase.STARTING
@@ -201,6 +205,24 @@ class Orchestrator:
             self.fx.send(Emit("unhealthy", {"server": server, "reason": reason, "at": now}))
         return self._flush(now)
 
+    def link(self, server: str, incarnation: str | None, up: bool, now: float, reason: str) -> list[Command]:
+        """The gateway's connection to ``server``'s agent (process ``incarnation``) was made (``up``)
+        or ended: a second signal beside heartbeats (:meth:`HeartbeatDetector.link`). An ended
+        connection fails the server now, its failure events saying ``cause: connection``; a report
+        about another incarnation than the one heartbeating is stale and ignored."""
+        rec = self.state.servers.get(server)
+        if rec is None or rec.state is None or (incarnation is not None and incarnation != rec.incarnation):
+            return []
+        change = self.detector.link(server, up, now)
+        if change is None:
+            return []
+        log.warning(
+            "server %s: its connection ended (%s): failed without waiting for heartbeats", server, reason
+        )
+        self.connection_lost.add(server)
+        self._on_change(change, now)
+        return self._flush(now)
+
     def _nobody_heard(self, now: float) -> bool:
         """Every live server silent at once, briefly: likelier our own stall than theirs.
 
@@ -243,8 +265,11 @@ class Orchestrator:
             return
         first = min(self.failed_queue.values())
         interval = self.detector.interval_s
-        if now - first < interval and any(
-            st is ServerState.SUSPECT for st in self.detector.states().values()
+        crashed = all(server in self.connection_lost for server in self.failed_queue)  # no doubt
+        if (
+            not crashed
+            and now - first < interval
+            and any(st is ServerState.SUSPECT for st in self.detector.states().values())
         ):
             self.fx.wake_at(first + interval)
             return
@@ -259,11 +284,20 @@ class Orchestrator:
         switched = self._switch_to_warm(detected_at, now)
         for server in failed:
             heard = self.last_heard.pop(server, detected_at)
+            # a failure the connection's end gave says so; one from heartbeats has no cause field
+            why = {"cause": "connection"} if server in self.connection_lost else {}
+            self.connection_lost.discard(server)
             for app, where in hit[server]:
-                self.fx.emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard)
+                self.fx.emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard, **why)
             if not hit[server]:
                 self.fx.emit(
-                    "failure", None, None, server=server, detected_at=detected_at, last_heartbeat_at=heard
+                    "failure",
+                    None,
+                    None,
+                    server=server,
+                    detected_at=detected_at,
+                    last_heartbeat_at=heard,
+                    **why,
                 )
         self.fx.publish(force=True)  # clients hear of the failure, then of the new routes
         for app, kind in switched:

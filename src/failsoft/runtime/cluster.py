@@ -44,6 +44,7 @@ from failsoft.errors import (
     ServingError,
 )
 from failsoft.orchestration.copies import CopyRequest
+from failsoft.runtime.dataplane.link import DataPlaneLink, NoDataPlane, transport
 from failsoft.runtime.devices import ON_CPU, Placement
 
 # A Ray call made after shutdown (a straggling thread) must fail, not start a new Ray instance.
@@ -134,6 +135,12 @@ class AgentRef(_ActorRef):
     def __init__(self, handle: Any, server: str) -> None:
         super().__init__(handle, f"server {server!r}")
         self.server = server
+        # inference travels over the agent's data plane (failsoft.runtime.dataplane), not Ray
+        self.data_plane = DataPlaneLink(server, self.what, self._data_plane_info)
+        self._transport = transport()
+
+    async def _data_plane_info(self, timeout_s: float) -> dict[str, Any]:
+        return dict(await self._call("data_plane", timeout_s=timeout_s))
 
     async def load(
         self, app: str, family: str, variant: str, background: bool = False, timeout_s: float = 600.0
@@ -144,12 +151,22 @@ class AgentRef(_ActorRef):
         return await self._call("unload", app, variant, timeout_s=timeout_s)
 
     async def infer(
-        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None = None
+        self,
+        app: str,
+        variant: str,
+        batch: Any,
+        timeout_s: float,
+        request_id: str | None = None,
+        transport: str | None = None,
     ) -> Any:
         """Answer ``batch`` within ``timeout_s`` (the request's time left, which the agent's serving
         queue turns into a deadline on its own clock, less the time the call took to reach it, from
         the wall-clock time it was sent); ``request_id`` lets :meth:`cancel_nowait` withdraw it from
-        the queue."""
+        the queue. Over the data plane unless ``$FAILSOFT_DATA_PLANE=ray`` (or ``transport``, for
+        a benchmark that compares both, says otherwise)."""
+        if (transport or self._transport) == "zmq" and not self.data_plane.absent:
+            with contextlib.suppress(NoDataPlane):  # it could not bind: Ray, as before
+                return await self.data_plane.infer(app, variant, batch, timeout_s, request_id)
         args = (app, variant, batch, timeout_s, request_id, time.time())
         return await self._call("infer", *args, timeout_s=timeout_s, group=SERVING_GROUP)
 
@@ -163,7 +180,8 @@ class AgentRef(_ActorRef):
 
     def cancel_nowait(self, request_id: str) -> None:
         """Withdraw a request from the server's queue (it timed out, moved, or its client left)."""
-        self._fire("cancel", request_id)
+        if not self.data_plane.cancel_nowait(request_id):
+            self._fire("cancel", request_id)
 
     async def holdings(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return await self._call("holdings", timeout_s=timeout_s)
@@ -212,6 +230,11 @@ class ControllerRef(_ActorRef):
     async def report_unhealthy(self, server: str, reason: str, timeout_s: float = 5.0) -> bool:
         return await self._call("report_unhealthy", server, reason, timeout_s=timeout_s)
 
+    async def report_link(
+        self, server: str, incarnation: str | None, up: bool, reason: str, timeout_s: float = 5.0
+    ) -> bool:
+        return bool(await self._call("report_link", server, incarnation, up, reason, timeout_s=timeout_s))
+
     async def pin(self, request: CopyRequest, timeout_s: float = 5.0) -> str:
         """Ask the core for a mechanism's copy (``Controller.pin``); the server it is pinned on."""
         return str(await self._call("pin", request, timeout_s=timeout_s))
@@ -236,6 +259,14 @@ def find_agent(server: str) -> AgentRef:
         return AgentRef(ray.get_actor(agent_name(server), namespace=NAMESPACE), server)
     except Exception as exc:
         raise _map_error(exc, f"server {server!r}", None) from exc
+
+
+def node_address() -> str:
+    """Inside an actor: the address of its node (127.0.0.1 in an embedded cluster), where the
+    agent serves its data plane; 127.0.0.1 outside Ray (an agent in a test's process)."""
+    if not ray.is_initialized():
+        return "127.0.0.1"
+    return str(ray.util.get_node_ip_address())
 
 
 def actor_was_restarted() -> bool:

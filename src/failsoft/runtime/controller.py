@@ -48,6 +48,10 @@ from failsoft.runtime.store import Store, open_store
 
 log = logging.getLogger(__name__)
 RECONCILE_S = 0.25
+# A silent server whose data-plane connection is up is failed this much past the heartbeat
+# threshold: heartbeats late behind a busy host (a sidecar waiting for a core) arrive within it, and
+# a dead process ends its connection at once anyway (docs/runtime.md, "The data plane").
+LINK_GRACE_S = 0.25
 GC_S = 2.0
 GLOBAL_GRACE = 5.0
 CONTROLLER_NICE = -5
@@ -66,6 +70,7 @@ def orchestration_settings(config: RuntimeConfig) -> OrchestrationSettings:
         replan_delay_s=config.replan_delay_s,
         reconcile_s=RECONCILE_S,
         gc_s=GC_S,
+        link_grace_s=LINK_GRACE_S,
     )
 
 
@@ -179,6 +184,15 @@ class Controller:
         if server not in self.state.servers:
             return False
         commands = self.core.unhealthy(server, self.clock.now(), reason)
+        self._feed(commands)
+        return bool(commands)
+
+    async def report_link(self, server: str, incarnation: str | None, up: bool, reason: str) -> bool:
+        """The gateway's data-plane connection to ``server``'s agent was made (``up``) or ended (the
+        process is gone): the detector's second signal. True when that failed the server now."""
+        if server not in self.state.servers:
+            return False
+        commands = self.core.link(server, incarnation, up, self.clock.now(), reason)
         self._feed(commands)
         return bool(commands)
 

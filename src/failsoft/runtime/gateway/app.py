@@ -57,6 +57,7 @@ from failsoft.policies.detection import RouteHealth
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
+from failsoft.runtime.dataplane import LinkChange
 from failsoft.runtime.gateway import admin
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
@@ -195,7 +196,24 @@ class Gateway:
         agent = self._agents.get(server)
         if agent is None:  # being replaced (revived) right now
             raise ServerUnavailableError(f"server {server!r} has no agent at the moment")
+        link = getattr(agent, "data_plane", None)  # test fakes have none
+        if link is not None and link.listener is None:
+            link.listener = self._link_changed
         return agent
+
+    def _link_changed(self, change: LinkChange) -> None:
+        """A data-plane connection was made or ended (the agent died): the controller hears it."""
+        if not change.up:
+            log.warning("server %s: data plane connection lost (%s)", change.server, change.reason)
+        task = asyncio.ensure_future(self._report_link(change))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report_link(self, change: LinkChange) -> None:
+        try:
+            await self.controller.report_link(change.server, change.incarnation, change.up, change.reason)
+        except FailsoftError as exc:  # the controller is away: heartbeats still tell it
+            log.warning("could not report server %s's connection: %s", change.server, exc)
 
     def _served(self, name: str) -> Served:
         served = self.served.get(name)

@@ -1,0 +1,118 @@
+"""One agent's data plane as its :class:`~failsoft.runtime.cluster.AgentRef` uses it.
+
+The link asks the agent for its endpoint once (a control call over Ray), keeps one
+:class:`~failsoft.runtime.dataplane.client.DataPlaneClient` per event loop that calls it (the
+gateway has one loop; a test or a tool may have another), and makes a new connection after one is
+lost: a restarted agent serves on a new endpoint, which the next call asks for.
+
+``$FAILSOFT_DATA_PLANE`` chooses the transport of inference calls: ``zmq`` (the default) or ``ray``
+(every call an actor call, as before the data plane; loads, unloads, status and chaos are Ray calls
+either way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from failsoft.errors import ConfigError, ServerUnavailableError
+from failsoft.runtime.dataplane.client import DataPlaneClient
+
+ENV = "FAILSOFT_DATA_PLANE"
+TRANSPORTS = ("zmq", "ray")
+ENDPOINT_TIMEOUT_S = 2.0  # asking a (re)starting agent for its endpoint waits at most this long
+ABSENT_RETRY_S = 5.0  # an agent that serves no data plane is asked again after this long
+
+
+class NoDataPlane(ServerUnavailableError):
+    """The agent could not open its socket (it said why in its log): call it over Ray instead."""
+
+
+def transport() -> str:
+    """The inference transport ``$FAILSOFT_DATA_PLANE`` names (default ``zmq``)."""
+    value = os.environ.get(ENV, "").strip().lower() or "zmq"
+    if value not in TRANSPORTS:
+        raise ConfigError(f"${ENV}={value!r}: expected one of {', '.join(TRANSPORTS)}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class LinkChange:
+    """The connection to ``server``'s agent (process ``incarnation``) was made (``up``) or ended:
+    what the controller is told."""
+
+    server: str
+    incarnation: str | None
+    up: bool
+    reason: str
+    at: float  # time.monotonic() when the gateway saw it
+
+
+Fetch = Callable[[float], Awaitable[dict[str, Any]]]  # the agent's data_plane(), over Ray
+
+
+class DataPlaneLink:
+    """The data plane of one agent; ``listener`` hears of every connection made and lost."""
+
+    def __init__(self, server: str, what: str, fetch: Fetch) -> None:
+        self.server = server
+        self.what = what
+        self._fetch = fetch
+        self.listener: Callable[[LinkChange], None] | None = None
+        self._client: DataPlaneClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._absent_until = float("-inf")  # the agent said it serves none: Ray until then
+
+    @property
+    def absent(self) -> bool:
+        """The agent serves no data plane (it could not bind): its calls go over Ray for a while."""
+        return time.monotonic() < self._absent_until
+
+    async def infer(
+        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None
+    ) -> np.ndarray:
+        client = self._client
+        if client is None or client.lost is not None or self._loop is not asyncio.get_running_loop():
+            client = await self._connect(timeout_s)
+        return await client.infer(app, variant, batch, timeout_s, request_id)
+
+    def cancel_nowait(self, request_id: str) -> bool:
+        """Withdraw over the connection; False when there is none (the caller uses Ray instead)."""
+        client = self._client
+        if client is None or client.lost is not None:
+            return False
+        client.cancel_nowait(request_id)
+        return True
+
+    async def _connect(self, timeout_s: float) -> DataPlaneClient:
+        """A new connection to the endpoint the agent reports now."""
+        loop = asyncio.get_running_loop()
+        info = await self._fetch(min(timeout_s, ENDPOINT_TIMEOUT_S))
+        endpoint = info.get("endpoint")
+        if not endpoint:
+            self._absent_until = time.monotonic() + ABSENT_RETRY_S
+            raise NoDataPlane(f"{self.what}: serves no data plane ({info.get('error')})")
+        if self._client is not None and self._loop is loop and self._client.lost is None:
+            return self._client  # another call connected while this one asked
+        if self._client is not None and self._loop is loop:
+            self._client.close()
+        incarnation = None if info.get("incarnation") is None else str(info["incarnation"])
+
+        def changed(up: bool, why: str) -> None:
+            if self.listener is not None:
+                self.listener(LinkChange(self.server, incarnation, up, why, time.monotonic()))
+
+        self._client = DataPlaneClient(str(endpoint), self.what, changed)
+        self._loop = loop
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
