@@ -187,7 +187,7 @@ def _failsoft(
             if encoding == "json":
                 result["phases"] = phases(session, host, port, app, body, settings)
         if name == "failsoft":  # the gateway -> agent hop alone, over both transports
-            result["transport"] = transport_rtt(session, app, settings)
+            result["transport_rtt"] = transport_rtt(session, app, settings)
         client.close()
         return result
 
@@ -407,6 +407,7 @@ def transport_rtt(session: Any, app: str, settings: ServingSettings) -> dict[str
         out: dict[str, Any] = {}
         for transport in ("zmq", "ray"):
             out[transport] = {f"in_flight_{n}": await level(transport, n) for n in (1, 8)}
+        agent.data_plane.close()  # this loop's connection, before the loop ends
         out["zmq_to_ray_calls_per_s"] = {
             k: round(v["calls_per_s"] / max(out["ray"][k]["calls_per_s"], 1e-9), 2)
             for k, v in out["zmq"].items()

@@ -82,6 +82,12 @@ def test_a_killed_agent_s_requests_in_flight_are_answered_from_the_next_route(cl
         "s1's failure event",
     )
     assert failure.get("cause") == "connection", failure  # not two missed heartbeats
+    (ended,) = [
+        e
+        for e in client.recoveries()["events"]
+        if e["type"] == "connection_lost" and e["server"] == "s1" and e["timestamp"] >= killed_at
+    ]
+    assert "the agent closed it" in ended["reason"]
     detected_ms = (failure["detected_at"] - killed_at) * 1000.0
     answered_ms = (answered_at - killed_at) * 1000.0
     print(f"kill -> detected {detected_ms:.1f} ms; kill -> all 6 answered {answered_ms:.0f} ms")

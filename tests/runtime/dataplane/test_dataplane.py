@@ -32,7 +32,8 @@ from failsoft.errors import (
 )
 from failsoft.policies import registry
 from failsoft.policies.queueing import ServiceModel
-from failsoft.runtime.dataplane import DataPlaneClient, DataPlaneServer, frames
+from failsoft.runtime.dataplane import DataPlaneClient, DataPlaneLink, DataPlaneServer, LinkChange, frames
+from failsoft.runtime.dataplane.link import NoDataPlane
 from failsoft.runtime.serving import ServingQueue
 
 WEIGHTS = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -168,8 +169,8 @@ def test_a_withdrawn_request_is_taken_out_of_the_queue(served: tuple[Queues, Dat
         client = DataPlaneClient(server.endpoint or "", "server 's'")
         running = asyncio.ensure_future(client.infer("app", "m", np.ones((1, 4), np.float32), 5.0, "run"))
         await asyncio.get_running_loop().run_in_executor(None, queues.entered.acquire)
-        queued = asyncio.ensure_future(client.infer("app", "m", np.ones((1, 4), np.float32), 0.3, "q"))
-        with pytest.raises(DeadlineExceededError, match="no answer within 300 ms"):
+        queued = asyncio.ensure_future(client.infer("app", "m", np.ones((1, 4), np.float32), 1.0, "q"))
+        with pytest.raises(DeadlineExceededError, match="no answer within 1000 ms"):
             await queued
         client.cancel_nowait("q")
         for _ in range(200):
@@ -250,3 +251,48 @@ def test_a_killed_server_fails_calls_in_flight_at_once() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_link_asks_for_the_endpoint_once_and_reports_the_connection(
+    served: tuple[Queues, DataPlaneServer],
+) -> None:
+    """The link over a real server; ``fetch`` stands in for the Ray call to ``Agent.data_plane``."""
+    _, server = served
+    asked: list[float] = []
+
+    async def fetch(timeout_s: float) -> dict:
+        asked.append(timeout_s)
+        return {"endpoint": server.endpoint, "incarnation": "inc-1", "error": None}
+
+    async def main() -> list[LinkChange]:
+        heard: list[LinkChange] = []
+        link = DataPlaneLink("s", "server 's'", fetch)
+        link.listener = heard.append
+        x = np.ones((1, 4), np.float32)
+        for i in range(3):
+            assert np.allclose(await link.infer("app", "m", x, 5.0, f"r{i}"), x @ WEIGHTS)
+        assert link.cancel_nowait("r9") and not link.absent
+        for _ in range(100):
+            if heard:
+                break
+            await asyncio.sleep(0.01)
+        link.close()
+        assert not link.cancel_nowait("r9")  # no connection now: the caller withdraws over Ray
+        return heard
+
+    heard = run(main())
+    assert asked == [2.0]  # once, bounded by ENDPOINT_TIMEOUT_S
+    assert [(c.server, c.incarnation, c.up) for c in heard] == [("s", "inc-1", True)]
+
+
+def test_an_agent_without_a_data_plane_is_called_over_ray_for_a_while() -> None:
+    async def fetch(timeout_s: float) -> dict:
+        return {"endpoint": None, "incarnation": "inc-1", "error": "OSError: no port"}
+
+    async def main() -> None:
+        link = DataPlaneLink("s", "server 's'", fetch)
+        with pytest.raises(NoDataPlane, match=r"serves no data plane \(OSError: no port\)"):
+            await link.infer("app", "m", np.ones((1, 4), np.float32), 5.0, None)
+        assert link.absent
+
+    run(main())

@@ -58,15 +58,17 @@ Fetch = Callable[[float], Awaitable[dict[str, Any]]]  # the agent's data_plane()
 
 
 class DataPlaneLink:
-    """The data plane of one agent; ``listener`` hears of every connection made and lost."""
+    """The data plane of one agent; ``listener`` hears of every connection made and lost.
+
+    One connection per event loop that calls (ZeroMQ's asyncio sockets belong to one loop): the
+    gateway's, and any other a tool or a benchmark runs its own calls on."""
 
     def __init__(self, server: str, what: str, fetch: Fetch) -> None:
         self.server = server
         self.what = what
         self._fetch = fetch
         self.listener: Callable[[LinkChange], None] | None = None
-        self._client: DataPlaneClient | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._clients: dict[asyncio.AbstractEventLoop, DataPlaneClient] = {}
         self._absent_until = float("-inf")  # the agent said it serves none: Ray until then
 
     @property
@@ -77,14 +79,14 @@ class DataPlaneLink:
     async def infer(
         self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None
     ) -> np.ndarray:
-        client = self._client
-        if client is None or client.lost is not None or self._loop is not asyncio.get_running_loop():
+        client = self._clients.get(asyncio.get_running_loop())
+        if client is None or client.lost is not None:
             client = await self._connect(timeout_s)
         return await client.infer(app, variant, batch, timeout_s, request_id)
 
     def cancel_nowait(self, request_id: str) -> bool:
-        """Withdraw over the connection; False when there is none (the caller uses Ray instead)."""
-        client = self._client
+        """Withdraw over this loop's connection; False when there is none (the caller uses Ray)."""
+        client = self._current()
         if client is None or client.lost is not None:
             return False
         client.cancel_nowait(request_id)
@@ -98,21 +100,29 @@ class DataPlaneLink:
         if not endpoint:
             self._absent_until = time.monotonic() + ABSENT_RETRY_S
             raise NoDataPlane(f"{self.what}: serves no data plane ({info.get('error')})")
-        if self._client is not None and self._loop is loop and self._client.lost is None:
-            return self._client  # another call connected while this one asked
-        if self._client is not None and self._loop is loop:
-            self._client.close()
+        client = self._clients.get(loop)
+        if client is not None and client.lost is None:
+            return client  # another call connected while this one asked
         incarnation = None if info.get("incarnation") is None else str(info["incarnation"])
 
         def changed(up: bool, why: str) -> None:
             if self.listener is not None:
                 self.listener(LinkChange(self.server, incarnation, up, why, time.monotonic()))
 
-        self._client = DataPlaneClient(str(endpoint), self.what, changed)
-        self._loop = loop
-        return self._client
+        client = self._clients[loop] = DataPlaneClient(str(endpoint), self.what, changed)
+        for other in [other for other in self._clients if other.is_closed()]:
+            del self._clients[other]  # a finished loop's connection went with it
+        return client
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        """Close the calling loop's connection (no listener is told)."""
+        client = self._current()
+        if client is not None:
+            client.close()
+            self._clients = {loop: c for loop, c in self._clients.items() if c is not client}
+
+    def _current(self) -> DataPlaneClient | None:
+        try:
+            return self._clients.get(asyncio.get_running_loop())
+        except RuntimeError:  # no loop runs here
+            return None

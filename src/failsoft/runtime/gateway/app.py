@@ -153,6 +153,10 @@ class Gateway:
             await asyncio.gather(*tasks, return_exceptions=True)
             closing = [s.dispatcher.close() for s in self.served.values()]
             await asyncio.gather(*closing, return_exceptions=True)  # their background work
+            for agent in self._agents.values():  # before the agents stop: no "connection lost"
+                link = getattr(agent, "data_plane", None)
+                if link is not None:
+                    link.close()
 
     async def _poll_stats(self) -> None:
         while True:
@@ -205,6 +209,7 @@ class Gateway:
         """A data-plane connection was made or ended (the agent died): the controller hears it."""
         if not change.up:
             log.warning("server %s: data plane connection lost (%s)", change.server, change.reason)
+            self._publish({"type": "connection_lost", "server": change.server, "reason": change.reason})
         task = asyncio.ensure_future(self._report_link(change))
         self._reports.add(task)
         task.add_done_callback(self._reports.discard)
