@@ -142,23 +142,35 @@ def test_answers_and_typed_errors(served: tuple[Queues, DataPlaneServer]) -> Non
     run(main())
 
 
-def test_a_refusal_keeps_its_retry_after(served: tuple[Queues, DataPlaneServer]) -> None:
-    queues, server = served
+def test_a_refusal_keeps_its_retry_after() -> None:
+    queues = Queues(max_queue=1)
+    server = DataPlaneServer(queues)
+    server.start()
     queues.gate.clear()
 
     async def main() -> None:
         client = DataPlaneClient(server.endpoint or "", "server 's'")
-        first = asyncio.ensure_future(client.infer("app", "m", np.ones((1, 4), np.float32), 5.0, "a"))
+        x = np.ones((1, 4), np.float32)
+        first = asyncio.ensure_future(client.infer("app", "m", x, 10.0, "a"))
         await asyncio.get_running_loop().run_in_executor(None, queues.entered.acquire)
-        # 1 ms a row as profiled: a request with 0.03 s left behind a running batch cannot be admitted
-        with pytest.raises(OverloadedError) as refused:
-            await client.infer("app", "m", np.ones((8, 4), np.float32), 0.03, "b")
+        second = asyncio.ensure_future(client.infer("app", "m", x, 10.0, "b"))  # fills the queue
+        for _ in range(500):
+            if queues.queue.stats()["queued"]:
+                break
+            await asyncio.sleep(0.01)
+        with pytest.raises(OverloadedError) as refused:  # the queue holds max_queue requests
+            await client.infer("app", "m", x, 10.0, "c")
         assert refused.value.retry_after_s > 0
         queues.gate.set()
-        assert (await first).shape == (1, 3)
+        assert (await first).shape == (1, 3) and (await second).shape == (1, 3)
         client.close()
 
-    run(main())
+    try:
+        run(main())
+    finally:
+        queues.gate.set()
+        server.close()
+        queues.queue.close(5.0)
 
 
 def test_a_withdrawn_request_is_taken_out_of_the_queue(served: tuple[Queues, DataPlaneServer]) -> None:
