@@ -97,7 +97,7 @@ class Orchestrator:
         self.last_heard: dict[str, float] = {}
         self.heard_again: dict[str, float] = {}
         self.restoring: set[str] = set()
-        self.connection_lost: set[str] = set()  # failed by their connection's end, not yet failed over
+        self.crashed: dict[str, str] = {}  # failed on proof of death (its cause), not yet failed over
         self.planning: int | None = None
         self.last_plan: dict[str, Any] | None = None
         self.phase = Phase.STARTING
@@ -205,23 +205,33 @@ class Orchestrator:
             self.fx.send(Emit("unhealthy", {"server": server, "reason": reason, "at": now}))
         return self._flush(now)
 
-    def link(self, server: str, incarnation: str | None, up: bool, now: float, reason: str) -> list[Command]:
-        """The gateway's connection to ``server``'s agent (process ``incarnation``) was made (``up``)
-        or ended: a second signal beside heartbeats (:meth:`HeartbeatDetector.link`). An ended
-        connection fails the server now, its failure events saying ``cause: connection``; a report
-        about another incarnation than the one heartbeating is stale and ignored."""
-        rec = self.state.servers.get(server)
-        if rec is None or rec.state is None or (incarnation is not None and incarnation != rec.incarnation):
+    def link(self, server: str, incarnation: str | None, now: float) -> list[Command]:
+        """The gateway's connection to ``server``'s agent (process ``incarnation``) is up: a
+        silence of its heartbeats is then held as suspect a while (:meth:`HeartbeatDetector.link`)."""
+        if self._current(server, incarnation):
+            self.detector.link(server, True, now)
+        return []
+
+    def died(self, server: str, incarnation: str | None, now: float, cause: str) -> list[Command]:
+        """Proof that ``server``'s agent process (``incarnation``) is gone, beside heartbeats: its
+        sidecar saw it die (``cause`` ``process``) or the gateway's connection to it ended
+        (``connection``). Failed now, not after missed heartbeats; its failure events carry
+        ``cause``. A report about another incarnation than the one heartbeating is stale."""
+        if not self._current(server, incarnation):
             return []
-        change = self.detector.link(server, up, now)
+        change = self.detector.link(server, False, now)
         if change is None:
             return []
         log.warning(
-            "server %s: its connection ended (%s): failed without waiting for heartbeats", server, reason
+            "server %s: its process is gone (%s): failed without waiting for heartbeats", server, cause
         )
-        self.connection_lost.add(server)
+        self.crashed[server] = cause
         self._on_change(change, now)
         return self._flush(now)
+
+    def _current(self, server: str, incarnation: str | None) -> bool:
+        rec = self.state.servers.get(server)
+        return rec is not None and rec.state is not None and incarnation in (None, rec.incarnation)
 
     def _nobody_heard(self, now: float) -> bool:
         """Every live server silent at once, briefly: likelier our own stall than theirs.
@@ -265,7 +275,7 @@ class Orchestrator:
             return
         first = min(self.failed_queue.values())
         interval = self.detector.interval_s
-        crashed = all(server in self.connection_lost for server in self.failed_queue)  # no doubt
+        crashed = all(server in self.crashed for server in self.failed_queue)  # no doubt: no waiting
         if (
             not crashed
             and now - first < interval
@@ -284,9 +294,9 @@ class Orchestrator:
         switched = self._switch_to_warm(detected_at, now)
         for server in failed:
             heard = self.last_heard.pop(server, detected_at)
-            # a failure the connection's end gave says so; one from heartbeats has no cause field
-            why = {"cause": "connection"} if server in self.connection_lost else {}
-            self.connection_lost.discard(server)
+            # a failure proof of death gave says so; one from heartbeats has no cause field
+            cause = self.crashed.pop(server, None)
+            why = {"cause": cause} if cause else {}
             for app, where in hit[server]:
                 self.fx.emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard, **why)
             if not hit[server]:

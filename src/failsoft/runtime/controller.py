@@ -156,6 +156,9 @@ class Controller:
         rec = self.state.servers[beat.server]
         if rec.incarnation is not None and rec.incarnation != beat.incarnation:
             self._forget_agent(beat.server)  # a new process (maybe a new actor): look it up again
+        if beat.dead:  # the sidecar saw the agent process die: no silence to wait out
+            self._feed(self.core.died(beat.server, beat.incarnation, beat.arrived, "process"))
+            return
         self._feed(self.core.heartbeat(beat.server, beat.arrived, beat.incarnation))
 
     # API: gateway, CLI, tests ---------------------------------------------------------------------
@@ -192,7 +195,12 @@ class Controller:
         process is gone): the detector's second signal. True when that failed the server now."""
         if server not in self.state.servers:
             return False
-        commands = self.core.link(server, incarnation, up, self.clock.now(), reason)
+        now = self.clock.now()
+        if up:
+            commands = self.core.link(server, incarnation, now)
+        else:
+            log.warning("server %s: its data-plane connection ended (%s)", server, reason)
+            commands = self.core.died(server, incarnation, now, "connection")
         self._feed(commands)
         return bool(commands)
 
