@@ -37,6 +37,7 @@ HEARTBEAT_IVL_MS = 100
 # Past this long without a heartbeat's answer the connection ends (a stopped or unreachable agent).
 # Long: a crash ends the connection at once without it, and a hang is the heartbeats' to detect.
 HEARTBEAT_TIMEOUT_MS = 2000
+ZERO_COPY_BYTES = 65536  # smaller messages are copied: cheaper than tracking a zero-copy frame
 _ENDED = {zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED, zmq.EVENT_MONITOR_STOPPED}
 
 
@@ -102,7 +103,7 @@ class DataPlaneClient:
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
         try:
-            await self._socket.send_multipart([frames.dump(head), data], copy=False)
+            await self._socket.send_multipart([frames.dump(head), data], copy=len(data) < ZERO_COPY_BYTES)
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise DeadlineExceededError(
