@@ -111,7 +111,7 @@ class Agent:
     """A server's agent. Thread-safe: Ray runs its methods on a pool of threads."""
 
     def __init__(self, spec: AgentSpec) -> None:
-        from failsoft.runtime.cluster import SERVING_THREADS, configure_actor_logging
+        from failsoft.runtime.cluster import SERVING_THREADS, SERVING_THREADS_ENV, configure_actor_logging
         from failsoft.zoo import ModelRepository
 
         init_at = time.time()
@@ -130,7 +130,7 @@ class Agent:
         self._loads_total = 0
         self._loads_cpu_ms = 0.0  # every load's thread CPU, summed (what recoveries cost the host)
         self._in_flight = 0  # infer calls holding one of Ray's serving threads
-        self._serving_threads = SERVING_THREADS
+        self._serving_threads = int(os.environ.get(SERVING_THREADS_ENV, SERVING_THREADS))  # Ray's group
         self._slow_s = 0.0
         self._slow_load_s = 0.0
         self._broken = False  # injected: every inference fails (failsoft chaos break)
@@ -423,10 +423,12 @@ class Agent:
         timeout_s: float | None = None,
         request_id: str | None = None,
         sent_at: float | None = None,
+        meta: dict[str, str] | None = None,
     ) -> concurrent.futures.Future[np.ndarray]:
         """The data plane's :meth:`infer`: queue ``batch`` and return the future its answer will
         complete (in the queue's worker thread), with no thread waiting on it. Refusals, a model not
-        held and bad input are raised here, at once."""
+        held and bad input are raised here, at once. ``meta``: the call's per-request metadata
+        (plain strings), as the header carried it."""
         entered = time.perf_counter()
         timeout_s = self._time_left(app, variant, timeout_s, sent_at)
         with self._lock:

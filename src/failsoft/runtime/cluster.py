@@ -59,6 +59,11 @@ NUM_GPUS_ENV = "FAILSOFT_NUM_GPUS"  # the GPUs the embedded node offers (default
 # of answers never delays a load, an unload, a cancel or a status call (Ray's concurrency groups).
 SERVING_GROUP = "serving"
 SERVING_THREADS = 256
+# With the data plane, inference does not wait in Ray's threads: the group only carries the calls of
+# an agent that could not open its socket. Ray starts a group's threads with the actor, and 256 of
+# them made a killed agent's teardown (hence its connection's end) take 70-140 ms here.
+DATA_PLANE_SERVING_THREADS = 16
+SERVING_THREADS_ENV = "FAILSOFT_SERVING_THREADS"  # tells the agent the size of its group
 log = logging.getLogger(__name__)
 
 
@@ -476,9 +481,11 @@ class RayCluster:
             raise ServingError(f"server {server!r} already has an agent: {exc}") from exc
 
     def _spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
+        threads = SERVING_THREADS if transport() == "ray" else DATA_PLANE_SERVING_THREADS
+        env = options.env | options.placement.actor_env() | {SERVING_THREADS_ENV: str(threads)}
         handle = (
             # Ray's overloads omit ``concurrency_groups``, a documented actor option
-            ray.remote(concurrency_groups={SERVING_GROUP: SERVING_THREADS})(cls)  # type: ignore[call-overload]
+            ray.remote(concurrency_groups={SERVING_GROUP: threads})(cls)  # type: ignore[call-overload]
             .options(
                 name=agent_name(server),
                 namespace=NAMESPACE,
@@ -488,7 +495,7 @@ class RayCluster:
                 max_restarts=-1 if options.restart else 0,
                 max_task_retries=0,
                 max_concurrency=32,
-                runtime_env={"env_vars": options.env | options.placement.actor_env()},
+                runtime_env={"env_vars": env},
             )
             .remote(*args)
         )

@@ -51,13 +51,15 @@ class Queues:
         discipline = registry.make("queueing", "fifo", 8, max_queue)
         self.queue = ServingQueue("s/app/m", self._predict, (4,), discipline, ServiceModel(PROFILE)).start()
         self.cancelled: list[str] = []
+        self.meta: dict[str, str] | None = None
 
     def _predict(self, x: np.ndarray) -> np.ndarray:
         self.entered.release()
         assert self.gate.wait(WAIT_S)
         return x @ WEIGHTS
 
-    def submit_infer(self, app, variant, batch, timeout_s, request_id, sent_at):  # type: ignore[no-untyped-def]
+    def submit_infer(self, app, variant, batch, timeout_s, request_id, sent_at, meta=None):  # type: ignore[no-untyped-def]
+        self.meta = meta
         if (app, variant) != ("app", "m"):
             raise ModelNotLoadedError(f"does not hold {variant!r} for {app!r}")
         return self.queue.submit(batch, timeout_s, request_id).future
@@ -124,7 +126,7 @@ def test_errors_come_back_as_their_failsoft_class() -> None:
 
 # server and client ----------------------------------------------------------------------------------
 def test_answers_and_typed_errors(served: tuple[Queues, DataPlaneServer]) -> None:
-    _, server = served
+    queues, server = served
     assert server.endpoint is not None and server.endpoint.startswith("tcp://127.0.0.1:")
 
     async def main() -> None:
@@ -132,6 +134,8 @@ def test_answers_and_typed_errors(served: tuple[Queues, DataPlaneServer]) -> Non
         x = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
         outs = await asyncio.gather(*(client.infer("app", "m", x[i : i + 1], 5.0, f"r{i}") for i in range(5)))
         assert np.allclose(np.concatenate(outs), x @ WEIGHTS)
+        await client.infer("app", "m", x[:1], 5.0, "t", {"traceparent": "00-abc-def-01"})
+        assert queues.meta == {"traceparent": "00-abc-def-01"}  # the call's metadata reached the agent
         with pytest.raises(ModelNotLoadedError, match="does not hold 'm' for 'other'"):
             await client.infer("other", "m", x, 5.0)
         with pytest.raises(ConfigError, match="expects a batch of shape"):
@@ -192,6 +196,10 @@ def test_a_withdrawn_request_is_taken_out_of_the_queue(served: tuple[Queues, Dat
         assert queues.cancelled == ["q"] and queues.queue.counters.cancelled == 1
         queues.gate.set()
         assert (await running).shape == (1, 3)
+        for _ in range(200):  # the worker counts a batch just after answering it
+            if queues.queue.counters.served:
+                break
+            await asyncio.sleep(0.01)
         assert queues.queue.counters.served == 1  # the withdrawn request never ran
         client.close()
 

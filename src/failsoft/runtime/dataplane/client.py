@@ -84,8 +84,10 @@ class DataPlaneClient:
         batch: Any,
         timeout_s: float,
         request_id: str | None = None,
+        meta: dict[str, str] | None = None,
     ) -> np.ndarray:
-        """``batch``'s answer within ``timeout_s``; the agent's failsoft errors re-raised as they are."""
+        """``batch``'s answer within ``timeout_s``; the agent's failsoft errors re-raised as they are.
+        ``meta`` (plain strings: a trace context) travels in the header."""
         if self.lost is not None:
             raise ServerUnavailableError(f"{self.what}: connection lost ({self.lost})")
         seq = next(self._seq)
@@ -100,6 +102,8 @@ class DataPlaneClient:
             "sent_at": time.time(),
             **fields,
         }
+        if meta:
+            head["meta"] = meta
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
         try:

@@ -77,12 +77,18 @@ class DataPlaneLink:
         return time.monotonic() < self._absent_until
 
     async def infer(
-        self, app: str, variant: str, batch: Any, timeout_s: float, request_id: str | None
+        self,
+        app: str,
+        variant: str,
+        batch: Any,
+        timeout_s: float,
+        request_id: str | None,
+        meta: dict[str, str] | None = None,
     ) -> np.ndarray:
         client = self._clients.get(asyncio.get_running_loop())
         if client is None or client.lost is not None:
             client = await self._connect(timeout_s)
-        return await client.infer(app, variant, batch, timeout_s, request_id)
+        return await client.infer(app, variant, batch, timeout_s, request_id, meta)
 
     def cancel_nowait(self, request_id: str) -> bool:
         """Withdraw over this loop's connection; False when there is none (the caller uses Ray)."""

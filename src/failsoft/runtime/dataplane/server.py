@@ -42,6 +42,7 @@ class Handler(Protocol):
         timeout_s: float | None,
         request_id: str | None,
         sent_at: float | None,
+        meta: dict[str, str] | None = None,
     ) -> concurrent.futures.Future[np.ndarray]: ...
 
     def cancel(self, request_id: str) -> bool: ...
@@ -149,6 +150,7 @@ class DataPlaneServer:
                 head.get("timeout_s"),
                 None if rid is None else str(rid),
                 head.get("sent_at"),
+                head.get("meta"),
             )
         except Exception as exc:  # refused at once: admission, no such model, bad input
             self._reply([identity, frames.dump({"seq": seq, "ok": False, **frames.error_fields(exc)})])
