@@ -144,6 +144,11 @@ class AgentRef(_ActorRef):
         self.data_plane = DataPlaneLink(server, self.what, self._data_plane_info)
         self._transport = transport()
 
+    @property
+    def uses_data_plane(self) -> bool:
+        """Inference goes over the data plane (``$FAILSOFT_DATA_PLANE`` is not ``ray``)."""
+        return self._transport == "zmq" and not self.data_plane.absent
+
     async def _data_plane_info(self, timeout_s: float) -> dict[str, Any]:
         return dict(await self._call("data_plane", timeout_s=timeout_s))
 

@@ -90,6 +90,13 @@ class DataPlaneLink:
             client = await self._connect(timeout_s)
         return await client.infer(app, variant, batch, timeout_s, request_id, meta)
 
+    async def connect(self, timeout_s: float) -> None:
+        """Make this loop's connection now, before any request needs it (the gateway does so for
+        every agent at start: a connection known up is what tells a late heartbeat from a death)."""
+        client = self._clients.get(asyncio.get_running_loop())
+        if client is None or client.lost is not None:
+            await self._connect(timeout_s)
+
     def cancel_nowait(self, request_id: str) -> bool:
         """Withdraw over this loop's connection; False when there is none (the caller uses Ray)."""
         client = self._current()

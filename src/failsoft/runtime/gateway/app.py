@@ -141,7 +141,7 @@ class Gateway:
     # background tasks ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        loops = [self.mirror.run(), self.hub.run(), self._poll_stats()]
+        loops = [self.mirror.run(), self.hub.run(), self._poll_stats(), self._connect_agents()]
         tasks = [asyncio.create_task(c) for c in loops]
         try:
             for served in self.served.values():  # their background work (re-planning, backups)
@@ -157,6 +157,19 @@ class Gateway:
                 link = getattr(agent, "data_plane", None)
                 if link is not None:
                     link.close()
+
+    async def _connect_agents(self) -> None:
+        """Every agent's data-plane connection, made at start rather than at its first request, so
+        that the controller knows each one up (servers holding only warm backups included)."""
+        for server in sorted(self._agents):
+            agent = self._agent(server)
+            if not getattr(agent, "uses_data_plane", False):  # FAILSOFT_DATA_PLANE=ray, or a test fake
+                continue
+            link = agent.data_plane
+            try:
+                await link.connect(5.0)
+            except FailsoftError as exc:  # its first request tries again
+                log.debug("no data-plane connection to %s yet: %s", server, exc)
 
     async def _poll_stats(self) -> None:
         while True:
