@@ -26,3 +26,10 @@ def test_the_summary_lists_servers_declared_down_that_nobody_killed():
     events.append({"type": "server_up", "server": "c1", "timestamp": START + 3.45})
     found = unexpected_failures(events, {"start": START, "kill": KILL}, "a1")
     assert found == [{"server": "c1", "detected_after_start_s": 3.4}]
+
+
+def test_a_failure_the_connection_gave_says_so():
+    line = describe_event(
+        failure("a1", KILL + 0.004) | {"cause": "connection"}, {"start": START, "kill": KILL}, killed="a1"
+    )
+    assert line is not None and "detected 4 ms after the kill, its connection ended" in line

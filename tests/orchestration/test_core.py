@@ -362,3 +362,43 @@ def test_a_restart_lifts_the_quarantine():
         h.take(h.core.heartbeat("s0", 0.5 + k * HB, incarnation="two"))
         h.check(0.5 + k * HB + 0.001)
     assert [c.purpose for c in h.of(Inspect)] == [InspectPurpose.RESTORE]
+
+
+def test_proof_of_death_fails_the_server_now_and_says_so():
+    """The gateway's connection ended (or the sidecar saw the process die): failed at once, even
+    while another server is merely suspect, and the failure events name the cause."""
+    h = Harness(cluster(), link_grace_s=0.25)
+    h.take(h.core.heartbeat("s0", 0.0, incarnation="one"))
+    h.beat_until(0.1)
+    assert h.core.died("s0", "old", 0.1, "connection") == []  # another process's connection
+    assert h.core.link("s0", "one", 0.1) == [] and h.core.detector.linked("s0")
+    h.beat_until(0.3, silent=("s1",), silent_from=0.11)  # s1 is late: suspect, which must not delay s0
+    h.check(0.125)
+    out = h.take(h.core.died("s0", "one", 0.13, "connection"))
+    assert h.state.servers["s0"].state.value == "failed"
+    failures = h.events("failure")
+    assert {e["app"] for e in failures} == {"A", "B", "C"}
+    assert all(e["cause"] == "connection" and e["detected_at"] == 0.13 for e in failures)
+    assert h.state.apps["A"].route == Placement("s1", "small")  # the warm switch in the same step
+    assert h.of(PlanFailover, out)
+    assert h.core.died("s0", "one", 0.2, "process") == []  # already failed: nothing more
+
+
+def test_a_late_heartbeat_over_a_live_connection_is_no_failure():
+    h = Harness(cluster(), link_grace_s=0.25)
+    h.take(h.core.heartbeat("s0", 0.0, incarnation="one"))
+    h.take(h.core.link("s0", "one", 0.0))
+    h.beat_until(0.3, silent=("s0",), silent_from=0.1)  # s0's heartbeats stop for 0.2 s ...
+    t = 0.0025
+    while t <= 0.3:
+        h.check(t)
+        t = round(t + 0.005, 6)
+    h.take(h.core.heartbeat("s0", 0.3, incarnation="one"))  # ... and come back: it was late
+    h.check(0.3025)
+    assert h.state.servers["s0"].state.value == "up" and not h.events("failure")
+
+
+def test_heartbeat_failures_have_no_cause_field():
+    h = Harness(cluster())
+    h.fail_s0()
+    assert h.events("failure") and all("cause" not in e for e in h.events("failure"))

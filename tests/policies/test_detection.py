@@ -122,3 +122,35 @@ def test_a_quarantined_server_ignores_its_heartbeats_until_the_quarantine_ends()
     d.quarantine("s1", 7.0, until=100.0)
     d.release("s1")  # it restarted
     assert d.heartbeat("s1", 7.1).new is ServerState.RECOVERING
+
+
+def test_a_connection_that_ends_fails_its_server_at_once():
+    """The second signal: a dead process's connection ends; no missed heartbeat is waited for."""
+    d = HeartbeatDetector(0.02, 2, link_grace_s=0.25)
+    d.register("s", 0.0)
+    assert d.link("s", True, 0.001) is None and d.linked("s")
+    change = d.link("s", False, 0.005)
+    assert change is not None and change.new is ServerState.FAILED and change.at == 0.005
+    assert not d.linked("s") and d.link("s", False, 0.006) is None  # already failed: nothing new
+    with pytest.raises(KeyError, match="nosuch"):
+        d.link("nosuch", True, 0.0)
+
+
+def test_a_late_heartbeat_over_a_live_connection_is_suspect_not_failed():
+    """Heartbeats late behind a busy host while the connection lives: suspect up to the grace past
+    the threshold, up again when they arrive; without a known connection, failed at the threshold."""
+    linked, alone = (
+        HeartbeatDetector(0.02, 2, link_grace_s=0.25),
+        HeartbeatDetector(0.02, 2, link_grace_s=0.25),
+    )
+    for d in (linked, alone):
+        d.register("s", 0.0)
+    linked.link("s", True, 0.0)
+    assert [c.new for c in linked.check(0.1)] == [ServerState.SUSPECT]
+    assert [c.new for c in alone.check(0.1)] == [ServerState.FAILED]
+    assert linked.next_deadline(0.1) == pytest.approx(0.29)
+    assert linked.check(0.28) == []
+    assert linked.heartbeat("s", 0.28).new is ServerState.UP  # it was late, not dead
+    assert [c.new for c in linked.check(0.6)] == [ServerState.FAILED]  # silent past the grace: failed
+    linked.forget("s")
+    assert not linked.linked("s")

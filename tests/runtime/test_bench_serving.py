@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 LEVEL_KEYS = {"requests", "errors", "codes", "rps", "p50_ms", "p99_ms", "server_cpu_ms_per_request"}
 PHASES = {
     "parse",
-    "dispatch_ray",
+    "dispatch",
     "agent_call",
     "queue_wait",
     "batch",
@@ -48,18 +48,24 @@ def test_the_serving_benchmark_measures_every_system_side_by_side(tiny_zoo, tmp_
     systems = out["systems"]
     assert systems["inprocess"]["rps"] > 0 and systems["inprocess"]["p50_ms"] > 0
     assert "status" in systems["ray-serve"]
-    for name in ("failsoft", "fastapi"):
+    for name in ("failsoft", "failsoft-ray", "fastapi"):
         for encoding in ("json", "binary"):
             levels = systems[name][encoding]
             assert set(levels) == {"closed_1", "closed_4", "open"}, levels
             for level in levels.values():
                 assert set(level) >= LEVEL_KEYS, level
                 assert level["requests"] > 0 and level["rps"] > 0
-    for encoding in ("json", "binary"):  # failsoft answered everything
-        for level in systems["failsoft"][encoding].values():
-            assert level["errors"] == 0 and set(level["codes"]) == {"200"}, level
-            assert level["server_cpu_ms_per_request"] > 0
+    for name in ("failsoft", "failsoft-ray"):  # failsoft answered everything, over either transport
+        assert systems[name]["transport"] == {"failsoft": "zmq", "failsoft-ray": "ray"}[name]
+        for encoding in ("json", "binary"):
+            for level in systems[name][encoding].values():
+                assert level["errors"] == 0 and set(level["codes"]) == {"200"}, level
+                assert level["server_cpu_ms_per_request"] > 0
+    hop = systems["failsoft"]["transport_rtt"]  # the gateway -> agent call alone, both transports
+    for transport in ("zmq", "ray"):
+        assert set(hop[transport]) == {"in_flight_1", "in_flight_8"}
+        assert all(v["calls"] > 0 and v["p50_ms"] > 0 for v in hop[transport].values())
     phases = systems["failsoft"]["phases"]
     assert set(phases) >= PHASES and phases["inference"] > 0 and phases["agent_call"] >= phases["inference"]
-    assert set(out["ratios"]) == {"failsoft_to_fastapi", "failsoft_to_inprocess"}
+    assert set(out["ratios"]) == {"failsoft_to_fastapi", "failsoft_to_failsoft_ray", "failsoft_to_inprocess"}
     assert out["ratios"]["failsoft_to_fastapi"]["json_closed_1"] > 0

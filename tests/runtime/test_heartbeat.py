@@ -92,7 +92,8 @@ def test_the_sidecar_beats_while_the_agent_runs_and_stops_when_it_stops_or_dies(
     while process_state(sidecar) not in (None, "Z") and time.monotonic() < deadline:
         time.sleep(0.02)
     assert process_state(sidecar) in (None, "Z")
-    collect(receiver, 0.1)
+    notice = collect(receiver, 0.1)  # its last word: the agent died (proof, where silence is not)
+    assert [(b.server, b.incarnation, b.dead) for b in notice][-1:] == [("s1", "inc-1", True)]
     assert collect(receiver, 0.2) == []
 
 

@@ -7,7 +7,14 @@ ImageNet-style apps during the warm-up (their baseline); then the chosen server(
 (SIGKILL) and a client asks every affected app once, right away. Measured, in milliseconds (FailLite
 5.1's metrics):
 
-* ``detection_ms``: kill to the controller's detection (two missed 20 ms heartbeats);
+* ``detection_ms``: kill to the controller's detection (the gateway's data-plane connection ending,
+  or two missed 20 ms heartbeats: ``detected_by`` says which, per killed server);
+* ``rerouted_ms``: per affected app, the kill to the first answer on the app's new route as the
+  gateway saw it: how long requests in flight at the kill took to be on their next route, plus
+  that answer's inference (for a warm switch, nothing is loaded); ``connection_end_ms``, per
+  killed server, the kill to the gateway seeing its data-plane connection end (the dying process's
+  teardown: its kernel closes the socket once its memory is freed), and ``rerouted_after_end_ms``
+  per app, ``rerouted_ms`` less that: from the connection's end to the answer on the next route;
 * ``mttr_ms``: per affected app, FailLite's MTTR (5.1): detection to the clients being told the new
   location (the route published to the gateway and the ``failover`` event), model loading included;
 * ``first_answer_ms``: per affected app, detection to the first answer on the new route as the
@@ -372,10 +379,15 @@ def measure(
 ) -> dict[str, Any]:
     first_kill = min(kill_at.values())
     events = [e for e in report["events"] if e["timestamp"] >= first_kill - 0.5]
-    detected = {}
+    detected, detected_by = {}, {}
     for e in events:
         if e["type"] == "failure" and e.get("server") in kill_at and e["server"] not in detected:
             detected[e["server"]] = e["detected_at"]
+            detected_by[e["server"]] = e.get("cause", "heartbeats")
+    ended = {}  # the gateway's connection_lost events: when it saw each killed agent's socket close
+    for e in events:
+        if e["type"] == "connection_lost" and e.get("server") in kill_at and e["server"] not in ended:
+            ended[e["server"]] = e["timestamp"]
     spurious = sorted(
         {e["server"] for e in events if e["type"] == "failure" and e.get("server") not in kill_at}
     )
@@ -388,9 +400,16 @@ def measure(
         )
         for app in affected
     }  # fmt: skip
+    if ended:
+        end = min(ended.values())
+        for a in apps.values():
+            moved = a["rerouted_ms"]
+            a["rerouted_after_end_ms"] = None if moved is None else moved - (end - first_kill) * 1000.0
     failed_requests = [s for s in samples if not s.ok]
     return {
         "detection_ms": {s: (detected[s] - kill_at[s]) * 1000.0 for s in detected},
+        "detected_by": detected_by,
+        "connection_end_ms": {s: (ended[s] - kill_at[s]) * 1000.0 for s in ended},
         "apps": apps,
         "affected": affected,
         "spurious_failures": spurious,
@@ -427,6 +446,10 @@ def _app_result(
         "load_ms": None if failover is None else failover.get("load_ms"),
         "load_cpu_ms": None if failover is None else failover.get("load_cpu_ms"),  # the agent's thread
         "first_answer_ms": None if answer is None else answer["first_answer_ms"],
+        "rerouted_ms": None
+        if answer is None
+        else (answer["detected_at"] - first_kill) * 1000.0 + answer["first_answer_ms"],
+        "rerouted_after_end_ms": None,  # set by measure() when the gateway saw the connection end
         "answer_after_kill_ms": waited,
         "usual_ms": usual_ms,
         "outage_ms": None if waited is None or usual_ms is None else max(waited - usual_ms, 0.0),
@@ -511,6 +534,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "outage_ms": _stats(_values(flat, "outage_ms"), ("p50", "max"))
         | {k: _stats(_values(v, "outage_ms"), ("p50", "max")) for k, v in by_kind.items() if v}
         | {"per_app": _per_app(per_app, "outage_ms")},
+        "rerouted_ms": _stats(_values(recovered, "rerouted_ms"), ("p50", "max"))
+        | {k: _stats(_values(v, "rerouted_ms"), ("p50", "max")) for k, v in by_kind.items() if v}
+        | {"per_app": _per_app(per_app, "rerouted_ms")},
+        "detected_by": sorted({how for r in runs for how in r.get("detected_by", {}).values()}),
+        "connection_end_ms": _stats(
+            [v for r in runs for v in r.get("connection_end_ms", {}).values()], ("p50", "max")
+        ),
+        "rerouted_after_end_ms": _stats(_values(recovered, "rerouted_after_end_ms"), ("p50", "max"))
+        | {"per_app": _per_app(per_app, "rerouted_after_end_ms")},
         "mttr_by_kind_ms": {
             k: _stats(_values(v, "mttr_ms"), ("mean", "p50", "max")) for k, v in by_kind.items() if v
         },
@@ -586,6 +618,14 @@ def check_targets(policies: dict[str, Any]) -> dict[str, Any]:
     out["warm_outage_p50_ms<=100"] = warm is not None and warm <= 100
     light = [v for app, v in fl["outage_ms"]["per_app"].items() if v is not None and app in _warm_light(fl)]
     out["warm_outage_p50_ms_small_models"] = round(statistics.median(light), 1) if light else None
+    # requests in flight at the kill, on their next route (a warm switch, a model answering in ms),
+    # from the kill and from the connection's end (which the dying process's teardown sets)
+    for key in ("rerouted_ms", "rerouted_after_end_ms"):
+        per = fl[key]["per_app"]
+        moved = [v for app, v in per.items() if v is not None and app in _warm_light(fl)]
+        out[f"warm_{key}_p50_small_models"] = round(statistics.median(moved), 1) if moved else None
+    after_end = out["warm_rerouted_after_end_ms_p50_small_models"]
+    out["warm_rerouted_after_end_ms_p50_small_models<=10"] = after_end is not None and after_end <= 10
     fk = policies.get("full-warm-k")
     if fk is None:
         return out

@@ -6,7 +6,10 @@ client (:mod:`failsoft.bench.serving_load`, a process of its own) for every syst
 * ``inprocess``: the model's ``predict`` called in a loop in this process at the agents' torch
   threads, batch 1: the limit no server can pass;
 * ``failsoft``: a cluster served from the config, through its gateway, as KServe v2 JSON and as the
-  binary tensor extension;
+  binary tensor extension, the gateway calling its agent over the data plane
+  (:mod:`failsoft.runtime.dataplane`);
+* ``failsoft-ray``: the same, every inference call a Ray actor call (``$FAILSOFT_DATA_PLANE=ray``),
+  which is what the data plane replaced;
 * ``fastapi``: a plain FastAPI app over the same model (:mod:`failsoft.bench.serving_anchor`,
   uvicorn in a subprocess), both encodings;
 * ``ray-serve``: recorded as not installed unless ``ray.serve`` imports (``pip install 'ray[serve]'``).
@@ -16,13 +19,14 @@ open-loop at ``rate_rps`` (default: half of failsoft's best closed-loop JSON thr
 open-loop latency is the one a moderately loaded server gives). Per level: requests, errors (by
 status), requests/s, p50 and p99 latency, and the server's CPU per request (``psutil``: the server's
 processes' user+system time over the level, divided by its answers; the client's own CPU is not
-counted). Ratios: failsoft's requests/s to FastAPI's and to the in-process limit, per level.
+counted). Ratios: failsoft's requests/s to FastAPI's, to the in-process limit and to its own Ray-call
+path, per level.
 
 ``phases`` breaks failsoft's request path down at one client (JSON), per request, in milliseconds:
 the client's whole latency; ``http`` (uvicorn and the client: the latency outside the gateway's
 handler); ``parse`` and ``response`` (the gateway's own decoding and encoding, timed on the same
-request in this process); ``dispatch_ray`` (the handler's time less parse, response and the agent:
-routing, the Ray actor call both ways, the event loop hand-offs); the agent's ``agent_call`` (entry
+request in this process); ``dispatch`` (the handler's time less parse, response and the agent:
+routing, the transport both ways, the event loop hand-offs); the agent's ``agent_call`` (entry
 to return, admission included) split by its serving queue into ``queue_wait``, ``batch`` (assembly),
 ``inference`` (``predict``) and ``answer`` (splitting outputs, waking the caller). The figures come
 from counters the gateway (``failsoft_request_latency_seconds``) and the agents (``info()``) keep
@@ -40,7 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +54,8 @@ import numpy as np
 from failsoft.errors import ConfigError, FailsoftError
 from failsoft.runtime.config import RuntimeConfig, load_config
 
-SYSTEMS = ("inprocess", "failsoft", "fastapi", "ray-serve")
+SYSTEMS = ("inprocess", "failsoft", "failsoft-ray", "fastapi", "ray-serve")
+TRANSPORTS = {"failsoft": "zmq", "failsoft-ray": "ray"}  # $FAILSOFT_DATA_PLANE of each failsoft system
 ENCODINGS = ("json", "binary")
 Progress = Callable[[str], None]
 
@@ -113,9 +118,10 @@ def _run(
         systems["inprocess"] = inprocess(model, settings.duration_s)
     del model
     rate = None
-    if "failsoft" in settings.systems:
-        systems["failsoft"] = _failsoft(cfg, app, bodies, settings, say)
-        rate = systems["failsoft"][settings.encodings[0]]["open"]["rate_rps"]  # every open loop's
+    for name, transport in TRANSPORTS.items():
+        if name in settings.systems:
+            systems[name] = _failsoft(cfg, app, bodies, settings, say, transport, name, rate)
+            rate = rate or systems[name][settings.encodings[0]]["open"]["rate_rps"]  # every open loop's
     if "fastapi" in settings.systems:
         systems["fastapi"] = _fastapi(cfg, family, variant, threads, bodies, settings, say, rate)
     if "ray-serve" in settings.systems:
@@ -150,24 +156,33 @@ def inprocess(model: Any, duration_s: float) -> dict[str, Any]:
 
 
 def _failsoft(
-    cfg: RuntimeConfig, app: str, bodies: dict[str, Body], settings: ServingSettings, say: Progress
+    cfg: RuntimeConfig,
+    app: str,
+    bodies: dict[str, Body],
+    settings: ServingSettings,
+    say: Progress,
+    transport: str = "zmq",
+    name: str = "failsoft",
+    rate: float | None = None,
 ) -> dict[str, Any]:
     from failsoft.bench.cluster import wait_home
+    from failsoft.runtime.dataplane import ENV
     from failsoft.runtime.session import Session
 
-    say("[failsoft] deploying ...")
-    with Session(cfg) as session:
+    say(f"[{name}] deploying ...")
+    with _environ(ENV, transport), Session(cfg) as session:
         client = session.client(timeout=30.0)  # both planes: wait_home reads the admin status
         wait_home(client, 300.0)
         host, port = _host_port(session.url)
-        result: dict[str, Any] = {}
-        rate = None
+        result: dict[str, Any] = {"transport": transport}
         for encoding, body in bodies.items():
-            say(f"[failsoft] {encoding}")
+            say(f"[{name}] {encoding}")
             result[encoding] = levels(Target(host, port, app, body, settings, _own_processes), rate)
             rate = rate or result[encoding]["open"]["rate_rps"]  # every system's open loop at one rate
             if encoding == "json":
                 result["phases"] = phases(session, host, port, app, body, settings)
+        if name == "failsoft":  # the gateway -> agent hop alone, over both transports
+            result["transport_rtt"] = transport_rtt(session, app, settings)
         client.close()
         return result
 
@@ -334,7 +349,7 @@ def phases(
         "gateway_handler_ms": handler_ms,
         "http": one["seconds"] * 1000.0 / max(one["requests"], 1) - handler_ms,
         "parse": parse_ms,
-        "dispatch_ray": handler_ms - parse_ms - response_ms - agent_ms,
+        "dispatch": handler_ms - parse_ms - response_ms - agent_ms,
         "agent_call": agent_ms,
         "queue_wait": d["wait_s"] * 1000.0 / calls,
         "batch": d["batch_s"] * 1000.0 / calls,
@@ -344,6 +359,57 @@ def phases(
         "requests": one["requests"],
     }
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def transport_rtt(session: Any, app: str, settings: ServingSettings) -> dict[str, Any]:
+    """The gateway -> agent call alone, from this process (batch 1, the app's model): the data
+    plane against the Ray actor call it replaced, at 1 and 8 calls in flight, for ``duration_s``
+    each. Calls per second, p50 and p99 ms, and this process's CPU per call."""
+    import asyncio
+
+    with session.client(timeout=30.0) as client:
+        route = next(a for a in client.status()["apps"] if a["name"] == app)["route"]
+    agent = session.agents[route["server"]]
+    shape = tuple(
+        session.prepared.models[next(a.family for a in session.config.apps if a.name == app)].input_shape
+    )
+    batch = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
+
+    async def level(transport: str, in_flight: int) -> dict[str, Any]:
+        times: list[float] = []
+        stop = time.perf_counter() + settings.duration_s
+
+        async def caller() -> None:
+            while (t := time.perf_counter()) < stop:
+                await agent.infer(app, route["variant"], batch, 10.0, None, transport=transport)
+                times.append(time.perf_counter() - t)
+
+        for _ in range(20):  # connect, warm
+            await agent.infer(app, route["variant"], batch, 10.0, None, transport=transport)
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(caller() for _ in range(in_flight)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        ms = np.asarray(times) * 1000.0
+        return {
+            "calls_per_s": round(len(ms) / wall, 1),
+            "p50_ms": round(float(np.percentile(ms, 50)), 3),
+            "p99_ms": round(float(np.percentile(ms, 99)), 3),
+            "caller_cpu_ms_per_call": round(cpu * 1000.0 / max(len(ms), 1), 3),
+            "calls": len(ms),
+        }
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for transport in ("zmq", "ray"):
+            out[transport] = {f"in_flight_{n}": await level(transport, n) for n in (1, 8)}
+        agent.data_plane.close()  # this loop's connection, before the loop ends
+        out["zmq_to_ray_calls_per_s"] = {
+            k: round(v["calls_per_s"] / max(out["ray"][k]["calls_per_s"], 1e-9), 2)
+            for k, v in out["zmq"].items()
+        }
+        return out
+
+    return asyncio.run(main())
 
 
 def _path_counters(session: Any, app: str) -> dict[str, float]:
@@ -398,21 +464,39 @@ def _codec_ms(session: Any, app: str, body: Body) -> tuple[float, float]:
 
 
 def ratios(systems: dict[str, Any]) -> dict[str, Any]:
-    """failsoft's requests/s over FastAPI's and over the in-process limit, per encoding and level."""
-    fs, fa, limit = systems.get("failsoft"), systems.get("fastapi"), systems.get("inprocess")
+    """failsoft's requests/s over FastAPI's, over its own Ray-call path's and over the in-process
+    limit, per encoding and level."""
+    fs, limit = systems.get("failsoft"), systems.get("inprocess")
     out: dict[str, Any] = {}
     if not fs:
         return out
+    anchors = {
+        "failsoft_to_fastapi": systems.get("fastapi"),
+        "failsoft_to_failsoft_ray": systems.get("failsoft-ray"),
+    }
     for encoding in ENCODINGS:
         for level, figures in (fs.get(encoding) or {}).items():
             key = f"{encoding}_{level}"
-            if fa and encoding in fa and level in fa[encoding] and fa[encoding][level]["rps"]:
-                out.setdefault("failsoft_to_fastapi", {})[key] = round(
-                    figures["rps"] / fa[encoding][level]["rps"], 3
-                )
+            for ratio, other in anchors.items():
+                if other and encoding in other and level in other[encoding] and other[encoding][level]["rps"]:
+                    out.setdefault(ratio, {})[key] = round(figures["rps"] / other[encoding][level]["rps"], 3)
             if limit and limit["rps"]:
                 out.setdefault("failsoft_to_inprocess", {})[key] = round(figures["rps"] / limit["rps"], 3)
     return out
+
+
+@contextlib.contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """``$name`` set to ``value`` for the block (the driver's AgentRefs read it when made)."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _app(config: RuntimeConfig, name: str | None) -> Any:

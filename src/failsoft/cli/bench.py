@@ -323,7 +323,9 @@ def serving(
     system: Annotated[
         list[str] | None,
         typer.Option(
-            "--system", "-s", help="inprocess, failsoft, fastapi, ray-serve (repeatable; default: all)"
+            "--system",
+            "-s",
+            help="inprocess, failsoft, failsoft-ray, fastapi, ray-serve (repeatable; default: all)",
         ),
     ] = None,
     encoding: Annotated[

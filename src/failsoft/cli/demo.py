@@ -100,9 +100,9 @@ def describe_event(e: dict[str, Any], marks: dict[str, float], killed: str | Non
         if not caused(e, marks, killed):
             return f"{stamp} [red]failure[/]  {app}: {e['server']} is down [red](nobody killed it)[/]"
         after = (e["detected_at"] - marks["kill"]) * 1000
-        return (
-            f"{stamp} [red]failure[/]  {app}: {e['server']} is down (detected {after:.0f} ms after the kill)"
-        )
+        how = ", its connection ended" if e.get("cause") == "connection" else ""
+        down = f"{e['server']} is down (detected {after:.0f} ms after the kill{how})"
+        return f"{stamp} [red]failure[/]  {app}: {down}"
     if kind == "failover":
         acc = e.get("accuracy") or 0.0
         return (

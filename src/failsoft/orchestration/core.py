@@ -90,7 +90,10 @@ class Orchestrator:
     def __init__(self, state: ClusterState, settings: OrchestrationSettings, now: float) -> None:
         self.state, self.settings = state, settings
         self.detector = HeartbeatDetector(
-            settings.heartbeat_interval_s, settings.missed_to_fail, pause_grace=settings.pause_grace
+            settings.heartbeat_interval_s,
+            settings.missed_to_fail,
+            pause_grace=settings.pause_grace,
+            link_grace_s=settings.link_grace_s,
         )
         self.fx = Effects(state, settings.load_slots, now)
         self.warm = WarmBackups(self.fx)
@@ -104,6 +107,7 @@ class Orchestrator:
         self.last_heard: dict[str, float] = {}
         self.heard_again: dict[str, float] = {}
         self.restoring: set[str] = set()
+        self.crashed: dict[str, str] = {}  # failed on proof of death (its cause), not yet failed over
         self.planning: int | None = None
         self.last_plan: dict[str, Any] | None = None
         self.phase = Phase.STARTING
@@ -284,6 +288,34 @@ class Orchestrator:
             self.fx.send(Emit("unhealthy", {"server": server, "reason": reason, "at": now}))
         return self._flush(now)
 
+    def link(self, server: str, incarnation: str | None, now: float) -> list[Command]:
+        """The gateway's connection to ``server``'s agent (process ``incarnation``) is up: a
+        silence of its heartbeats is then held as suspect a while (:meth:`HeartbeatDetector.link`)."""
+        if self._current(server, incarnation):
+            self.detector.link(server, True, now)
+        return []
+
+    def died(self, server: str, incarnation: str | None, now: float, cause: str) -> list[Command]:
+        """Proof that ``server``'s agent process (``incarnation``) is gone, beside heartbeats: its
+        sidecar saw it die (``cause`` ``process``) or the gateway's connection to it ended
+        (``connection``). Failed now, not after missed heartbeats; its failure events carry
+        ``cause``. A report about another incarnation than the one heartbeating is stale."""
+        if not self._current(server, incarnation):
+            return []
+        change = self.detector.link(server, False, now)
+        if change is None:
+            return []
+        log.warning(
+            "server %s: its process is gone (%s): failed without waiting for heartbeats", server, cause
+        )
+        self.crashed[server] = cause
+        self._on_change(change, now)
+        return self._flush(now)
+
+    def _current(self, server: str, incarnation: str | None) -> bool:
+        rec = self.state.servers.get(server)
+        return rec is not None and rec.state is not None and incarnation in (None, rec.incarnation)
+
     def _nobody_heard(self, now: float) -> bool:
         """Every live server silent at once, briefly: likelier our own stall than theirs.
 
@@ -326,8 +358,11 @@ class Orchestrator:
             return
         first = min(self.failed_queue.values())
         interval = self.detector.interval_s
-        if now - first < interval and any(
-            st is ServerState.SUSPECT for st in self.detector.states().values()
+        crashed = all(server in self.crashed for server in self.failed_queue)  # no doubt: no waiting
+        if (
+            not crashed
+            and now - first < interval
+            and any(st is ServerState.SUSPECT for st in self.detector.states().values())
         ):
             self.fx.wake_at(first + interval)
             return
@@ -342,11 +377,20 @@ class Orchestrator:
         switched = self._switch_to_warm(detected_at, now)
         for server in failed:
             heard = self.last_heard.pop(server, detected_at)
+            # a failure proof of death gave says so; one from heartbeats has no cause field
+            cause = self.crashed.pop(server, None)
+            why = {"cause": cause} if cause else {}
             for app, where in hit[server]:
-                self.fx.emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard)
+                self.fx.emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard, **why)
             if not hit[server]:
                 self.fx.emit(
-                    "failure", None, None, server=server, detected_at=detected_at, last_heartbeat_at=heard
+                    "failure",
+                    None,
+                    None,
+                    server=server,
+                    detected_at=detected_at,
+                    last_heartbeat_at=heard,
+                    **why,
                 )
         self.fx.publish(force=True)  # clients hear of the failure, then of the new routes
         for app, kind in switched:

@@ -28,6 +28,7 @@ class OrchestrationSettings:
     backoff_max_s: float = 30.0
     deploy_wait_s: float = 180.0  # how long a deployment waits for every server's first heartbeat
     quarantine_s: float = 30.0  # a server failed for not serving ignores its heartbeats this long
+    link_grace_s: float = 0.0  # a silent server whose connection is up is failed this much later
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.missed_to_fail < 1 or self.load_slots < 1:

@@ -16,6 +16,14 @@ controller then quarantines the server (:meth:`~HeartbeatDetector.quarantine`): 
 over as after a crash), and its heartbeats ignored for ``quarantine_s`` so that it does not come
 straight back; after that, or when it restarts, it recovers as a failed server does.
 
+**A second signal.** Where the gateway keeps a connection to a server's agent (the runtime's data
+plane), the connection tells a late heartbeat from a dead process: a killed process's kernel ends
+the connection at once (:meth:`HeartbeatDetector.link` with ``up=False``: failed now, without
+waiting for missed heartbeats), and while the connection is known up, a heartbeat silence is held
+as ``suspect`` for ``link_grace_s`` past the threshold before it counts as a failure (heartbeats
+late behind a busy host come back within it; a process that is stopped or unreachable also loses
+its connection, or stays silent past the grace). With no connection known, heartbeats decide alone.
+
 The detector keeps no clock: every call takes ``now`` (seconds) from the caller's
 :class:`~failsoft.clock.Clock`, so the runtime and the simulator run the same code.
 """
@@ -41,8 +49,17 @@ class HealthChange:
 class HeartbeatDetector:
     """Health of every registered server, from heartbeats and periodic checks."""
 
-    def __init__(self, interval_s: float = 0.020, missed_to_fail: int = 2, pause_grace: bool = False) -> None:
-        """``pause_grace``: after a check that came later than the failure threshold (the observer
+    def __init__(
+        self,
+        interval_s: float = 0.020,
+        missed_to_fail: int = 2,
+        pause_grace: bool = False,
+        link_grace_s: float = 0.0,
+    ) -> None:
+        """``link_grace_s``: how much longer than the threshold a server whose connection is known
+        up may be silent before it is failed (see the module's "second signal").
+
+        ``pause_grace``: after a check that came later than the failure threshold (the observer
         itself was paused), verdicts wait one more interval.
 
         A pause of the whole machine (a stalled VM, a stopped container) also stops the senders; on
@@ -55,6 +72,8 @@ class HeartbeatDetector:
             raise ValueError(f"heartbeat interval must be positive, got {interval_s}")
         if missed_to_fail < 1:
             raise ValueError(f"missed_to_fail must be at least 1, got {missed_to_fail}")
+        if link_grace_s < 0:
+            raise ValueError(f"link_grace_s must not be negative, got {link_grace_s}")
         self.interval_s = interval_s
         self.missed_to_fail = missed_to_fail
         self.pause_grace = pause_grace
@@ -63,6 +82,8 @@ class HeartbeatDetector:
         self._last_check: float | None = None
         self._hold_until = float("-inf")
         self._quarantined: dict[str, float] = {}  # server -> until when its heartbeats are ignored
+        self.link_grace_s = link_grace_s
+        self._linked: set[str] = set()  # servers whose connection is known up
 
     def register(self, server: str, now: float) -> None:
         """Start watching ``server`` as up, as if it had just sent a heartbeat."""
@@ -70,6 +91,7 @@ class HeartbeatDetector:
         self._state[server] = ServerState.UP
 
     def forget(self, server: str) -> None:
+        self._linked.discard(server)
         self._last.pop(server, None)
         self._state.pop(server, None)
         self._quarantined.pop(server, None)
@@ -87,6 +109,22 @@ class HeartbeatDetector:
                 else self._set(server, ServerState.FAILED, now)
             )
         return self._set(server, ServerState.FAILED, now)
+
+    def link(self, server: str, up: bool, now: float) -> HealthChange | None:
+        """The second signal: ``server``'s connection is up, or it ended (its process is gone):
+        failed now unless it already was (None then, and for ``up``)."""
+        if server not in self._state:
+            raise KeyError(f"link of unregistered server {server!r}")
+        if up:
+            self._linked.add(server)
+            return None
+        self._linked.discard(server)
+        if self._state[server] in (ServerState.UP, ServerState.SUSPECT):
+            return self._set(server, ServerState.FAILED, now)
+        return None
+
+    def linked(self, server: str) -> bool:
+        return server in self._linked
 
     def release(self, server: str) -> None:
         """End ``server``'s quarantine (it restarted: a fresh process deserves a fresh look)."""
@@ -135,18 +173,22 @@ class HeartbeatDetector:
                     changes.append(self._set(server, ServerState.FAILED, now))
                 continue
             silent = now - last
-            if silent > self.missed_to_fail * self.interval_s:
+            if silent > self._limit(server):
                 changes.append(self._set(server, ServerState.FAILED, now))
             elif silent > self.interval_s and state is ServerState.UP:
                 changes.append(self._set(server, ServerState.SUSPECT, now))
         changes.sort(key=lambda c: c.new is not ServerState.FAILED)
         return changes
 
+    def _limit(self, server: str) -> float:
+        """How long ``server`` may be silent before it is failed."""
+        threshold = self.missed_to_fail * self.interval_s
+        return threshold + self.link_grace_s if server in self._linked else threshold
+
     def next_deadline(self, now: float) -> float:
         """The earliest time a check could change a state (for event-driven checkers)."""
         deadlines = [
-            last
-            + (self.interval_s if self._state[s] is ServerState.UP else self.missed_to_fail * self.interval_s)
+            last + (self.interval_s if self._state[s] is ServerState.UP else self._limit(s))
             for s, last in self._last.items()
             if self._state[s] is not ServerState.FAILED
         ]

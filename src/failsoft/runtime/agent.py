@@ -37,6 +37,7 @@ The class is plain Python: :mod:`failsoft.runtime.cluster` turns it into an acto
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import logging
@@ -112,7 +113,7 @@ class Agent:
     """A server's agent. Thread-safe: Ray runs its methods on a pool of threads."""
 
     def __init__(self, spec: AgentSpec) -> None:
-        from failsoft.runtime.cluster import SERVING_THREADS, configure_actor_logging
+        from failsoft.runtime.cluster import SERVING_THREADS, SERVING_THREADS_ENV, configure_actor_logging
         from failsoft.zoo import ModelRepository
 
         init_at = time.time()
@@ -133,7 +134,7 @@ class Agent:
         self._loads_total = 0
         self._loads_cpu_ms = 0.0  # every load's thread CPU, summed (what recoveries cost the host)
         self._in_flight = 0  # infer calls holding one of Ray's serving threads
-        self._serving_threads = SERVING_THREADS
+        self._serving_threads = int(os.environ.get(SERVING_THREADS_ENV, SERVING_THREADS))  # Ray's group
         self._slow_s = 0.0
         self._slow_load_s = 0.0
         self._broken = False  # injected: every inference fails (failsoft chaos break)
@@ -150,6 +151,7 @@ class Agent:
         self.startup["ready_at"] = time.time()
         gc.freeze()  # the imports' ~400k objects leave the collector: no 400 ms pauses on unload
         sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._data_plane, self._data_plane_error = self._serve_data_plane()
         hb = spec.heartbeat
         self._pulse = Pulse(
             hb.host, hb.port, hb.key, spec.server.name, self.incarnation, spec.heartbeat_interval_s, WEDGE_S
@@ -181,6 +183,25 @@ class Agent:
                 if config.model_format != "builtin":
                     import_user_code(self._repo.variant_dir(family, variant), config)
         return (time.perf_counter() - started) * 1000.0
+
+    def _serve_data_plane(self) -> tuple[Any, str | None]:
+        """The data plane's socket (:mod:`failsoft.runtime.dataplane`), on this node's address;
+        (None, why) when it cannot bind: the gateway then calls over Ray."""
+        from failsoft.runtime.cluster import node_address
+        from failsoft.runtime.dataplane import DataPlaneServer
+
+        try:
+            server = DataPlaneServer(self, node_address())
+            server.start()
+            return server, None
+        except Exception as exc:
+            log.warning("server %s: no data plane (%s); inference goes over Ray", self.server.name, exc)
+            return None, f"{type(exc).__name__}: {exc}"
+
+    def data_plane(self) -> dict[str, Any]:
+        """Where this agent serves inference (the gateway asks once per connection)."""
+        endpoint = None if self._data_plane is None else self._data_plane.endpoint
+        return {"endpoint": endpoint, "incarnation": self.incarnation, "error": self._data_plane_error}
 
     def _init_cuda(self) -> float:
         """The CUDA context, now: its milliseconds (0 on the CPU, or when it fails: the first load
@@ -387,13 +408,7 @@ class Agent:
         per-request metadata (the trace context: :func:`failsoft.runtime.telemetry.serve`).
         """
         entered = time.perf_counter()
-        if self._broken:
-            raise ServingError(
-                f"server {self.server.name!r} failed to compute {variant!r} for {app!r} "
-                "(injected fault: failsoft chaos break)"
-            )
-        if timeout_s is not None and sent_at is not None:  # clocks of two machines: never below 0
-            timeout_s -= min(max(time.time() - sent_at, 0.0), timeout_s)
+        timeout_s = self._time_left(app, variant, timeout_s, sent_at)
         with self._lock:
             held = self._held.get((app, variant))
             busy = self._in_flight >= self._serving_threads - SPARE_SERVING_THREADS
@@ -413,6 +428,55 @@ class Agent:
                 self._in_flight -= 1
                 self._infer_calls += 1
                 self._infer_s += time.perf_counter() - entered
+
+    def submit_infer(
+        self,
+        app: str,
+        variant: str,
+        batch: np.ndarray,
+        timeout_s: float | None = None,
+        request_id: str | None = None,
+        sent_at: float | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> concurrent.futures.Future[np.ndarray]:
+        """The data plane's :meth:`infer`: queue ``batch`` and return the future its answer will
+        complete (in the queue's worker thread), with no thread waiting on it. Refusals, a model not
+        held and bad input are raised here, at once. ``meta``: the call's per-request metadata
+        (plain strings), as the header carried it."""
+        entered = time.perf_counter()
+        timeout_s = self._time_left(app, variant, timeout_s, sent_at)
+        with self._lock:
+            held = self._held.get((app, variant))
+        if held is None:
+            raise ModelNotLoadedError(f"server {self.server.name!r} does not hold {variant!r} for {app!r}")
+        try:
+            where = {"failsoft.server": self.server.name, "failsoft.app": app, "failsoft.variant": variant}
+            future: concurrent.futures.Future[np.ndarray] = telemetry.submit(
+                held.queue, batch, timeout_s, request_id, meta, where
+            )
+        except BaseException:
+            self._count_call(entered)
+            raise
+        future.add_done_callback(lambda _: self._count_call(entered))
+        return future
+
+    def _time_left(
+        self, app: str, variant: str, timeout_s: float | None, sent_at: float | None
+    ) -> float | None:
+        """``timeout_s`` less the time the call took to get here; refuses a broken server's work."""
+        if self._broken:
+            raise ServingError(
+                f"server {self.server.name!r} failed to compute {variant!r} for {app!r} "
+                "(injected fault: failsoft chaos break)"
+            )
+        if timeout_s is not None and sent_at is not None:  # clocks of two machines: never below 0
+            timeout_s -= min(max(time.time() - sent_at, 0.0), timeout_s)
+        return timeout_s
+
+    def _count_call(self, entered: float) -> None:
+        with self._lock:
+            self._infer_calls += 1
+            self._infer_s += time.perf_counter() - entered
 
     # stateful models (HAMS) ------------------------------------------------------------------
     def state(self, app: str, variant: str) -> bytes:
@@ -547,6 +611,8 @@ class Agent:
         for app, variant in keys:
             self.unload(app, variant)
         self._pulse.stop()
+        if self._data_plane is not None:
+            self._data_plane.close()
 
     def crash(self) -> None:
         """Die at once, like a server losing power (used where the caller cannot signal the process)."""

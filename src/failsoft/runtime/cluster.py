@@ -45,6 +45,7 @@ from failsoft.errors import (
     ServingError,
 )
 from failsoft.orchestration.copies import CopyRequest
+from failsoft.runtime.dataplane.link import DataPlaneLink, NoDataPlane, transport
 from failsoft.runtime.devices import ON_CPU, Placement
 
 # A Ray call made after shutdown (a straggling thread) must fail, not start a new Ray instance.
@@ -59,6 +60,11 @@ NUM_GPUS_ENV = "FAILSOFT_NUM_GPUS"  # the GPUs the embedded node offers (default
 # of answers never delays a load, an unload, a cancel or a status call (Ray's concurrency groups).
 SERVING_GROUP = "serving"
 SERVING_THREADS = 256
+# With the data plane, inference does not wait in Ray's threads: the group only carries the calls of
+# an agent that could not open its socket. Ray starts a group's threads with the actor, and 256 of
+# them made a killed agent's teardown (hence its connection's end) take 70-140 ms here.
+DATA_PLANE_SERVING_THREADS = 16
+SERVING_THREADS_ENV = "FAILSOFT_SERVING_THREADS"  # tells the agent the size of its group
 log = logging.getLogger(__name__)
 
 
@@ -135,6 +141,17 @@ class AgentRef(_ActorRef):
     def __init__(self, handle: Any, server: str) -> None:
         super().__init__(handle, f"server {server!r}")
         self.server = server
+        # inference travels over the agent's data plane (failsoft.runtime.dataplane), not Ray
+        self.data_plane = DataPlaneLink(server, self.what, self._data_plane_info)
+        self._transport = transport()
+
+    @property
+    def uses_data_plane(self) -> bool:
+        """Inference goes over the data plane (``$FAILSOFT_DATA_PLANE`` is not ``ray``)."""
+        return self._transport == "zmq" and not self.data_plane.absent
+
+    async def _data_plane_info(self, timeout_s: float) -> dict[str, Any]:
+        return dict(await self._call("data_plane", timeout_s=timeout_s))
 
     async def load(
         self, app: str, family: str, variant: str, background: bool = False, timeout_s: float = 600.0
@@ -152,11 +169,17 @@ class AgentRef(_ActorRef):
         timeout_s: float,
         request_id: str | None = None,
         meta: dict[str, str] | None = None,
+        transport: str | None = None,
     ) -> Any:
         """Answer ``batch`` within ``timeout_s`` (the request's time left, which the agent's serving
         queue turns into a deadline on its own clock, less the time the call took to reach it, from
         the wall-clock time it was sent); ``request_id`` lets :meth:`cancel_nowait` withdraw it from
-        the queue; ``meta`` (plain strings) travels with it: the trace context."""
+        the queue; ``meta`` (plain strings) travels with it: the trace context. Over the data plane
+        unless ``$FAILSOFT_DATA_PLANE=ray`` (or ``transport``, for a benchmark that compares both,
+        says otherwise)."""
+        if (transport or self._transport) == "zmq" and not self.data_plane.absent:
+            with contextlib.suppress(NoDataPlane):  # it could not bind: Ray, as before
+                return await self.data_plane.infer(app, variant, batch, timeout_s, request_id, meta)
         args = (app, variant, batch, timeout_s, request_id, time.time(), meta)
         return await self._call("infer", *args, timeout_s=timeout_s, group=SERVING_GROUP)
 
@@ -170,7 +193,8 @@ class AgentRef(_ActorRef):
 
     def cancel_nowait(self, request_id: str) -> None:
         """Withdraw a request from the server's queue (it timed out, moved, or its client left)."""
-        self._fire("cancel", request_id)
+        if not self.data_plane.cancel_nowait(request_id):
+            self._fire("cancel", request_id)
 
     async def holdings(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return await self._call("holdings", timeout_s=timeout_s)
@@ -227,6 +251,11 @@ class ControllerRef(_ActorRef):
         """The gateway's requests in flight per autoscaled app (``Controller.report_ongoing``)."""
         await self._call("report_ongoing", counts, timeout_s=timeout_s)
 
+    async def report_link(
+        self, server: str, incarnation: str | None, up: bool, reason: str, timeout_s: float = 5.0
+    ) -> bool:
+        return bool(await self._call("report_link", server, incarnation, up, reason, timeout_s=timeout_s))
+
     async def pin(self, request: CopyRequest, timeout_s: float = 5.0) -> str:
         """Ask the core for a mechanism's copy (``Controller.pin``); the server it is pinned on."""
         return str(await self._call("pin", request, timeout_s=timeout_s))
@@ -274,6 +303,14 @@ def find_agent(server: str) -> AgentRef:
         return AgentRef(ray.get_actor(agent_name(server), namespace=NAMESPACE), server)
     except Exception as exc:
         raise _map_error(exc, f"server {server!r}", None) from exc
+
+
+def node_address() -> str:
+    """Inside an actor: the address of its node (127.0.0.1 in an embedded cluster), where the
+    agent serves its data plane; 127.0.0.1 outside Ray (an agent in a test's process)."""
+    if not ray.is_initialized():
+        return "127.0.0.1"
+    return str(ray.util.get_node_ip_address())
 
 
 def actor_was_restarted() -> bool:
@@ -490,9 +527,11 @@ class RayCluster:
             raise ServingError(f"server {server!r} already has an agent: {exc}") from exc
 
     def _spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
+        threads = SERVING_THREADS if transport() == "ray" else DATA_PLANE_SERVING_THREADS
+        env = options.env | options.placement.actor_env() | {SERVING_THREADS_ENV: str(threads)}
         handle = (
             # Ray's overloads omit ``concurrency_groups``, a documented actor option
-            ray.remote(concurrency_groups={SERVING_GROUP: SERVING_THREADS})(cls)  # type: ignore[call-overload]
+            ray.remote(concurrency_groups={SERVING_GROUP: threads})(cls)  # type: ignore[call-overload]
             .options(
                 name=agent_name(server),
                 namespace=NAMESPACE,
@@ -502,7 +541,7 @@ class RayCluster:
                 max_restarts=-1 if options.restart else 0,
                 max_task_retries=0,
                 max_concurrency=32,
-                runtime_env={"env_vars": options.env | options.placement.actor_env()},
+                runtime_env={"env_vars": env},
             )
             .remote(*args)
         )

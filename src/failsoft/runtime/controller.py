@@ -52,6 +52,10 @@ from failsoft.scenario import scenario_from_dict, scenario_to_dict
 
 log = logging.getLogger(__name__)
 RECONCILE_S = 0.25
+# A silent server whose data-plane connection is up is failed this much past the heartbeat
+# threshold: heartbeats late behind a busy host (a sidecar waiting for a core) arrive within it, and
+# a dead process ends its connection at once anyway (docs/runtime.md, "The data plane").
+LINK_GRACE_S = 0.25
 GC_S = 2.0
 GLOBAL_GRACE = 5.0
 CONTROLLER_NICE = -5
@@ -70,6 +74,7 @@ def orchestration_settings(config: RuntimeConfig) -> OrchestrationSettings:
         replan_delay_s=config.replan_delay_s,
         reconcile_s=RECONCILE_S,
         gc_s=GC_S,
+        link_grace_s=LINK_GRACE_S,
     )
 
 
@@ -157,6 +162,9 @@ class Controller:
         rec = self.state.servers[beat.server]
         if rec.incarnation is not None and rec.incarnation != beat.incarnation:
             self._forget_agent(beat.server)  # a new process (maybe a new actor): look it up again
+        if beat.dead:  # the sidecar saw the agent process die: no silence to wait out
+            self._feed(self.core.died(beat.server, beat.incarnation, beat.arrived, "process"))
+            return
         self._feed(self.core.heartbeat(beat.server, beat.arrived, beat.incarnation))
 
     # API: gateway, CLI, tests ---------------------------------------------------------------------
@@ -204,6 +212,20 @@ class Controller:
         for app, ongoing in counts.items():
             if app in self.state.apps:
                 self._feed(self.core.observe_ongoing(app, float(ongoing), now))
+
+    async def report_link(self, server: str, incarnation: str | None, up: bool, reason: str) -> bool:
+        """The gateway's data-plane connection to ``server``'s agent was made (``up``) or ended (the
+        process is gone): the detector's second signal. True when that failed the server now."""
+        if server not in self.state.servers:
+            return False
+        now = self.clock.now()
+        if up:
+            commands = self.core.link(server, incarnation, now)
+        else:
+            log.warning("server %s: its data-plane connection ended (%s)", server, reason)
+            commands = self.core.died(server, incarnation, now, "connection")
+        self._feed(commands)
+        return bool(commands)
 
     async def pin(self, request: CopyRequest) -> str:
         """A mechanism's copy (a Jellyfish rung, a HAMS backup): the core plans its load, counts it

@@ -69,6 +69,7 @@ class Beat:
     incarnation: str
     arrived: float  # monotonic seconds: when the controller's kernel received it
     seq: int = 0  # the sidecar's tick number, newer than any accepted before from this incarnation
+    dead: bool = False  # the sidecar's death notice: the agent process died
 
 
 class HeartbeatReceiverError(ServingError):
@@ -136,8 +137,10 @@ class HeartbeatReceiver:
                 continue
             arrived = _kernel_time(ancillary, wall_minus_mono) if self._kernel_stamps else time.monotonic()
             beat = self._accept(data, arrived)
-            if beat is not None and (beat.server not in latest or latest[beat.server].arrived <= arrived):
-                latest[beat.server] = beat
+            if beat is not None and (
+                beat.server not in latest or latest[beat.server].arrived <= arrived or beat.dead
+            ):
+                latest[beat.server] = beat  # a death notice wins over the beats before it
         return list(latest.values())
 
     def _on_error(self, exc: OSError) -> None:
@@ -159,7 +162,7 @@ class HeartbeatReceiver:
         if parsed is None or parsed[0] not in self.servers:
             self.rejected += 1
             return None
-        server, incarnation, seq = parsed
+        server, incarnation, seq, dead = parsed
         seqs = self._seqs.setdefault(server, OrderedDict())
         last = seqs.get(incarnation)
         if last is not None and seq <= last:
@@ -177,7 +180,7 @@ class HeartbeatReceiver:
             self.max_gap_s[server] = max(self.max_gap_s.get(server, 0.0), arrived - previous)
         self._last_arrival[server] = max(arrived, previous or arrived)
         self.received += 1
-        return Beat(server, incarnation, arrived, seq)
+        return Beat(server, incarnation, arrived, seq, dead)
 
 
 RECEIVE_BUFFER_BYTES = 1 << 20

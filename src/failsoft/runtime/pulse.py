@@ -7,7 +7,8 @@ started by the agent and running only the standard library, sends a signed UDP d
 ``interval_s`` while
 
 * the agent process exists and has no SIGKILL pending (a crash: the sidecar goes silent within one
-  interval and exits),
+  interval and exits, after a signed *death notice*: :func:`datagram` with ``dead``, which the
+  controller takes as proof of death, where a silence might only be heartbeats running late),
 * it is not stopped (SIGSTOP shows as state ``T`` in ``/proc``: the sidecar goes silent),
 * and its stamp is fresh (an interpreter wedged for more than ``wedge_s`` goes silent too).
 
@@ -51,13 +52,17 @@ def mac(key: bytes, payload: bytes) -> bytes:
     return hmac.new(key, payload, hashlib.sha256).digest()[:MAC_BYTES]
 
 
-def datagram(key: bytes, server: str, incarnation: str, seq: int) -> bytes:
-    payload = f"{server}|{incarnation}|{seq}".encode()
+DEATH_NOTICES = 3  # sent a few times: UDP may lose one
+
+
+def datagram(key: bytes, server: str, incarnation: str, seq: int, dead: bool = False) -> bytes:
+    """A heartbeat, or with ``dead`` the notice that the agent process died (the sidecar saw it)."""
+    payload = f"{server}|{incarnation}|{seq}{'|dead' if dead else ''}".encode()
     return payload + b"|" + mac(key, payload).hex().encode()
 
 
-def parse(key: bytes, data: bytes) -> tuple[str, str, int] | None:
-    """``(server, incarnation, seq)`` of a well-signed datagram, else None.
+def parse(key: bytes, data: bytes) -> tuple[str, str, int, bool] | None:
+    """``(server, incarnation, seq, dead)`` of a well-signed datagram, else None.
 
     The signature proves who sent a datagram, not when: a recorded one stays valid forever. The
     receiver therefore accepts only sequence numbers newer than the last it accepted from the same
@@ -67,11 +72,13 @@ def parse(key: bytes, data: bytes) -> tuple[str, str, int] | None:
     try:
         if not hmac.compare_digest(bytes.fromhex(tag.decode()), mac(key, payload)):
             return None
-        server, incarnation, seq = payload.decode().split("|")
+        fields = payload.decode().split("|")
+        dead = fields[3:] == ["dead"]
+        server, incarnation, seq = fields[:3] if dead else fields
         number = int(seq)
     except (ValueError, UnicodeDecodeError):
         return None
-    return (server, incarnation, number) if number >= 0 else None
+    return (server, incarnation, number, dead) if number >= 0 else None
 
 
 def raise_priority(tid: int = 0) -> None:
@@ -169,6 +176,12 @@ def run_sidecar(settings: dict) -> int:
     while True:
         state = process_state(pid)
         if state is None or state in "ZX" or os.getppid() != pid:
+            for _ in range(DEATH_NOTICES):  # proof of death, not a silence that might be lateness
+                with contextlib.suppress(OSError):
+                    sock.sendto(
+                        datagram(key, settings["server"], settings["incarnation"], seq, True), address
+                    )
+                seq += 1
             with contextlib.suppress(OSError):
                 os.unlink(settings["stamp"])  # the agent died without cleaning up: we do
             return 0

@@ -207,3 +207,51 @@ def serve(
                     attributes={"failsoft.batch_rows": int(ticket.batch_rows)},
                 )
                 predict.end(end_time=ended)
+
+
+def submit(
+    queue: ServingQueue,
+    batch: Any,
+    timeout_s: float | None,
+    request_id: str | None,
+    meta: Mapping[str, str] | None,
+    attributes: Mapping[str, str],
+) -> Any:
+    """The data plane's side of a call (:meth:`failsoft.runtime.agent.Agent.submit_infer`): the
+    ticket's future, with no thread waiting on it. When tracing is on and the call carried a
+    context, the same ``agent.infer``, ``agent.queue`` and ``model.predict`` spans as :func:`serve`
+    are recorded once the answer is done, from the ticket's own time stamps."""
+    ticket = queue.submit(batch, timeout_s, request_id)
+    parent = extract(meta)
+    if parent is None or _tracer is None:
+        return ticket.future
+    tracer = _tracer
+    entered = ticket.stamps[0]
+
+    def record(_: Any) -> None:
+        import time
+
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        root = tracer.start_span(
+            "agent.infer",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=dict(attributes),
+            start_time=entered,
+        )
+        inside = set_span_in_context(root)
+        queued, taken, started, ended = ticket.stamps
+        if taken:
+            tracer.start_span("agent.queue", context=inside, start_time=queued).end(end_time=taken)
+            predict = tracer.start_span(
+                "model.predict",
+                context=inside,
+                start_time=started,
+                attributes={"failsoft.batch_rows": int(ticket.batch_rows)},
+            )
+            predict.end(end_time=ended)
+        root.end(end_time=time.time_ns())
+
+    ticket.future.add_done_callback(record)
+    return ticket.future

@@ -58,6 +58,7 @@ from failsoft.runtime import logs
 from failsoft.runtime.chaos import Chaos
 from failsoft.runtime.cluster import AgentRef, ControllerRef
 from failsoft.runtime.config import GatewaySettings
+from failsoft.runtime.dataplane import LinkChange
 from failsoft.runtime.gateway import admin
 from failsoft.runtime.gateway.access import AccessMiddleware
 from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
@@ -172,6 +173,7 @@ class Gateway:
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
         loops = [self.mirror.run(), self.hub.run(), self._poll_stats(), self._report_ongoing()]
+        loops.append(self._connect_agents())
         tasks = [asyncio.create_task(c) for c in loops]
         try:
             for served in self.served.values():  # their background work (re-planning, backups)
@@ -183,6 +185,23 @@ class Gateway:
             await asyncio.gather(*tasks, return_exceptions=True)
             closing = [s.dispatcher.close() for s in self.served.values()]
             await asyncio.gather(*closing, return_exceptions=True)  # their background work
+            for agent in self._agents.values():  # before the agents stop: no "connection lost"
+                link = getattr(agent, "data_plane", None)
+                if link is not None:
+                    link.close()
+
+    async def _connect_agents(self) -> None:
+        """Every agent's data-plane connection, made at start rather than at its first request, so
+        that the controller knows each one up (servers holding only warm backups included)."""
+        for server in sorted(self._agents):
+            agent = self._agent(server)
+            if not getattr(agent, "uses_data_plane", False):  # FAILSOFT_DATA_PLANE=ray, or a test fake
+                continue
+            link = agent.data_plane
+            try:
+                await link.connect(5.0)
+            except FailsoftError as exc:  # its first request tries again
+                log.debug("no data-plane connection to %s yet: %s", server, exc)
 
     async def _poll_stats(self) -> None:
         while True:
@@ -305,7 +324,25 @@ class Gateway:
         agent = self._agents.get(server)
         if agent is None:  # being replaced (revived) right now
             raise ServerUnavailableError(f"server {server!r} has no agent at the moment")
+        link = getattr(agent, "data_plane", None)  # test fakes have none
+        if link is not None and link.listener is None:
+            link.listener = self._link_changed
         return agent
+
+    def _link_changed(self, change: LinkChange) -> None:
+        """A data-plane connection was made or ended (the agent died): the controller hears it."""
+        if not change.up:
+            log.warning("server %s: data plane connection lost (%s)", change.server, change.reason)
+            self._publish({"type": "connection_lost", "server": change.server, "reason": change.reason})
+        task = asyncio.ensure_future(self._report_link(change))
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
+
+    async def _report_link(self, change: LinkChange) -> None:
+        try:
+            await self.controller.report_link(change.server, change.incarnation, change.up, change.reason)
+        except FailsoftError as exc:  # the controller is away: heartbeats still tell it
+            log.warning("could not report server %s's connection: %s", change.server, exc)
 
     def _served(self, name: str) -> Served:
         served = self.served.get(name)

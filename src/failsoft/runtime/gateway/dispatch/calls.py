@@ -176,8 +176,8 @@ async def _call(
         agent = context.agents(target.server)
     except ServerUnavailableError as exc:  # being replaced: wait for a newer route
         return CallResult(CallStatus.MOVED, error=exc)
-    extra = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
     fence = context.routes.fence(target.server)
+    extra: dict[str, Any] = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
     call = asyncio.ensure_future(
         agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id, **extra)
     )
