@@ -177,7 +177,26 @@ def test_one_gateway_serves_generate_index_metrics_and_refuses_bad_input(session
         assert entry["mode"] == "llm" and entry["state"] == "READY"
         assert sorted(entry["workers"]) == ["w0", "w1", "w2"]
         assert {w["server"] for w in entry["workers"].values()} == {"s1", "s2", "s3"}
-        assert client._send("GET", "/metrics").status_code == 200
+        metrics = client._send("GET", "/metrics")
+    assert metrics.status_code == 200
+    _workers_figures_are_served(metrics.text)
+
+
+def _workers_figures_are_served(text: str) -> None:
+    """The workers' own figures (asked through Ray at each scrape) beside the gateway's, labelled by
+    worker, with every series the LLM dashboard reads: the generations above counted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.runtime.test_dashboards import dashboard_metrics, missing
+
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    up = {s.labels["worker"]: s.value for s in families["failsoft_llm_worker_up"].samples}
+    assert up == {"w0": 1.0, "w1": 1.0, "w2": 1.0}
+    tokens = sum(s.value for s in families["failsoft_llm_output_tokens"].samples if s.name.endswith("_total"))
+    assert tokens >= 120  # the two 60-token generations at least
+    ttft = [s.value for s in families["failsoft_llm_ttft_seconds"].samples if s.name.endswith("_count")]
+    assert sum(ttft) >= 2
+    assert missing(dashboard_metrics("failsoft-llm.json"), text) == []
 
 
 @pytest.mark.runtime

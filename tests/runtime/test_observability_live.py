@@ -11,7 +11,6 @@ series the Grafana dashboard reads; one request's trace holds the gateway's requ
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.server
 import threading
@@ -160,36 +159,3 @@ def wait_trace(spans: list[dict[str, str]], timeout_s: float) -> list[dict[str, 
     raise AssertionError(
         f"no complete trace in {timeout_s} s; spans received: {sorted({s['name'] for s in spans})}"
     )
-
-
-def test_running_llm_workers_figures_reach_a_gateways_registry_through_ray(tmp_path):
-    """An LLM session (three workers as Ray actors, a random tiny LM) generates once; its workers'
-    figures, asked through Ray as a gateway asks them, count the tokens it streamed."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from failsoft.client import Client
-    from failsoft.runtime.gateway.fleet import FleetFigures
-    from failsoft.runtime.llm_session import LlmSession
-    from tests.runtime.test_llm_service import GREEDY, PROMPTS, _config, _store_random_lm
-
-    _store_random_lm(tmp_path)
-    session = LlmSession(_config(tmp_path, "lumen"), num_cpus=2, build=False).start()
-    try:
-        with Client(session.url, timeout=60) as client:
-            answer = client.generate("bytes", PROMPTS[0], **GREEDY)
-        fleet = FleetFigures()
-        fleet.add_source("worker", lambda: {name: ref.metrics for name, ref in session.workers.items()})
-        asyncio.run(fleet.refresh({}))
-    finally:
-        session.stop()
-    registry = CollectorRegistry()
-    registry.register(fleet)
-    text = generate_latest(registry).decode()
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    up = {s.labels["worker"]: s.value for s in families["failsoft_llm_worker_up"].samples}
-    assert up == dict.fromkeys(session.workers, 1.0)
-    tokens = sum(s.value for s in families["failsoft_llm_output_tokens"].samples if s.name.endswith("_total"))
-    assert tokens > 0 and answer["text_output"]
-    ttft = [s.value for s in families["failsoft_llm_ttft_seconds"].samples if s.name.endswith("_count")]
-    assert sum(ttft) == 1.0  # one request, finished on one worker
-    assert missing(dashboard_metrics("failsoft-llm.json"), text) == []

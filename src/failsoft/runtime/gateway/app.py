@@ -163,6 +163,7 @@ class Gateway:
             s.name: Served(s, dispatchers[s.name], _lead(dispatchers[s.name], apps)) for s in services
         }
         chaos.companions = self._companions
+        self.fleet.add_source("worker", self._worker_figures)  # llm services' workers
         self.hub = EventHub(controller, self.metrics.on_event, self.clock, self.link)
         self.metrics.watch_apps(self._app_load)
         self.controller_stats: dict[str, Any] | None = None
@@ -316,6 +317,12 @@ class Gateway:
         for served in self.served.values():
             pids.extend(served.dispatcher.processes_on(server))
         return pids
+
+    def _worker_figures(self) -> dict[str, Any]:
+        figures: dict[str, Any] = {}
+        for served in self.served.values():
+            figures.update(served.dispatcher.worker_figures())
+        return figures
 
     def _servers(self) -> tuple[str, ...]:
         return tuple(sorted(self._agents))

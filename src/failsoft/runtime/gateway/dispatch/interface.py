@@ -45,7 +45,7 @@ its fields (:meth:`Answer.parameters`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -256,6 +256,12 @@ class Dispatcher(ABC):
         """Processes of this service that run on ``server`` beside its agent (an ``llm`` service's
         workers), which chaos kills with the server. None by default."""
         return []
+
+    def worker_figures(self) -> Mapping[str, Callable[[], Awaitable[bytes]]]:
+        """The service's own workers' Prometheus figures, by worker name (an ``llm`` service's:
+        ``LlmWorkerRef.metrics``), which ``/metrics`` serves labelled ``worker``. None by default
+        (a mode served by the agents, whose figures the gateway asks itself)."""
+        return {}
 
     async def start(self) -> None:
         """Start the mode's background work (a re-planning loop, backup placement) as tasks the

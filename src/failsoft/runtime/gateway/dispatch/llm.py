@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -175,6 +175,9 @@ class LlmDispatcher(Dispatcher):
         pids = [w.get("pid") for w in self._table.values() if w.get("server") == server]
         pids += [s.get("pid") for s in self._spares if s.get("server") == server]
         return [int(p) for p in pids if p is not None]
+
+    def worker_figures(self) -> dict[str, Callable[[], Awaitable[bytes]]]:
+        return {name: ref.metrics for name, ref in self.workers.items()}
 
     # ------------------------------------------------------------------ the worker table
     async def _follow(self) -> None:
