@@ -315,6 +315,7 @@ def compare(
             "sim_first_answer_ms": _mean(sim_first),
         }
         per_app[app]["mttr_error_pct"] = _error_pct(per_app[app], "mttr")
+        per_app[app]["mttr_error_ms"] = _error_ms(per_app[app], "mttr")  # a switch's runtime is ~0
     kinds = sorted({a["kind"] for a in per_app.values() if a["kind"] is not None})
     return {
         "config": config,
@@ -325,9 +326,8 @@ def compare(
         "median_abs_error_pct": {k: _median_error(per_app, k) for k in ("mttr", "first_answer")},
         "abs_error_ms": {k: _abs_errors(per_app, k) for k in ("mttr", "first_answer")},
         # per recovery kind: warm switch, progressive or cold load, ``promoted`` (a pinned copy: HAMS)
-        "median_mttr_error_pct_by_kind": {
-            k: _median_error({n: a for n, a in per_app.items() if a["kind"] == k}, "mttr") for k in kinds
-        },
+        "median_mttr_error_pct_by_kind": {k: _median_error(_of_kind(per_app, k), "mttr") for k in kinds},
+        "median_mttr_error_ms_by_kind": {k: _median_ms(_of_kind(per_app, k)) for k in kinds},
         "serving_overhead_ms": round(overhead, 2),
         "detection_ms": [round(v, 1) for r in runs for v in r["detection_ms"].values()],
         "failed_requests": sum(r["requests"]["failed"] for r in runs),
@@ -358,6 +358,20 @@ def _errors(per_app: dict[str, dict[str, Any]], key: str) -> list[tuple[float, f
 def _error_pct(app: dict[str, Any], key: str) -> float | None:
     rt, sim = app[f"runtime_{key}_ms"], app[f"sim_{key}_ms"]
     return round(abs(sim - rt) / rt * 100.0, 1) if rt is not None and sim is not None and rt > 0 else None
+
+
+def _error_ms(app: dict[str, Any], key: str) -> float | None:
+    rt, sim = app[f"runtime_{key}_ms"], app[f"sim_{key}_ms"]
+    return round(abs(sim - rt), 2) if rt is not None and sim is not None else None
+
+
+def _median_ms(per_app: dict[str, dict[str, Any]]) -> float | None:
+    errors = [a["mttr_error_ms"] for a in per_app.values() if a["mttr_error_ms"] is not None]
+    return round(statistics.median(errors), 1) if errors else None
+
+
+def _of_kind(per_app: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {name: a for name, a in per_app.items() if a["kind"] == kind}
 
 
 def _median_error(per_app: dict[str, dict[str, Any]], key: str) -> float | None:
