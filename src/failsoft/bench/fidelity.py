@@ -25,9 +25,15 @@ This benchmark checks the claim on a real crash:
 The runtime runs are kept in the output (``runtime_runs``): ``--replay OUTPUT.json`` compares them
 again with the simulator (after a change to it) without starting a cluster.
 
-Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "runtime_first_answer_ms",
-"sim_first_answer_ms", "kind", "first_variant"}}, "median_abs_error_pct": {"mttr", "first_answer"},
-"abs_error_ms": {...}, ...}``. What the simulator leaves out is listed under ``not_modelled``.
+The mechanisms' copies are twinned too: a HAMS node's pinned backup starts the twin as pinned and
+is promoted at detection on both sides (kind ``promoted``), and on a config with an slo service each
+runtime run first times Jellyfish's ladder switches, simulated by :mod:`.fidelity_switch`.
+
+Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "mttr_error_pct", "mttr_error_ms",
+"runtime_first_answer_ms", "sim_first_answer_ms", "kind", "first_variant"}}, "median_abs_error_pct":
+{"mttr", "first_answer"}, "median_mttr_error_pct_by_kind": {KIND: ...}, "median_mttr_error_ms_by_kind":
+{...}, "abs_error_ms": {...}, "switches": {"events", "median_abs_error_pct"} (slo), ...}``. What the
+simulator leaves out is listed under ``not_modelled``.
 """
 
 from __future__ import annotations
