@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _out(mttr=20.0, other_groups=None, contended=()):
-    run = {"host_cpu": {"other_groups": other_groups or {}}}
+    run = {"host_cpu": {"other_groups": other_groups}} if other_groups is not None else {"host_cpu": {}}
     return {
         "failed": ["a1"],
         "median_abs_error_pct": {"mttr": mttr, "first_answer": 30.0},
@@ -39,6 +39,7 @@ def test_a_quiet_run_is_a_figure_and_a_busy_one_is_flagged_not_reported():
     assert "per core before the runs" in busy["flagged"][0]
     others = summarize("examples/bench.yaml", _out(other_groups={"user-2": 0.5, "user-3": 0.3}), 0.1, 0.1)
     assert others["other_busy_cores"] == pytest.approx(0.8) and others["figure"] is None
+    assert quiet["other_busy_cores"] is None  # not measured: said so, not read as none
     stale = summarize("examples/bench.yaml", _out(contended=["resnet/resnet18"]), 0.1, 0.1)
     assert stale["figure"] is None and "busy host" in stale["flagged"][0]
 

@@ -111,10 +111,8 @@ def run_set(
 
 def summarize(config: str, out: dict[str, Any], load_before: float, load_after: float) -> dict[str, Any]:
     """One config's figures beside the contention they ran under (see the module docstring)."""
-    others = [
-        sum(float(c) for c in (r.get("host_cpu") or {}).get("other_groups", {}).values())
-        for r in out.get("runtime_runs", [])
-    ]
+    groups = [(r.get("host_cpu") or {}).get("other_groups") for r in out.get("runtime_runs", [])]
+    others = [sum(float(c) for c in g.values()) for g in groups if g is not None]  # None: not measured
     other_cores = round(statistics.median(others), 2) if others else None
     contended = list(out.get("contended_profiles") or [])
     flagged = []
