@@ -38,6 +38,10 @@ def test_errors_are_relative_per_app_and_the_median_is_over_apps():
     # MTTR errors: x 10 %, y 25 %, z 100 % (a 1 ms warm switch against an instantaneous one)
     assert out["median_abs_error_pct"]["mttr"] == pytest.approx(25.0)
     assert out["abs_error_ms"]["mttr"] == {"median": 10.0, "max": 50.0}
+    # per app and per recovery kind: the progressive loads' 10 and 25 %, the warm switch's 1 ms
+    assert (out["per_app"]["x"]["mttr_error_pct"], out["per_app"]["z"]["mttr_error_ms"]) == (10.0, 1.0)
+    assert out["median_mttr_error_pct_by_kind"] == {"progressive": 17.5, "warm": 100.0}
+    assert out["median_mttr_error_ms_by_kind"] == {"progressive": 30.0, "warm": 1.0}
     assert out["serving_overhead_ms"] == pytest.approx(2.0)
 
 

@@ -38,6 +38,9 @@ def test_a_pin_is_a_load_at_its_priority_published_and_ready_once_loaded():
     assert pinned(h, "B")[0]["ready"] and h.of(Publish, out)
     assert h.state.warm[("B", "s2")].backup == WarmBackup("B", "small", "s2", pinned=True)
     assert h.state.to_docs()["warm"]["B@s2"]["owner"] == OWNER  # the store keeps it
+    # the status tells a pinned copy from a warm backup (bench fidelity's twin starts from it)
+    (b,) = (a for a in h.state.status()["apps"] if a["name"] == "B")
+    assert b["warm_backups"] == [{"server": "s2", "variant": "small", "state": "warm", "pinned": True}]
 
 
 def test_a_pin_counts_against_memory_and_is_refused_when_it_does_not_fit():

@@ -226,3 +226,19 @@ def test_a_pinned_copy_is_promoted_at_detection_as_in_the_runtime(fixed):
     assert event.apps["B"].mttr_ms == pytest.approx(NOTIFY_S * 1000)
     assert event.apps["B"].final_at == pytest.approx(DETECTED_AT)
     assert event.apps["A"].mttr_ms == pytest.approx(NOTIFY_S * 1000)
+
+
+def test_a_pinned_rung_is_ready_after_its_load_and_warm_up_as_in_the_runtime(tiny, fixed):
+    """A Jellyfish ladder switch twinned: the rung pinned on the worker's server is published ready
+    when its load (warm-up included) ends, on the host's shared cores like any load."""
+    from failsoft.orchestration import CopyRequest
+    from failsoft.sim import simulate_pin
+
+    deployment = Deployer().deploy(tiny, "faillite")
+    request = CopyRequest("B", "small", "slo:test", "s2")
+    assert simulate_pin(deployment, request, fixed) == pytest.approx(SMALL.load_ms)
+    warm = dataclasses.replace(fixed, warm_up=True, max_batch=1)
+    # small's warm-up: four more batch-1 inferences of 5 ms after the profiled load's first one
+    assert simulate_pin(deployment, request, warm) == pytest.approx(SMALL.load_ms + 20)
+    shared = dataclasses.replace(fixed, host_cores=1.0, host_busy_cores=0.5)
+    assert simulate_pin(deployment, request, shared) > SMALL.load_ms  # half a core: slower

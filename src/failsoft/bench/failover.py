@@ -189,8 +189,15 @@ def bench_config(base: RuntimeConfig, policy: str) -> RuntimeConfig:
 
 
 def run_once(
-    cfg: RuntimeConfig, failed: Sequence[str], settings: BenchSettings, say: Progress
+    cfg: RuntimeConfig,
+    failed: Sequence[str],
+    settings: BenchSettings,
+    say: Progress,
+    before_kill: Callable[[Any, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """One deployment, steady load, the kill and its recoveries. ``before_kill(session, client)``
+    runs once the cluster is stable, before the load starts; what it returns is kept as
+    ``before_kill`` (``bench fidelity`` times its mechanism twins there)."""
     from failsoft.runtime.session import Session
 
     if settings.page_cache == "warm":
@@ -198,6 +205,9 @@ def run_once(
     with Session(cfg) as session:
         client = session.client(timeout=30.0)
         wait_stable(client, 120.0)
+        extra = before_kill(session, client) if before_kill is not None else None
+        if extra is not None:
+            wait_stable(client, 120.0)
         if settings.page_cache == "cold":
             set_page_cache(cfg, warm=False)
         before = client.status()
@@ -217,13 +227,20 @@ def run_once(
     result["host_busy_cores"] = busy["busy_cores"]
     result["host_cpu"] = busy
     result["page_cache"] = settings.page_cache
-    result["warm"] = [  # the warm backups at the kill (the simulator's twin starts from them)
-        {"app": a["name"], "variant": w["variant"], "server": w["server"]}
-        for a in before["apps"]
+    if extra is not None:
+        result["before_kill"] = extra
+    result["warm"] = loaded_copies(before)  # at the kill: the simulator's twin starts from them
+    return result
+
+
+def loaded_copies(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """The warm backups and the mechanisms' pinned copies loaded in a controller status."""
+    return [
+        {"app": a["name"], "variant": w["variant"], "server": w["server"], "pinned": bool(w.get("pinned"))}
+        for a in status["apps"]
         for w in a["warm_backups"]
         if w["state"] == "warm"
     ]
-    return result
 
 
 def _periods(cfg: RuntimeConfig, settings: BenchSettings) -> dict[str, float]:

@@ -25,9 +25,15 @@ This benchmark checks the claim on a real crash:
 The runtime runs are kept in the output (``runtime_runs``): ``--replay OUTPUT.json`` compares them
 again with the simulator (after a change to it) without starting a cluster.
 
-Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "runtime_first_answer_ms",
-"sim_first_answer_ms", "kind", "first_variant"}}, "median_abs_error_pct": {"mttr", "first_answer"},
-"abs_error_ms": {...}, ...}``. What the simulator leaves out is listed under ``not_modelled``.
+The mechanisms' copies are twinned too: a HAMS node's pinned backup starts the twin as pinned and
+is promoted at detection on both sides (kind ``promoted``), and on a config with an slo service each
+runtime run first times Jellyfish's ladder switches, simulated by :mod:`.fidelity_switch`.
+
+Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "mttr_error_pct", "mttr_error_ms",
+"runtime_first_answer_ms", "sim_first_answer_ms", "kind", "first_variant"}}, "median_abs_error_pct":
+{"mttr", "first_answer"}, "median_mttr_error_pct_by_kind": {KIND: ...}, "median_mttr_error_ms_by_kind":
+{...}, "abs_error_ms": {...}, "switches": {"events", "median_abs_error_pct"} (slo), ...}``. What the
+simulator leaves out is listed under ``not_modelled``.
 """
 
 from __future__ import annotations
@@ -37,9 +43,11 @@ import shutil
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from failsoft.bench import fidelity_switch
 from failsoft.bench.failover import (
     BenchSettings,
     bench_config,
@@ -52,6 +60,9 @@ from failsoft.domain import Scenario, WarmBackup
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.zoo.machine import usable_cores
+
+if TYPE_CHECKING:
+    from failsoft.sim import SimConfig
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
@@ -107,8 +118,11 @@ def run(
     for repeat in range(repeats):
         say(f"[fidelity] runtime run {repeat + 1}/{repeats}: killing {', '.join(failed)} ...")
         cfg = bench_config(base, base.policy)
+        switches = None
+        if fidelity_switch.slo_members(cfg):  # Jellyfish's ladder switches, timed before the kill
+            switches = partial(fidelity_switch.measure, cfg, failed)
         try:
-            runs.append(run_once(cfg, failed, settings, say))
+            runs.append(run_once(cfg, failed, settings, say, before_kill=switches))
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
     return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
@@ -126,7 +140,10 @@ def _simulated(
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
     sims = [simulate_run(base, r, failed, sim_seeds, host) for r in runs]
     crowded = contended_profiles(base)
-    extra = {"host_model": host, "contended_profiles": crowded, "runtime_runs": runs}
+    extra: dict[str, Any] = {"host_model": host, "contended_profiles": crowded, "runtime_runs": runs}
+    switched = [simulate_switches(base, r, host) for r in runs]
+    if any(switched):
+        extra["switches"] = fidelity_switch.summarize(switched)
     return compare(config_path, failed, base.policy, runs, sims) | extra
 
 
@@ -160,26 +177,11 @@ def simulate_run(
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment, PageCache, RequestMode, SimConfig, simulate_failure
+    from failsoft.sim import Deployment, simulate_failure
 
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
-    cores = float(usable_cores())
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
-    sim_config = SimConfig(
-        heartbeat_interval_s=config.heartbeat.interval_s,
-        missed_to_fail=config.heartbeat.missed_to_fail,
-        check_interval_s=CHECK_INTERVAL_S,
-        notify_ms=0.0,  # FailLite's MTTR ends when the route is published, as the runtime's does
-        load_slots=config.agents.max_parallel_loads,
-        drain_ms=config.agents.drain_ms,
-        requests=RequestMode.OFF,
-        max_batch=config.agents.queue.max_batch,
-        warm_up=True,
-        page_cache=PageCache(run_page_cache(observed)),
-        host_cores=cores,  # the embedded cluster's agents share them
-        first_answer=True,
-        **host_twin(observed, cores, host),
-    )
+    sim_config = twin_config(config, observed, host)
     mttr: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
     for seed in range(seeds):
@@ -194,6 +196,48 @@ def simulate_run(
         "first_answer_ms": {app: statistics.fmean(v) for app, v in first.items()},
         "primary_latency_ms": {a.name: scenario.primary_variant(a).latency_ms for a in scenario.apps},
     }
+
+
+def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> SimConfig:
+    """The simulator's settings for a twin of ``config`` as one runtime run found the host."""
+    from failsoft.sim import PageCache, RequestMode, SimConfig
+
+    cores = float(usable_cores())
+    return SimConfig(
+        heartbeat_interval_s=config.heartbeat.interval_s,
+        missed_to_fail=config.heartbeat.missed_to_fail,
+        check_interval_s=CHECK_INTERVAL_S,
+        notify_ms=0.0,  # FailLite's MTTR ends when the route is published, as the runtime's does
+        load_slots=config.agents.max_parallel_loads,
+        drain_ms=config.agents.drain_ms,
+        requests=RequestMode.OFF,
+        max_batch=config.agents.queue.max_batch,
+        warm_up=True,
+        page_cache=PageCache(run_page_cache(observed)),
+        host_cores=cores,  # the embedded cluster's agents share them
+        first_answer=True,
+        **host_twin(observed, cores, host),
+    )
+
+
+def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> list[dict]:
+    """The simulated half of one runtime run's ladder switches (:mod:`.fidelity_switch`): each
+    switch's request on the deployment as it was then, with the settings of the crash's twin and
+    the load share probed just before the switches."""
+    from failsoft.policies.registry import get_failover_policy
+    from failsoft.runtime.session import prepare
+    from failsoft.sim import Deployment, simulate_pin
+
+    switches = observed.get("before_kill") or {}
+    if not switches.get("events"):
+        return []
+    scenario = _as_deployed(prepare(config).deployment, switches["warm"])
+    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+    sim_config = twin_config(config, {**observed, "host_cpu": switches["host_cpu"]}, host)
+    return [
+        fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
+        for e in switches["events"]
+    ]
 
 
 def run_page_cache(observed: dict[str, Any]) -> str:
@@ -247,8 +291,11 @@ def host_twin(observed: dict[str, Any], cores: float, model: str = "probe") -> d
     return {"host_busy_cores": own, "host_other_groups": others}
 
 
-def _as_deployed(deployment: Scenario, warm: Sequence[dict[str, str]]) -> Scenario:
-    backups = tuple(WarmBackup(w["app"], w["variant"], w["server"]) for w in warm)
+def _as_deployed(deployment: Scenario, warm: Sequence[dict[str, Any]]) -> Scenario:
+    """The deployment with the copies the runtime had loaded at the kill: warm backups, and the
+    copies a mechanism pinned (a HAMS node's backup, a Jellyfish rung), which the core promotes at
+    detection in the simulator as in the runtime (route kind ``promoted``)."""
+    backups = tuple(WarmBackup(w["app"], w["variant"], w["server"], bool(w.get("pinned"))) for w in warm)
     return deployment.replace(warm=backups)
 
 
@@ -273,6 +320,9 @@ def compare(
             "runtime_first_answer_ms": _mean([a["first_answer_ms"] for a in rt]),
             "sim_first_answer_ms": _mean(sim_first),
         }
+        per_app[app]["mttr_error_pct"] = _error_pct(per_app[app], "mttr")
+        per_app[app]["mttr_error_ms"] = _error_ms(per_app[app], "mttr")  # a switch's runtime is ~0
+    kinds = sorted({a["kind"] for a in per_app.values() if a["kind"] is not None})
     return {
         "config": config,
         "failed": list(failed),
@@ -281,6 +331,9 @@ def compare(
         "per_app": per_app,
         "median_abs_error_pct": {k: _median_error(per_app, k) for k in ("mttr", "first_answer")},
         "abs_error_ms": {k: _abs_errors(per_app, k) for k in ("mttr", "first_answer")},
+        # per recovery kind: warm switch, progressive or cold load, ``promoted`` (a pinned copy: HAMS)
+        "median_mttr_error_pct_by_kind": {k: _median_error(_of_kind(per_app, k), "mttr") for k in kinds},
+        "median_mttr_error_ms_by_kind": {k: _median_ms(_of_kind(per_app, k)) for k in kinds},
         "serving_overhead_ms": round(overhead, 2),
         "detection_ms": [round(v, 1) for r in runs for v in r["detection_ms"].values()],
         "failed_requests": sum(r["requests"]["failed"] for r in runs),
@@ -306,6 +359,25 @@ def _errors(per_app: dict[str, dict[str, Any]], key: str) -> list[tuple[float, f
         if rt is not None and sim is not None and rt > 0:
             out.append((rt, sim))
     return out
+
+
+def _error_pct(app: dict[str, Any], key: str) -> float | None:
+    rt, sim = app[f"runtime_{key}_ms"], app[f"sim_{key}_ms"]
+    return round(abs(sim - rt) / rt * 100.0, 1) if rt is not None and sim is not None and rt > 0 else None
+
+
+def _error_ms(app: dict[str, Any], key: str) -> float | None:
+    rt, sim = app[f"runtime_{key}_ms"], app[f"sim_{key}_ms"]
+    return round(abs(sim - rt), 2) if rt is not None and sim is not None else None
+
+
+def _median_ms(per_app: dict[str, dict[str, Any]]) -> float | None:
+    errors = [a["mttr_error_ms"] for a in per_app.values() if a["mttr_error_ms"] is not None]
+    return round(statistics.median(errors), 1) if errors else None
+
+
+def _of_kind(per_app: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {name: a for name, a in per_app.items() if a["kind"] == kind}
 
 
 def _median_error(per_app: dict[str, dict[str, Any]], key: str) -> float | None:

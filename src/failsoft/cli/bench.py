@@ -102,6 +102,30 @@ def fidelity(
     typer.echo(json.dumps(result, indent=2))
 
 
+@app.command("fidelity-set")
+def fidelity_set(
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--only", help="Only the set's configs whose file name contains this (repeatable)"),
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Runtime runs per config")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, max=1000, help="Simulated events per runtime run")] = 20,
+    settle_s: Annotated[
+        float, typer.Option(min=0, max=600, help="Seconds to wait for the load to fall before each config")
+    ] = 60.0,
+    root: Annotated[Path, typer.Option(help="The checkout whose examples/ holds the set")] = Path("."),
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """bench fidelity on the whole fidelity set: the median MTTR error per config, beside the host's
+    load when it ran (a busy run is flagged, never reported as a figure)."""
+    from failsoft.bench.fidelity_set import run_set
+
+    result = run_set(
+        root, only=tuple(only or ()), repeats=repeats, sim_seeds=seeds, settle_s=settle_s, progress=_progress
+    )
+    _emit(result, out)
+
+
 @app.command("adaptation")
 def adaptation(
     config: Annotated[

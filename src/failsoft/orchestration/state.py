@@ -390,7 +390,12 @@ class ClusterState:
                     "degraded": bool(route and route["degraded"]),
                     "upgrading_to": _placement_doc(rec.final),
                     "warm_backups": [
-                        {"server": w.backup.server, "variant": w.backup.variant, "state": w.state.value}
+                        {
+                            "server": w.backup.server,
+                            "variant": w.backup.variant,
+                            "state": w.state.value,
+                            "pinned": w.backup.pinned,  # a mechanism's copy (HAMS, Jellyfish)
+                        }
                         for w in self.warm_of(name)
                         if w.owner != REPLICA_OWNER
                     ],

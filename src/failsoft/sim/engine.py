@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 import simpy
 
+from failsoft.domain import BackupState
 from failsoft.errors import ConfigError
+from failsoft.orchestration import CopyRequest
 from failsoft.sim.agent import SimAgent
 from failsoft.sim.config import RequestMode, SimConfig
 from failsoft.sim.controller import SimController
@@ -46,9 +48,7 @@ def simulate_failure(
     env = simpy.Environment()
     log = EventLog(config.trace)
     recorder = Recorder(scenario, deployment.label, failed, config.failure_at_s)
-    cpu = shared_cpu(env, config)
-    agents = {s.name: SimAgent(env, s, config, log, cpu) for s in scenario.servers}
-    _preload(deployment, agents)
+    agents = _agents(env, deployment, config, log)
     requests = _request_core(env, deployment, failed, config, rng)
     beat = config.heartbeat_interval_s
     phases = [(name, rng.uniform(0.0, beat) if config.random_phases else 0.0) for name in agents]
@@ -74,6 +74,41 @@ def simulate_failure(
     if config.trace and requests is not None:
         result.request_log = requests.issued
     return result
+
+
+def simulate_pin(
+    deployment: Deployment, request: CopyRequest, config: SimConfig | None = None, at_s: float = 1.0
+) -> float | None:
+    """A mechanism's copy asked for at ``at_s`` on a cluster in steady state (a Jellyfish ladder
+    switch: the worker's next rung pinned on its server): the milliseconds until the core publishes
+    it ready, as the runtime's ``wait_pinned`` sees it, or None when it never is. The load runs as
+    every load does (profiled time, warm-up, the host's shared cores); nothing fails."""
+    config = config or SimConfig()
+    env = simpy.Environment()
+    log = EventLog(config.trace)
+    scenario = deployment.scenario
+    agents = _agents(env, deployment, config, log)
+    feed = HeartbeatFeed([(name, 0.0) for name in agents], config.heartbeat_interval_s)
+    recorder = Recorder(scenario, deployment.label, (), at_s)
+    controller = SimController(env, deployment.policy, scenario, agents, config, recorder, None, log, feed)
+    env.run(until=at_s)
+    server = controller.pin(request)
+    while env.peek() < float("inf"):
+        env.step()
+        rec = controller.state.warm.get((request.app, server))
+        if rec is not None and rec.backup.variant == request.variant and rec.state is BackupState.WARM:
+            return (float(env.now) - at_s) * 1000.0
+    return None
+
+
+def _agents(
+    env: simpy.Environment, deployment: Deployment, config: SimConfig, log: EventLog
+) -> dict[str, SimAgent]:
+    """An agent per server on the host's cores, each holding its steady-state models."""
+    cpu = shared_cpu(env, config)
+    agents = {s.name: SimAgent(env, s, config, log, cpu) for s in deployment.scenario.servers}
+    _preload(deployment, agents)
+    return agents
 
 
 def _preload(deployment: Deployment, agents: dict[str, SimAgent]) -> None:

@@ -1,0 +1,145 @@
+"""``failsoft bench fidelity-set``: ``bench fidelity`` on every config of the fidelity set, one JSON.
+
+The simulator's claim to twin the runtime holds only if it holds on configs it was not fitted on,
+and a fidelity figure means something only on a quiet machine: on a host whose cores other work
+takes, the runtime's loads stretch by what that work happens to do, which no twin can know. So each
+config's figure is recorded beside the contention it ran under:
+
+* ``loadavg``: the host's 1-minute load average per usable core just before the config's runs
+  (after waiting up to ``settle_s`` for the previous config's cluster to fade from it) and after;
+* ``other_busy_cores``: the cores every scheduling group but the cluster's own took during the
+  steady load before each kill (measured by ``bench failover``'s probes), the median over runs;
+* ``contended_profiles``: the profiles the zoo flagged as measured on a busy host.
+
+A config is ``quiet`` when the load before it stayed at or under :data:`QUIET_LOAD_PER_CORE`, the
+other groups under :data:`QUIET_OTHER_CORES` and no profile is contended; only then is its median
+MTTR error reported as ``figure`` (otherwise ``figure`` is null and ``flagged`` says why: a busy run
+is kept, for its per-app detail, but never reported as a fidelity figure).
+
+Printed: ``{"configs": {NAME: {"config", "failed", "median_mttr_error_pct", "median_first_answer_error_pct",
+"median_mttr_error_pct_by_kind", "figure", "quiet", "flagged", "loadavg", "other_busy_cores",
+"contended_profiles", "detail"}}, "median_mttr_error_pct": {"quiet", "all"}, "host": {...}}``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from failsoft.errors import ConfigError
+
+QUIET_LOAD_PER_CORE = 0.3  # 1-minute load average per usable core before a config's runs
+QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside the cluster
+
+# (config, the servers killed): the two configs the host model was fitted on, the two written before
+# any change to it (examples/fidelity-dense.yaml, examples/fidelity-small.yaml), and the mechanism
+# twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
+FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("examples/bench.yaml", ("a1",)),
+    ("examples/fidelity.yaml", ("b1",)),
+    ("examples/fidelity-dense.yaml", ("d1",)),
+    ("examples/fidelity-small.yaml", ("s1",)),
+    ("examples/graph-echo-chain.yaml", ("s1",)),
+    ("examples/slo.yaml", ("e1",)),
+)
+
+Progress = Callable[[str], None]
+FidelityRun = Callable[..., dict[str, Any]]
+
+
+def load_per_core(cores: float) -> float:
+    """The host's 1-minute load average per usable core."""
+    return round(os.getloadavg()[0] / max(cores, 1.0), 2)
+
+
+def settle(cores: float, settle_s: float, sleep: Callable[[float], None] = time.sleep) -> float:
+    """Wait (up to ``settle_s``) for the load to fall to quiet; the load per core it ended at."""
+    deadline = time.monotonic() + settle_s
+    load = load_per_core(cores)
+    while load > QUIET_LOAD_PER_CORE and time.monotonic() < deadline:
+        sleep(min(5.0, max(deadline - time.monotonic(), 0.0)))
+        load = load_per_core(cores)
+    return load
+
+
+def run_set(
+    root: str | Path = ".",
+    only: Sequence[str] = (),
+    repeats: int = 3,
+    sim_seeds: int = 20,
+    settle_s: float = 60.0,
+    progress: Progress | None = None,
+    fidelity: FidelityRun | None = None,
+) -> dict[str, Any]:
+    """``bench fidelity`` on each config of :data:`FIDELITY_SET` (``only``: those whose file name
+    contains one of these words), paths taken under ``root`` (the repository's checkout)."""
+    from failsoft.bench.fidelity import run as fidelity_run
+    from failsoft.zoo.machine import usable_cores
+
+    fidelity = fidelity or fidelity_run
+    chosen = [(c, k) for c, k in FIDELITY_SET if not only or any(w in Path(c).name for w in only)]
+    if not chosen:
+        names = ", ".join(Path(c).stem for c, _ in FIDELITY_SET)
+        raise ConfigError(f"no config of the fidelity set matches {list(only)}; the set: {names}")
+    missing = [c for c, _ in chosen if not (Path(root) / c).is_file()]
+    if missing:
+        raise ConfigError(f"fidelity set configs not found under {str(root)!r}: {', '.join(missing)}")
+    cores = float(usable_cores())
+    configs: dict[str, Any] = {}
+    for config, kill in chosen:
+        before = settle(cores, settle_s)
+        path = Path(root) / config
+        out = fidelity(path, kill=kill, repeats=repeats, sim_seeds=sim_seeds, progress=progress)
+        configs[Path(config).stem] = summarize(config, out, before, load_per_core(cores))
+    return {
+        "configs": configs,
+        "median_mttr_error_pct": {
+            "quiet": _median([c["figure"] for c in configs.values()]),
+            "all": _median([c["median_mttr_error_pct"] for c in configs.values()]),
+        },
+        "host": {
+            "usable_cores": cores,
+            "quiet_load_per_core": QUIET_LOAD_PER_CORE,
+            "quiet_other_cores": QUIET_OTHER_CORES,
+        },
+    }
+
+
+def summarize(config: str, out: dict[str, Any], load_before: float, load_after: float) -> dict[str, Any]:
+    """One config's figures beside the contention they ran under (see the module docstring)."""
+    groups = [(r.get("host_cpu") or {}).get("other_groups") for r in out.get("runtime_runs", [])]
+    others = [sum(float(c) for c in g.values()) for g in groups if g is not None]  # None: not measured
+    other_cores = round(statistics.median(others), 2) if others else None
+    contended = list(out.get("contended_profiles") or [])
+    flagged = []
+    if load_before > QUIET_LOAD_PER_CORE:
+        flagged.append(f"load {load_before} per core before the runs (quiet: <= {QUIET_LOAD_PER_CORE})")
+    if other_cores is not None and other_cores > QUIET_OTHER_CORES:
+        busy = f"other work took {other_cores} cores beside the cluster"
+        flagged.append(f"{busy} (quiet: <= {QUIET_OTHER_CORES})")
+    if contended:
+        flagged.append(f"{len(contended)} profiles measured on a busy host")
+    mttr = out["median_abs_error_pct"]["mttr"]
+    return {
+        "config": config,
+        "failed": out["failed"],
+        "median_mttr_error_pct": mttr,
+        "median_first_answer_error_pct": out["median_abs_error_pct"]["first_answer"],
+        "median_mttr_error_pct_by_kind": out.get("median_mttr_error_pct_by_kind", {}),
+        "figure": None if flagged else mttr,
+        "quiet": not flagged,
+        "flagged": flagged,
+        "loadavg": {"per_core_before": load_before, "per_core_after": load_after},
+        "other_busy_cores": other_cores,
+        "contended_profiles": contended,
+        "detail": out,
+    }
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 1) if present else None

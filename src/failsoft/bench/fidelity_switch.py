@@ -1,0 +1,107 @@
+"""``bench fidelity`` on a config with a Jellyfish (``slo``) service: its ladder switches, twinned.
+
+A Jellyfish worker switches rung by asking the core for a pinned copy of the new variant on its
+server (``dispatch/slo.py``) and serves it once the routing table publishes it ready. Both halves of
+that are the core's, so the simulator twins them (:func:`failsoft.sim.simulate_pin`). Before the
+kill of each ``bench fidelity`` run, on the stable cluster:
+
+1. **runtime**: for every slo worker not on a killed server and every other variant of its family
+   (smallest first), the benchmark asks the controller for that rung on the worker's server as the
+   dispatcher does, times it from the request until the routing table (long-polled) publishes it
+   ready, then gives it up and waits for the drain, so that each switch starts from the same cluster;
+   the share of a core a load got just before (the agents' probe) is kept for the twin;
+2. **simulator**: the same request on the same deployment (the copies loaded then), the same
+   settings as the crash's twin and that probe (:func:`failsoft.bench.fidelity.simulate_switches`);
+3. per switch, ``|sim - runtime| / runtime``, and the median, in the output's ``switches``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from failsoft.orchestration import CopyRequest
+from failsoft.runtime.config import RuntimeConfig
+from failsoft.services import ServiceMode
+
+OWNER = "slo:bench-fidelity"  # a mechanism's owner name: the core keeps its copy apart from others
+SWITCH_TIMEOUT_S = 60.0
+
+
+def slo_members(config: RuntimeConfig) -> list[str]:
+    """The workers of the config's slo services."""
+    return [m for s in config.services if s.mode is ServiceMode.SLO for m in s.members]
+
+
+def measure(config: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
+    """The runtime half (see the module docstring): the switches, the copies loaded before them and
+    the load share the agents' probe found."""
+    from failsoft.bench.failover import AgentProbes, loaded_copies
+    from failsoft.runtime.session import prepare
+
+    scenario = prepare(config).deployment
+    status = client.status()
+    routes = {a["name"]: a["route"] for a in status["apps"]}
+    shares = AgentProbes([s.name for s in config.servers]).load_cpu_shares()
+    events = []
+    for app in slo_members(config):
+        route = routes.get(app)
+        if route is None or route["server"] in failed:
+            continue
+        family = scenario.family(scenario.app(app).family)
+        for variant in sorted(family.variants, key=lambda v: v.memory_mb):
+            if variant.name == route["variant"]:
+                continue
+            event = {"app": app, "server": route["server"], "variant": variant.name}
+            ms = asyncio.run(_switch(session.controller, request(event), config.agents.drain_ms / 1000.0))
+            events.append(event | {"runtime_ms": ms})
+    return {"events": events, "warm": loaded_copies(status), "host_cpu": {"load_cpu_share": shares}}
+
+
+def request(event: dict[str, Any]) -> CopyRequest:
+    """The core's request for one switch: the rung, pinned on the worker's server."""
+    return CopyRequest(event["app"], event["variant"], OWNER, event["server"])
+
+
+async def _switch(controller: Any, request: CopyRequest, drain_s: float) -> float | None:
+    """Pin, time until published ready (None: never within the timeout), give up, let it drain."""
+    snap = await controller.wait_routes("", -1, 5.0)
+    started = time.perf_counter()
+    await controller.pin(request)
+    took = None
+    while time.perf_counter() - started < SWITCH_TIMEOUT_S:
+        entry = (snap.get("value") or {}).get(request.app) or {}
+        if any(
+            p["server"] == request.server and p["variant"] == request.variant and p["ready"]
+            for p in entry.get("pinned", ())
+        ):
+            took = (time.perf_counter() - started) * 1000.0
+            break
+        snap = await controller.wait_routes(snap["epoch"], snap["version"], 5.0)
+    await controller.unpin(request.app, str(request.server), OWNER)
+    await asyncio.sleep(drain_s + 0.5)  # unloaded after the drain period: the next starts clean
+    return took
+
+
+def compared(event: dict[str, Any], sim_ms: float | None) -> dict[str, Any]:
+    """One switch, runtime and simulated, with its error."""
+    rt = event["runtime_ms"]
+    error = abs(sim_ms - rt) / rt * 100.0 if sim_ms is not None and rt else None
+    return event | {"sim_ms": _round(sim_ms), "error_pct": _round(error)}
+
+
+def summarize(per_run: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """Every switch of every run, and the median error over them."""
+    events = [e for run in per_run for e in run]
+    errors = [e["error_pct"] for e in events if e["error_pct"] is not None]
+    return {
+        "events": events,
+        "median_abs_error_pct": round(statistics.median(errors), 1) if errors else None,
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)

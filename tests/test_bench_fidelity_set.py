@@ -1,0 +1,77 @@
+"""The fidelity set: every config is there, and a figure is reported only beside a quiet host."""
+
+from pathlib import Path
+
+import pytest
+
+from failsoft.bench import fidelity_set, fidelity_switch
+from failsoft.bench.fidelity_set import FIDELITY_SET, QUIET_LOAD_PER_CORE, run_set, summarize
+from failsoft.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _out(mttr=20.0, other_groups=None, contended=()):
+    run = {"host_cpu": {"other_groups": other_groups}} if other_groups is not None else {"host_cpu": {}}
+    return {
+        "failed": ["a1"],
+        "median_abs_error_pct": {"mttr": mttr, "first_answer": 30.0},
+        "median_mttr_error_pct_by_kind": {"warm": 5.0, "progressive": mttr},
+        "contended_profiles": list(contended),
+        "runtime_runs": [run, run],
+    }
+
+
+def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
+    for config, kill in FIDELITY_SET:
+        assert (ROOT / config).is_file(), config
+        assert kill
+    names = {Path(c).stem for c, _ in FIDELITY_SET}
+    assert {"bench", "fidelity", "fidelity-dense", "fidelity-small", "graph-echo-chain", "slo"} <= names
+
+
+def test_a_quiet_run_is_a_figure_and_a_busy_one_is_flagged_not_reported():
+    quiet = summarize("examples/bench.yaml", _out(), 0.1, 0.9)
+    assert quiet["quiet"] and quiet["figure"] == 20.0 and quiet["flagged"] == []
+    assert quiet["loadavg"] == {"per_core_before": 0.1, "per_core_after": 0.9}
+    busy = summarize("examples/bench.yaml", _out(), QUIET_LOAD_PER_CORE + 1, 0.9)
+    assert busy["figure"] is None and busy["median_mttr_error_pct"] == 20.0
+    assert "per core before the runs" in busy["flagged"][0]
+    others = summarize("examples/bench.yaml", _out(other_groups={"user-2": 0.5, "user-3": 0.3}), 0.1, 0.1)
+    assert others["other_busy_cores"] == pytest.approx(0.8) and others["figure"] is None
+    assert quiet["other_busy_cores"] is None  # not measured: said so, not read as none
+    stale = summarize("examples/bench.yaml", _out(contended=["resnet/resnet18"]), 0.1, 0.1)
+    assert stale["figure"] is None and "busy host" in stale["flagged"][0]
+
+
+def test_the_set_runs_each_chosen_config_and_medians_the_quiet_figures(monkeypatch):
+    # the host's load is set here (a real one cannot be ordered up); the cluster runs are stood in
+    # for by their outputs (tests/runtime/test_bench_fidelity_live.py runs real ones)
+    loads = iter([0.1, 0.1, 2.0, 2.0])
+    monkeypatch.setattr(fidelity_set, "load_per_core", lambda cores: next(loads))
+    calls = []
+
+    def fidelity(path, **kw):
+        calls.append((Path(path).name, kw["kill"]))
+        return _out(mttr=10.0 * len(calls))
+
+    out = run_set(ROOT, only=["graph", "slo"], repeats=1, sim_seeds=1, settle_s=0, fidelity=fidelity)
+    assert calls == [("graph-echo-chain.yaml", ("s1",)), ("slo.yaml", ("e1",))]
+    assert out["configs"]["graph-echo-chain"]["figure"] == 10.0
+    assert out["configs"]["slo"]["figure"] is None  # busy: flagged
+    assert out["median_mttr_error_pct"] == {"quiet": 10.0, "all": 15.0}
+
+
+def test_an_unknown_name_or_a_missing_checkout_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="no config of the fidelity set matches"):
+        run_set(ROOT, only=["nope"])
+    with pytest.raises(ConfigError, match="fidelity set configs not found under"):
+        run_set(tmp_path, only=["slo"])
+
+
+def test_a_switch_error_is_relative_to_the_runtime_and_the_median_is_over_switches():
+    a = fidelity_switch.compared({"app": "w", "variant": "v", "server": "e1", "runtime_ms": 100.0}, 80.0)
+    b = fidelity_switch.compared({"app": "w", "variant": "u", "server": "e1", "runtime_ms": 50.0}, 65.0)
+    c = fidelity_switch.compared({"app": "w", "variant": "x", "server": "e1", "runtime_ms": None}, 65.0)
+    assert (a["error_pct"], b["error_pct"], c["error_pct"]) == (20.0, 30.0, None)
+    assert fidelity_switch.summarize([[a], [b, c]])["median_abs_error_pct"] == 25.0
