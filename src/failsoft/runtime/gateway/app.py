@@ -258,7 +258,6 @@ class Gateway:
         for app in apps - serving:  # unless a later deploy brought it back meanwhile
             self.apps.pop(app, None)
 
-
     # replicas: what autoscaling and /metrics read ----------------------------------------------------
     def _ongoing(self) -> dict[str, int]:
         counts: dict[str, int] = {}

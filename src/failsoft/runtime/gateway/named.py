@@ -36,7 +36,7 @@ from failsoft.errors import InvalidRequestError
 from failsoft.zoo.formats.interface import NUMPY_DTYPES, TensorSpec, records
 
 if TYPE_CHECKING:
-    from failsoft.runtime.gateway.protocol import ModelMeta
+    from failsoft.runtime.gateway.tensors import ModelMeta
 
 INTEGERS = ("INT64", "INT32", "INT16", "INT8", "UINT8")
 FLOATS = ("FP32", "FP16", "BF16", "FP64")
@@ -63,7 +63,7 @@ def accepted(datatype: str) -> tuple[str, ...]:
 
 def parse_inputs(inputs: Any, binary: bytes, app: str, meta: ModelMeta, max_batch: int) -> np.ndarray:
     """Every declared input, by name, as one structured batch (one field per input)."""
-    from failsoft.runtime.gateway.protocol import show
+    from failsoft.runtime.gateway.tensors import show
 
     specs = meta.inputs
     names = [t.name for t in specs]
@@ -116,7 +116,7 @@ class _Cursor:
 
 
 def _input(tensor: dict[str, Any], spec: TensorSpec, cursor: _Cursor, app: str, max_batch: int) -> np.ndarray:
-    from failsoft.runtime.gateway.protocol import WIRE_DTYPES, show
+    from failsoft.runtime.gateway.tensors import WIRE_DTYPES, show
 
     name, datatype = spec.name, tensor.get("datatype")
     takes = accepted(spec.datatype)
@@ -191,7 +191,7 @@ def _check_range(values: np.ndarray, name: str, datatype: str) -> None:
 
 def requested_outputs(outputs: Any, app: str, meta: ModelMeta, binary_default: bool) -> tuple[OutputAsk, ...]:
     """The outputs asked for, in the order asked (every output when none is named)."""
-    from failsoft.runtime.gateway.protocol import show
+    from failsoft.runtime.gateway.tensors import show
 
     names = [t.name for t in meta.outputs]
     if outputs is None or outputs == []:
@@ -218,7 +218,7 @@ def requested_outputs(outputs: Any, app: str, meta: ModelMeta, binary_default: b
 
 def output_parameters(name: str, params: Any) -> dict[str, Any]:
     """A requested output's ``parameters``, checked: an object of known keys, ``binary_data`` a bool."""
-    from failsoft.runtime.gateway.protocol import show
+    from failsoft.runtime.gateway.tensors import show
 
     if not isinstance(params, dict):
         raise InvalidRequestError(f"output {name!r}: 'parameters' must be an object, got {show(params)}")
@@ -254,7 +254,7 @@ def output_tensors(
     """Each asked output's description with ``data``, or with ``binary_data_size`` and its raw bytes
     (little-endian; BYTES elements length-led). ``outputs`` is the answer's structured batch (one
     field per output, by position) or, for a model of one output, that output's array."""
-    from failsoft.runtime.gateway.protocol import WIRE_DTYPES, classify
+    from failsoft.runtime.gateway.tensors import WIRE_DTYPES, classify
 
     fields = outputs.dtype.names
     out = []

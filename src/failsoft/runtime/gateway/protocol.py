@@ -47,7 +47,6 @@ import base64
 import binascii
 import json
 import math
-import reprlib
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,37 +56,12 @@ import numpy as np
 from failsoft.errors import InvalidRequestError
 from failsoft.runtime.gateway import named
 from failsoft.runtime.gateway.named import OutputAsk
+from failsoft.runtime.gateway.tensors import WIRE_DTYPES, ModelMeta, classify, show
 from failsoft.zoo.formats.images import ImageInput
 from failsoft.zoo.formats.interface import TensorSpec
 
 MAX_TIMEOUT_S = 600.0
-# the numeric KServe datatypes an input may be sent in, and their little-endian wire dtype
-WIRE_DTYPES: dict[str, str] = {
-    "FP32": "<f4", "FP16": "<f2", "BF16": "<u2", "FP64": "<f8", "INT64": "<i8", "INT32": "<i4",
-    "INT16": "<i2", "INT8": "i1", "UINT8": "u1", "BOOL": "?",
-}  # fmt: skip
 OUTPUT = "output"
-_REPR = reprlib.Repr()  # Python 3.11's takes no arguments
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 3, 6, 6
-_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 40
-
-
-@dataclass(frozen=True, slots=True)
-class ModelMeta:
-    """What the gateway must know of an app's family to validate requests (all variants share it)."""
-
-    input_shape: tuple[int, ...]
-    num_classes: int
-    labels: tuple[str, ...] = ()  # labels[i] names class i; () when the models have none
-    input_datatype: str = "FP32"  # BYTES: the models take texts (UTF-8), one per row
-    image: ImageInput | None = None  # the FP32 pixel input may also be sent as PNG/JPEG BYTES
-    inputs: tuple[TensorSpec, ...] = ()  # a user's model's named tensors (:mod:`.named` serves them
-    outputs: tuple[TensorSpec, ...] = ()  # when there are several); () for the built-in families
-
-    @property
-    def named(self) -> bool:
-        """Whether requests name several inputs or outputs (see :mod:`failsoft.runtime.gateway.named`)."""
-        return len(self.inputs) > 1 or len(self.outputs) > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +76,6 @@ class InferRequest:
     binary_output: bool = False  # answer with the binary tensor extension (Triton's binary_data)
     asks: tuple[OutputAsk, ...] = ()  # a model of several outputs: those asked for, in order
     output_specs: tuple[TensorSpec, ...] = ()  # and what each of its outputs is
-
-
-def show(value: Any) -> str:
-    """A value as an error message may quote it: short, and safe for any nesting depth."""
-    return _REPR.repr(value)
 
 
 def parse_infer_request(
@@ -441,15 +410,6 @@ def _classification(outputs: Any, app: str, meta: ModelMeta) -> int | None:
             f"(app {app!r} has {meta.num_classes} classes), got {show(k)}"
         )
     return k
-
-
-def classify(logits: np.ndarray, k: int, labels: tuple[str, ...] = ()) -> list[list[str]]:
-    """Per row, the ``k`` highest-scoring classes as Triton writes them: ``"score:index"``, or
-    ``"score:index:label"`` with labels; best first (ties: the lower index first)."""
-    rows = np.atleast_2d(np.asarray(logits, dtype=np.float32))
-    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-    name = (lambda i: f":{labels[i]}") if labels else (lambda i: "")
-    return [[f"{row[i]:f}:{i}{name(i)}" for i in top] for row, top in zip(rows, order, strict=True)]
 
 
 def infer_response(

@@ -89,7 +89,6 @@ class RouteMirror:
         self.pinned: dict[str, tuple[PinnedCopy, ...]] = {}
         self.fences: dict[str, float] = {}  # server -> the controller's stamp of its last failure
 
-
         self.replicas: dict[str, tuple[Route, ...]] = {}  # each app's loaded replicas besides its route
         self.autoscaled: frozenset[str] = frozenset()  # apps whose replicas follow their load
         self.draining: dict[str, frozenset[str]] = {}  # servers of replicas dropped, still finishing
@@ -103,7 +102,6 @@ class RouteMirror:
         failed). A call whose server's stamp changed while it ran was sent before the gateway
         learned of a failure: its answer is fenced off (:func:`~.dispatch.calls.call_on_route`)."""
         return self.fences.get(server)
-
 
     def finishing(self, app: str, server: str) -> bool:
         """Whether ``app`` has a replica on ``server`` that was dropped (scaled in) and finishes

@@ -251,7 +251,6 @@ class Dispatcher(ABC):
         whose members do not scale)."""
         return {}
 
-
     def processes_on(self, server: str) -> list[int]:
         """Processes of this service that run on ``server`` beside its agent (an ``llm`` service's
         workers), which chaos kills with the server. None by default."""
