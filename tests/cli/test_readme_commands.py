@@ -48,12 +48,18 @@ _LIVE = (
     "tests/cli/test_examples.py checks that the gateway takes examples/request.json; here, "
     "`serve`'s own checks of edge.yaml run against the fresh repository the tour built"
 )
+_DEPLOY = (
+    "a running cluster: tests/runtime/test_deploy_live.py runs `failsoft deploy` (its plan, then a "
+    "second run that changes nothing) against a live cluster, and deploys changed configs under load"
+)
 ELSEWHERE: dict[str, str] = {
     "failsoft serve examples/edge.yaml": _LIVE,
     "failsoft status": _LIVE,
     "failsoft infer cam-1 --digits 7": _LIVE,
     "curl -s -XPOST 127.0.0.1:8000/v2/models/cam-1/infer -d @examples/request.json": _LIVE,
     "failsoft chaos kill a1": _LIVE,
+    "failsoft deploy examples/edge.yaml --dry-run": _DEPLOY,
+    "failsoft deploy examples/edge.yaml": _DEPLOY,
 }
 
 

@@ -245,6 +245,9 @@ def test_the_deploy_command_prints_the_plan_and_a_second_run_changes_nothing(clu
     new["apps"][0]["rate_rps"] = 3.0  # a setting changed in place: no load, no move
     path = tmp_path / "edited.yaml"
     path.write_text(yaml.safe_dump(new))
+    assert main(["deploy", str(path), "--dry-run"]) == 0  # the plan, and nothing changes
+    assert capsys.readouterr().out.startswith("would change")
+    assert client.deploy_status()["version"] == version
     assert main(["deploy", str(path)]) == 0  # the gateway found through the config's state_dir
     out = capsys.readouterr().out.splitlines()
     assert (
