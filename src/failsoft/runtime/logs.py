@@ -37,6 +37,9 @@ request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("failsof
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
 
 
+_OURS = "_failsoft_handler"  # marks the handlers configure() added, the only ones it replaces
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: time (UTC, ms), level, logger, message, the component (the
     process: ``gateway``, ``agent s1``), the request id in context, and the record's ``extra`` fields."""
@@ -79,12 +82,14 @@ def formatter(fmt: str, component: str) -> logging.Formatter:
 
 def configure(fmt: str, component: str, level: int = logging.INFO, logger: str = "failsoft") -> None:
     """Send ``logger``'s records (``""``: the root's) to stderr in ``fmt`` (``text`` or ``json``,
-    ``FAILSOFT_LOG_FORMAT`` first), in place of the handlers it had: a process configures once, at
-    its start."""
+    ``FAILSOFT_LOG_FORMAT`` first), in place of the handler an earlier call added: a process
+    configures once, at its start. Handlers others attached (an application's, pytest's) stay."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(log_format(fmt), component))
+    setattr(handler, _OURS, True)
     target = logging.getLogger(logger)
     for old in list(target.handlers):
-        target.removeHandler(old)
+        if getattr(old, _OURS, False):
+            target.removeHandler(old)
     target.addHandler(handler)
     target.setLevel(level)

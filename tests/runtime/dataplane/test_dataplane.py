@@ -9,6 +9,7 @@ batch runs is exact; the crash test runs the server in a child process and SIGKI
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -104,6 +105,16 @@ def test_a_strided_array_and_bytes_tensors_travel_too() -> None:
     fields, data = frames.tensor_frames(raw)
     back = frames.tensor(fields, data)
     assert back.shape == (1, 2) and list(back.flat) == [b"\x00\x01", b"abc"]
+
+
+def test_a_record_batch_of_several_named_inputs_keeps_its_fields() -> None:
+    # a model of two inputs (and two outputs) travels as one structured array, one field per tensor
+    x = np.zeros(3, dtype=[("input_ids", "<i8", (8,)), ("attention_mask", "<i8", (8,))])
+    x["input_ids"][1, 2], x["attention_mask"][2] = 7, 1
+    fields, data = frames.tensor_frames(x)
+    back = frames.tensor(json.loads(frames.dump(fields)), data)
+    assert back.dtype == x.dtype and back.dtype.names == ("input_ids", "attention_mask")
+    assert np.array_equal(back["input_ids"], x["input_ids"]) and back["attention_mask"][2].sum() == 8
 
 
 def test_bad_frames_are_one_clear_error() -> None:

@@ -39,6 +39,7 @@ from failsoft.errors import FailsoftError, InvalidRequestError, OverloadedError,
 
 Frames = Sequence[Any]  # bytes, or zmq.Frame / memoryview (anything with the buffer protocol)
 BYTES_KINDS = {"bytes": bytes, "str": str}  # an object array's element type, by header name
+RECORD = "record"  # a structured array: its dtype travels as numpy's ``descr``
 _LENGTH = struct.Struct("<I")
 
 
@@ -76,6 +77,8 @@ def tensor_frames(array: Any) -> tuple[dict[str, Any], Any]:
         return {"dtype": kind, "shape": list(arr.shape)}, data
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
+    if arr.dtype.names is not None:  # a model of several named inputs: one field per input
+        return {"dtype": RECORD, "fields": arr.dtype.descr, "shape": list(arr.shape)}, arr.tobytes()
     data = memoryview(arr).cast("B") if arr.size else b""  # type: ignore[arg-type]  # ndarray is a buffer
     return {"dtype": arr.dtype.str, "shape": list(arr.shape)}, data
 
@@ -91,10 +94,23 @@ def tensor(head: dict[str, Any], frame: Any) -> np.ndarray:
     if kind in BYTES_KINDS:
         return _objects(buffer, shape, kind)
     try:
-        arr = np.frombuffer(buffer, dtype=np.dtype(kind))
+        dtype = np.dtype(_descr(head.get("fields"))) if kind == RECORD else np.dtype(kind)
+        arr = np.frombuffer(buffer, dtype=dtype)
         return arr.reshape(shape)
     except (TypeError, ValueError) as exc:
         raise FrameError(f"data plane: {len(buffer)} bytes are no {kind} tensor of shape {shape}") from exc
+
+
+def _descr(fields: Any) -> list[tuple[Any, ...]]:
+    """A structured dtype's ``descr`` back from its JSON (lists where numpy wrote tuples)."""
+    if not isinstance(fields, list) or not fields:
+        raise TypeError(f"a record tensor needs its fields, got {fields!r}")
+    out = []
+    for field in fields:
+        name, fmt, *rest = field
+        fmt = _descr(fmt) if isinstance(fmt, list) else fmt
+        out.append((name, fmt, *(tuple(r) for r in rest)))
+    return out
 
 
 def _objects(buffer: Any, shape: tuple[int, ...], kind: str) -> np.ndarray:
