@@ -276,7 +276,6 @@ class ControllerRef(_ActorRef):
     async def deploy_status(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return await self._call("deploy_status", timeout_s=timeout_s)
 
-
     async def wait_llm(self, service: str, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
         """An llm service's worker table once newer than ``(epoch, version)`` (``Controller.wait_llm``)."""
         return await self._call("wait_llm", service, epoch, version, timeout_s, timeout_s=timeout_s + 5.0)

@@ -67,5 +67,3 @@ def _check_coded(repo: Any, deployment: Any) -> None:
         apps = {a.name: a for a in deployment.apps}
         for service in coded:
             check_coded_service(repo, service, apps)
-
-

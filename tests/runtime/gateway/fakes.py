@@ -106,9 +106,7 @@ class FakeController:
         if server is None:
             allowed = self.allowed or tuple(self.agents)
             fit = [
-                s
-                for s in sorted(allowed)
-                if s not in avoid and not getattr(self.agents[s], "dead", False)
+                s for s in sorted(allowed) if s not in avoid and not getattr(self.agents[s], "dead", False)
             ]
             if not fit:
                 raise CapacityError(f"no server outside {list(avoid)} has room for {app}/{variant}")

@@ -57,9 +57,7 @@ def test_serve_refuses_a_config_whose_service_has_no_dispatcher_before_starting_
             "repository": str(tiny_zoo.root),
             "servers": [{"name": n, "site": n, "memory_mb": 200} for n in ("s1", "s2", "s3")],
             "apps": [{"name": a, "family": "digits_mlp"} for a in ("d1", "d2", "parity")],
-            "services": [
-                {"name": "ladder", "mode": "slo", "members": ["d1", "d2"], "params": {}}
-            ],
+            "services": [{"name": "ladder", "mode": "slo", "members": ["d1", "d2"], "params": {}}],
             "state_dir": str(tmp_path / "state"),
         },
         source="test",

@@ -202,9 +202,7 @@ def _scenario(
     return out
 
 
-async def _move(
-    clock: ManualClock, controller: Any, victim: str, agent: StatefulAgent, delay: float
-) -> None:
+async def _move(clock: ManualClock, controller: Any, victim: str, agent: StatefulAgent, delay: float) -> None:
     """The controller's failover of app-c, ``delay`` later, as the core decides it: to its warm
     pinned copy (the backup) when it has one elsewhere, else to a fresh copy on ``agent``'s server."""
     await clock.sleep(delay)

@@ -195,7 +195,9 @@ class Replication:
                 "durable": rep.durable if rep is not None else None,
                 "backup_holds": rep.held if rep is not None and rep.has_backup else None,
                 "failovers": n.failovers,
-                "shipping": None if rep is None else {  # where the transfers stand (diagnostics)
+                "shipping": None
+                if rep is None
+                else {  # where the transfers stand (diagnostics)
                     "epoch": rep.epoch,
                     "in_flight": rep.in_flight,
                     "applying": rep.applying,
