@@ -198,15 +198,7 @@ def serve(
         try:
             return queue.wait(ticket)
         finally:
-            queued, taken, started, ended = ticket.stamps
-            if taken:  # it ran: its wait and its batch, as children with their own times
-                _tracer.start_span("agent.queue", start_time=queued).end(end_time=taken)
-                predict = _tracer.start_span(
-                    "model.predict",
-                    start_time=started,
-                    attributes={"failsoft.batch_rows": int(ticket.batch_rows)},
-                )
-                predict.end(end_time=ended)
+            _record_stages(_tracer, ticket, None)
 
 
 def submit(
@@ -240,18 +232,23 @@ def submit(
             attributes=dict(attributes),
             start_time=entered,
         )
-        inside = set_span_in_context(root)
-        queued, taken, started, ended = ticket.stamps
-        if taken:
-            tracer.start_span("agent.queue", context=inside, start_time=queued).end(end_time=taken)
-            predict = tracer.start_span(
-                "model.predict",
-                context=inside,
-                start_time=started,
-                attributes={"failsoft.batch_rows": int(ticket.batch_rows)},
-            )
-            predict.end(end_time=ended)
+        _record_stages(tracer, ticket, set_span_in_context(root))
         root.end(end_time=time.time_ns())
 
     ticket.future.add_done_callback(record)
     return ticket.future
+
+
+def _record_stages(tracer: Tracer, ticket: Any, context: Any) -> None:
+    """A served ticket's queue wait and batch as ``agent.queue`` and ``model.predict`` spans, from
+    its own time stamps, children of ``context`` (None: the span current in this thread)."""
+    queued, taken, started, ended = ticket.stamps
+    if taken:  # it ran (a request withdrawn or refused before its batch has no stages)
+        tracer.start_span("agent.queue", context=context, start_time=queued).end(end_time=taken)
+        predict = tracer.start_span(
+            "model.predict",
+            context=context,
+            start_time=started,
+            attributes={"failsoft.batch_rows": int(ticket.batch_rows)},
+        )
+        predict.end(end_time=ended)
