@@ -173,8 +173,13 @@ class Gateway:
     # background tasks ----------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _lifespan(self, _: FastAPI) -> AsyncIterator[None]:
-        loops = [self.mirror.run(), self.hub.run(), self._poll_stats(), self._report_ongoing()]
-        loops.append(self._connect_agents())
+        loops = [
+            self.mirror.run(),
+            self.hub.run(),
+            self._poll_stats(),
+            self._report_ongoing(),
+            self._connect_agents(),
+        ]
         tasks = [asyncio.create_task(c) for c in loops]
         try:
             for served in self.served.values():  # their background work (re-planning, backups)
