@@ -421,8 +421,7 @@ class Agent:
                 f"server {self.server.name!r}: {self._in_flight} requests already waiting", 0.05
             )
         try:
-            where = {"failsoft.server": self.server.name, "failsoft.app": app, "failsoft.variant": variant}
-            return telemetry.serve(held.queue, batch, timeout_s, request_id, meta, where)
+            return telemetry.serve(held.queue, batch, timeout_s, request_id, meta, self._where(app, variant))
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -450,15 +449,18 @@ class Agent:
         if held is None:
             raise ModelNotLoadedError(f"server {self.server.name!r} does not hold {variant!r} for {app!r}")
         try:
-            where = {"failsoft.server": self.server.name, "failsoft.app": app, "failsoft.variant": variant}
             future: concurrent.futures.Future[np.ndarray] = telemetry.submit(
-                held.queue, batch, timeout_s, request_id, meta, where
+                held.queue, batch, timeout_s, request_id, meta, self._where(app, variant)
             )
         except BaseException:
             self._count_call(entered)
             raise
         future.add_done_callback(lambda _: self._count_call(entered))
         return future
+
+    def _where(self, app: str, variant: str) -> dict[str, str]:
+        """The span attributes of a call to this agent (for telemetry.serve and telemetry.submit)."""
+        return {"failsoft.server": self.server.name, "failsoft.app": app, "failsoft.variant": variant}
 
     def _time_left(
         self, app: str, variant: str, timeout_s: float | None, sent_at: float | None
