@@ -13,16 +13,28 @@ stderr::
 and the id its calls to agents are named by): a :class:`contextvars.ContextVar` set for the
 request's task, so every record logged while serving it carries it. The fields a call passes in
 ``extra=`` are written as they are; a record's exception as ``exc_info`` text.
+
+Records reach stderr through a bounded queue and one writer thread (the standard library's
+:class:`~logging.handlers.QueueHandler` and :class:`~logging.handlers.QueueListener`): a process
+that logs never waits on its stderr. Without it, a full pipe (a supervisor that stopped reading,
+a terminal on hold) blocks the gateway's event loop inside its access-log line, and every request
+with it. When the queue is full (:data:`QUEUE_RECORDS` records waiting), a record is dropped and
+counted (:func:`dropped`); the writer reports the count once stderr moves again.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextvars
+import copy
 import datetime
 import json
 import logging
+import logging.handlers
 import os
+import queue
 import sys
+import threading
 from typing import Any
 
 from failsoft.errors import ConfigError
@@ -38,6 +50,9 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message
 
 
 _OURS = "_failsoft_handler"  # marks the handlers configure() added, the only ones it replaces
+_RID = "_failsoft_request_id"  # the request id in context when the record was made (before the queue)
+QUEUE_RECORDS = 10_000  # records waiting for stderr before new ones are dropped
+FLUSH_S = 5.0  # how long an exiting process waits for a blocked stderr to take what is queued
 
 
 class JsonFormatter(logging.Formatter):
@@ -57,7 +72,7 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
             "component": self.component,
         }
-        rid = request_id.get()
+        rid = getattr(record, _RID, None) or request_id.get()
         if rid is not None:
             out["request_id"] = rid
         for key, value in record.__dict__.items():
@@ -65,6 +80,8 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc_info"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc_info"] = record.exc_text
         return json.dumps(out, default=str)
 
 
@@ -80,16 +97,107 @@ def formatter(fmt: str, component: str) -> logging.Formatter:
     return JsonFormatter(component) if fmt == "json" else logging.Formatter(TEXT_FORMAT)
 
 
+class _DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Hands records to the writer thread; never blocks: a full queue drops the record and counts it.
+
+    A record is made ready to cross threads here, while its context is still the caller's: the
+    message resolved, the exception rendered, the request id in context kept on the record."""
+
+    def __init__(self, records: queue.Queue[logging.LogRecord]) -> None:
+        super().__init__(records)
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        ready = copy.copy(record)
+        ready.msg = record.getMessage()
+        ready.args = None
+        ready.message = ready.msg
+        if record.exc_info and not record.exc_text:
+            ready.exc_text = logging.Formatter().formatException(record.exc_info)
+        ready.exc_info = None
+        setattr(ready, _RID, request_id.get())
+        return ready
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            with self._lock:
+                self.dropped += 1
+
+
+class _Writer:
+    """The writer thread of one :func:`configure` call and the handler that feeds it."""
+
+    def __init__(self, stream: logging.Handler) -> None:
+        self.records: queue.Queue[logging.LogRecord | None] = queue.Queue(QUEUE_RECORDS)
+        self.handler = _DroppingQueueHandler(self.records)  # type: ignore[arg-type]
+        self.stream = stream
+        self._reported = 0
+        self.thread = threading.Thread(target=self._write, name="failsoft-log-writer", daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        while (record := self.records.get()) is not None:
+            dropped = self.handler.dropped
+            if dropped > self._reported:
+                self.stream.handle(
+                    logging.LogRecord(
+                        "failsoft.logs",
+                        logging.WARNING,
+                        __file__,
+                        0,
+                        "%d log records dropped: stderr did not keep up",
+                        (dropped - self._reported,),
+                        None,
+                    )
+                )
+                self._reported = dropped
+            self.stream.handle(record)
+
+    def stop(self, timeout_s: float = FLUSH_S) -> None:
+        """Write what waits, then end the thread (at exit, or when configure() replaces it); a
+        stderr that stays blocked gets ``timeout_s``, then the thread is left to the exit."""
+        if not self.thread.is_alive():
+            return
+        try:
+            self.records.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self.thread.join(timeout_s)
+
+
+_writers: list[_Writer] = []
+
+
+def dropped() -> int:
+    """Log records dropped since the process started because stderr did not keep up."""
+    return sum(w.handler.dropped for w in _writers)
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for writer in _writers:
+        writer.stop()
+
+
 def configure(fmt: str, component: str, level: int = logging.INFO, logger: str = "failsoft") -> None:
     """Send ``logger``'s records (``""``: the root's) to stderr in ``fmt`` (``text`` or ``json``,
-    ``FAILSOFT_LOG_FORMAT`` first), in place of the handler an earlier call added: a process
-    configures once, at its start. Handlers others attached (an application's, pytest's) stay."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter(log_format(fmt), component))
-    setattr(handler, _OURS, True)
+    ``FAILSOFT_LOG_FORMAT`` first) through the writer thread, in place of the handler an earlier
+    call added: a process configures once, at its start. Handlers others attached (an
+    application's, pytest's) stay."""
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(formatter(log_format(fmt), component))
+    writer = _Writer(stream)
+    setattr(writer.handler, _OURS, True)
     target = logging.getLogger(logger)
     for old in list(target.handlers):
         if getattr(old, _OURS, False):
             target.removeHandler(old)
-    target.addHandler(handler)
+            for gone in [w for w in _writers if w.handler is old]:
+                gone.stop()
+                _writers.remove(gone)
+    _writers.append(writer)
+    target.addHandler(writer.handler)
     target.setLevel(level)
