@@ -124,8 +124,25 @@ def test_admission_counts_the_running_batch_and_the_work_ahead_in_full_batches()
     queue = [q(f"r{i}") for i in range(8)]  # two full batches of four ahead: 16 ms each
     new = q("new", deadline=1.0)
     admission = fifo.admit(queue, new, 1.0 - 0.5, 0.5 + 0.02, SERVICE)  # busy for 20 ms more
-    assert admission.admitted
-    assert admission.finish_s == pytest.approx(0.52 + 0.016 + 0.016 + 0.010)
+    assert admission.admitted  # its own batch costed full: later requests will join it
+    assert admission.finish_s == pytest.approx(0.52 + 0.016 + 0.016 + 0.016)
+
+
+def test_a_request_that_will_wait_is_costed_in_the_full_batch_it_will_run_in():
+    """Behind a running batch, fifo's next batch takes whatever has come by then: the request's
+    estimate is that full batch (24 ms at eight rows), not the lone row it is now (10 ms)."""
+    new = q("new", deadline=1.0)
+    assert Fifo().admit([], new, 0.0, 0.0, SERVICE).finish_s == pytest.approx(0.010)  # runs at once
+    assert Fifo().admit([], new, 0.0, 0.005, SERVICE).finish_s == pytest.approx(0.005 + 0.024)
+    overran = Fifo().admit([], new, 0.0, -0.001, SERVICE, running=True)  # past its estimate: still busy
+    assert overran.finish_s == pytest.approx(0.024)
+    two = Fifo().admit([q("a")], new, 0.0, 0.0, SERVICE)  # one queued: the worker takes both, or more
+    assert two.finish_s == pytest.approx(0.024)
+    tight = q("tight", deadline=0.02)  # would make it alone (15 ms), not in the batch it will run in
+    refused = Fifo().admit([], tight, 0.0, 0.005, SERVICE)
+    assert not refused.admitted and refused.retry_after_s == pytest.approx(0.005)
+    for lazy in (BatchLazyDrop(), Edf()):  # a lazy batch never grows past a member's deadline
+        assert lazy.admit([], tight, 0.0, 0.005, SERVICE).finish_s == pytest.approx(0.015)
 
 
 def test_a_request_that_cannot_finish_in_time_is_refused_with_when_to_retry():
@@ -156,6 +173,56 @@ def test_edf_admits_an_urgent_request_ahead_of_later_deadlines_where_fifo_refuse
     assert not Fifo(max_batch=8).admit(queue, urgent, 0.0, 0.0, SERVICE).admitted
     admission = Edf(max_batch=8).admit(queue, urgent, 0.0, 0.0, SERVICE)
     assert admission.admitted and admission.finish_s == pytest.approx(0.010)
+
+
+# a closed-loop crowd on a virtual clock -------------------------------------------------------------
+LINEAR = ServiceModel(Variant("lin", 10.0, 0.9, 100.0, 10.0))  # 10 ms a row: batching saves nothing
+
+
+def crowd(discipline: QueueDiscipline, clients: int, deadline_s: float, seconds: float) -> dict:
+    """``clients`` closed-loop clients against one queue and its worker, on a 1 ms virtual clock,
+    with exact service times: each sends its next request (deadline ``deadline_s`` ahead) when the
+    last one is answered, dropped or refused (then, at once: the hardest case). What happened."""
+    now, step = 0.0, 0.001
+    queue: list[Queued] = []
+    running: tuple[float, tuple[Queued, ...]] | None = None
+    ready, late, answered, refused, batches = set(range(clients)), 0, 0, 0, []
+    while now < seconds:
+        if running is not None and running[0] <= now + 1e-9:
+            for item in running[1]:
+                late += running[0] > item.deadline_s + 1e-9
+                answered += 1
+                ready.add(item.key)
+            running = None
+        if running is None and queue:
+            batch = discipline.next_batch(queue, now, LINEAR)
+            taken = {id(item) for item in (*batch.run, *batch.drop)}
+            queue = [item for item in queue if id(item) not in taken]
+            ready.update(item.key for item in batch.drop)
+            if batch.run:
+                running = (now + LINEAR.batch_s(batch.rows), batch.run)
+                batches.append(batch.rows)
+        for client in sorted(ready):
+            item = Queued(client, now, now + deadline_s)
+            free_at = running[0] if running is not None else now
+            if discipline.admit(queue, item, now, free_at, LINEAR, running=running is not None).admitted:
+                queue.append(item)
+                ready.discard(client)
+            else:
+                refused += 1
+        now = round(now + step, 9)
+    return {"late": late, "answered": answered, "refused": refused, "rows": sum(batches) / len(batches)}
+
+
+def test_a_crowd_past_capacity_is_answered_in_time_in_full_batches_and_the_rest_refused():
+    """32 clients, each asking again at once, against a queue that answers 100 rows/s: what it
+    admits it answers before the deadline, in full batches of eight, at its full rate. (Costing a
+    request's batch as it stood when the request came, 7 of every 8 answers were late: each new
+    batch was opened by a request admitted with no slack, then filled by seven more.)"""
+    out = crowd(Fifo(max_batch=8), clients=32, deadline_s=0.2, seconds=3.0)
+    assert out["late"] == 0, out
+    assert out["rows"] > 7.5 and out["answered"] >= 0.95 * 3.0 * 100, out  # full batches, full rate
+    assert out["refused"] > 0, out
 
 
 # invariants over random queues -----------------------------------------------------------------------

@@ -172,12 +172,12 @@ def test_a_cancelled_request_leaves_the_queue_and_its_caller_at_once(model):
 
 
 def test_a_request_whose_deadline_passes_in_the_queue_is_withdrawn_and_never_runs(model):
-    queue = make_queue(model)
+    queue = make_queue(model, max_batch=2)
     first = in_thread(queue.infer, rows(1), None)
     model.wait_running()
     started = time.monotonic()
     with pytest.raises(DeadlineExceededError, match="deadline"):
-        queue.infer(rows(1, 5), 0.2)  # admitted: 50 + 50 ms estimated; the gate holds longer
+        queue.infer(rows(1, 5), 0.2)  # admitted: 50 + 100 ms (its batch of 2) estimated; held longer
     assert time.monotonic() - started >= 0.2
     model.gate.set()
     first[0].join(WAIT_S)
@@ -229,6 +229,28 @@ def test_admission_refuses_at_once_what_cannot_finish_in_time_with_when_to_retry
     for thread, _ in (first, second):
         thread.join(WAIT_S)
     assert queue.stats()["refused"] == 1 and len(model.calls) == 2
+    queue.close()
+
+
+def test_a_request_behind_a_running_batch_is_judged_in_the_full_batch_later_ones_will_fill(model):
+    """Behind a running batch, the next batch takes whatever has come by then: a request is admitted
+    only if that batch, full, still meets its deadline. Judged by the one row it was, the first
+    request here was admitted, three more joined its batch, and it was answered 100 ms late."""
+    now = [100.0]
+    queue = make_queue(model, max_batch=4, clock=lambda: now[0])  # 50 ms a row: 200 ms for four
+    first = in_thread(queue.infer, rows(1), None)
+    model.wait_running()  # estimated to end at 100.05
+    with pytest.raises(OverloadedError, match="cannot finish before its deadline"):
+        queue.infer(rows(1, 1), 0.15)  # 100.05 + 50 ms fits alone, 100.05 + 200 ms does not
+    now[0] = 100.04
+    later = [in_thread(queue.infer, rows(1, 10 + i), 0.25) for i in range(3)]  # deadline 100.29
+    settle(queue, 3)
+    now[0] = 100.05
+    model.gate.set()
+    for (thread, out), i in zip([first, *later], [0, 10, 11, 12], strict=True):
+        thread.join(WAIT_S)
+        np.testing.assert_array_equal(out["value"], rows(1, i) @ WEIGHTS)
+    assert [len(c) for c in model.calls] == [1, 3] and queue.stats()["refused"] == 1
     queue.close()
 
 

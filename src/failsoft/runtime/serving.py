@@ -204,6 +204,7 @@ class ServingQueue:
                 now,
                 self._running_until if self._running_until is not None else now,
                 self.service,
+                running=self._running_until is not None,
             )
             if not verdict.admitted:
                 self.counters.refused += 1
