@@ -15,7 +15,7 @@ SETTINGS = OverloadSettings(deadline_s=2.0)
 def phase(rps: float, by_status: dict | None = None, events: dict | None = None) -> dict:
     by_status = by_status or {}
     codes = {"200": 100} | {k: v["count"] for k, v in by_status.items()}
-    return {"rps": rps, "codes": codes, "by_status": by_status, "events": events or {}}
+    return {"goodput_rps": rps, "codes": codes, "by_status": by_status, "events": events or {}}
 
 
 def refusals(count: int, with_header: int | None = None, max_ms: float = 20.0) -> dict:

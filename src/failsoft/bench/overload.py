@@ -15,14 +15,15 @@ reported unhealthy or failed over. This benchmark checks that, and what it costs
    out of the ratio.
 
 Both phases use the serving benchmark's client and levels (:func:`failsoft.bench.serving.measure`,
-:mod:`failsoft.bench.serving_load`). Per phase: answered requests per second (goodput), p50/p99 of
-the answered, the answers that were not 200 by status (how many carried ``Retry-After``, how long
-they took: a refusal must come at once, not at the deadline), goodput per ``window_s`` window, the
-server's serving-queue counters over the phase (served, refused, dropped, expired; mean batch
-rows) and the controller's events over it by type. The verdict (``checks``) is the issue's target:
+:mod:`failsoft.bench.serving_load`). Per phase: ``goodput_rps`` (200s per second that came back in
+the measured time), p50/p99 of the answered, the answers that were not 200 by status (how many
+carried ``Retry-After``, how long they took: a refusal must come at once, not at the deadline),
+goodput per ``window_s`` window, the server's serving-queue counters over the phase (served,
+refused, dropped, expired; mean batch rows) and the controller's events over it by type. The
+verdict (``checks``) is the issue's target:
 
-* ``goodput``: answered/s at ``clients`` at least ``target_ratio`` (0.9) of that at ``base_clients``
-  (``goodput_ratio``);
+* ``goodput``: ``goodput_rps`` at ``clients`` at least ``target_ratio`` (0.9) of that at
+  ``base_clients`` (``goodput_ratio``);
 * ``no_failure_events``: no ``unhealthy`` ("heartbeats but does not serve"), ``failure`` or
   ``failover`` event in either phase, and the app still on its server at the end;
 * ``answered_or_refused``: every answer a 200, or a 429/503 that carried ``Retry-After`` and came
@@ -170,8 +171,8 @@ def _phase(
 def verdict(out: dict[str, Any], settings: OverloadSettings) -> dict[str, Any]:
     """The goodput ratio and the issue's checks over the phases of ``out`` (module docstring)."""
     phases = out["phases"]
-    base_rps = (phases["base"]["rps"] + phases["base_after"]["rps"]) / 2.0
-    ratio = phases["overload"]["rps"] / base_rps if base_rps else 0.0
+    base_rps = (phases["base"]["goodput_rps"] + phases["base_after"]["goodput_rps"]) / 2.0
+    ratio = phases["overload"]["goodput_rps"] / base_rps if base_rps else 0.0
     events = Counter[str]()
     for phase in out["phases"].values():
         events.update(phase["events"])

@@ -103,16 +103,17 @@ class _Record:
     codes: dict[int, int] = field(default_factory=dict)
     others: dict[int, list[float]] = field(default_factory=dict)  # status -> latencies (not 200)
     retry_after: dict[int, int] = field(default_factory=dict)  # status -> answers with Retry-After
-    answered_at: list[float] = field(default_factory=list)  # when each 200 came back
+    answered_at: list[float] = field(default_factory=list)  # when each 200 came back (any sent)
 
     def add(self, sent: float, status: int, retry: float | None = None) -> None:
+        done = time.perf_counter()
+        if status == 200:
+            self.answered_at.append(done)
         if sent < self.warm_until:
             return
-        done = time.perf_counter()
         self.codes[status] = self.codes.get(status, 0) + 1
         if status == 200:
             self.latencies.append(done - sent)
-            self.answered_at.append(done)
             return
         self.others.setdefault(status, []).append(done - sent)
         if retry is not None:
@@ -132,8 +133,16 @@ class _Record:
             }
         return out
 
+    def goodput(self, stop: float) -> float:
+        """200s per second that came back between the end of the warm-up and ``stop``, whenever
+        they were sent: unlike ``rps`` (the answers to the requests sent in that time), it is not
+        lowered by a long latency, which would count an overloaded queue's first answers out."""
+        done = sum(1 for t in self.answered_at if self.warm_until <= t < stop)
+        return done / max(stop - self.warm_until, 1e-9)
+
     def windows(self, window_s: float, stop: float) -> list[float]:
-        """Answers per second in each whole window of ``window_s`` from the end of the warm-up."""
+        """200s per second in each whole window of ``window_s`` from the end of the warm-up, by
+        when they came back."""
         counts = [0] * max(int((stop - self.warm_until) // window_s), 1)
         for t in self.answered_at:
             i = int((t - self.warm_until) // window_s)
@@ -211,6 +220,7 @@ async def run(plan: LoadPlan, body: bytes) -> dict[str, Any]:
         "p50_ms": round(float(np.percentile(ok, 50)), 3) if len(ok) else None,
         "p99_ms": round(float(np.percentile(ok, 99)), 3) if len(ok) else None,
         "seconds": round(elapsed, 3),
+        "goodput_rps": round(rec.goodput(stop), 2),
         "by_status": rec.by_status(),
     }
     if plan.window_s:
