@@ -139,11 +139,32 @@ def test_a_request_that_will_wait_is_costed_in_the_full_batch_it_will_run_in():
     assert overran.finish_s == pytest.approx(0.024)
     two = Fifo().admit([q("a")], new, 0.0, 0.0, SERVICE)  # one queued: the worker takes both, or more
     assert two.finish_s == pytest.approx(0.024)
-    tight = q("tight", deadline=0.02)  # would make it alone (15 ms), not in the batch it will run in
-    refused = Fifo().admit([], tight, 0.0, 0.005, SERVICE)
-    assert not refused.admitted and refused.retry_after_s == pytest.approx(0.005)
+    tight = q("tight", deadline=0.05)  # would make it alone (40 ms), not in the batch it will run in
+    refused = Fifo().admit([], tight, 0.0, 0.03, SERVICE)
+    assert not refused.admitted and refused.retry_after_s == pytest.approx(0.03)
     for lazy in (BatchLazyDrop(), Edf()):  # a lazy batch never grows past a member's deadline
-        assert lazy.admit([], tight, 0.0, 0.005, SERVICE).finish_s == pytest.approx(0.015)
+        assert lazy.admit([], tight, 0.0, 0.03, SERVICE).finish_s == pytest.approx(0.04)
+
+
+def test_a_batch_is_grown_only_as_far_as_half_the_time_to_the_deadline_allows():
+    """Where a full batch would take more than the deadline leaves, the request is costed in the
+    largest batch that takes half of it (here 3 rows, 14 ms of 30), so a slow host or a large
+    max_batch does not refuse everything behind a running batch."""
+    fifo = Fifo(max_batch=8)
+    assert fifo.reserve_rows(math.inf, SERVICE) == 8 and fifo.reserve_rows(0.048, SERVICE) == 8
+    assert fifo.reserve_rows(0.030, SERVICE) == 3 and fifo.reserve_rows(0.005, SERVICE) == 1
+    admission = fifo.admit([], q("new", deadline=0.030), 0.0, 0.002, SERVICE)
+    assert admission.admitted and admission.finish_s == pytest.approx(0.002 + 0.014)
+
+
+def test_a_request_that_would_make_its_batch_mates_late_is_refused():
+    fifo = Fifo(max_batch=8)
+    mate = q("mate", deadline=0.014)  # admitted alone behind the running batch: 2 + 10 ms (+10%)
+    assert fifo.admit([], mate, 0.0, 0.002, SERVICE).admitted
+    late = fifo.admit([mate], q("new", deadline=1.0), 0.0, 0.002, SERVICE)  # 2 + 12 ms (+10%): late
+    assert not late.admitted and "late" in late.reason
+    other = q("other", deadline=1.0)  # a batch mate with time to spare does not mind
+    assert fifo.admit([other], q("new", deadline=1.0), 0.0, 0.002, SERVICE).admitted
 
 
 def test_a_request_that_cannot_finish_in_time_is_refused_with_when_to_retry():

@@ -233,24 +233,26 @@ def test_admission_refuses_at_once_what_cannot_finish_in_time_with_when_to_retry
 
 
 def test_a_request_behind_a_running_batch_is_judged_in_the_full_batch_later_ones_will_fill(model):
-    """Behind a running batch, the next batch takes whatever has come by then: a request is admitted
-    only if that batch, full, still meets its deadline. Judged by the one row it was, the first
-    request here was admitted, three more joined its batch, and it was answered 100 ms late."""
+    """Behind queued work, the batch a request joins takes whatever comes by then: a request is
+    admitted only if that batch, grown, still meets its deadline. Judged by the one row it was, the
+    request refused here was admitted, a later one joined its batch, and it was answered late."""
     now = [100.0]
-    queue = make_queue(model, max_batch=4, clock=lambda: now[0])  # 50 ms a row: 200 ms for four
+    queue = make_queue(model, max_batch=2, clock=lambda: now[0])  # 50 ms a row: 100 ms for two
     first = in_thread(queue.infer, rows(1), None)
     model.wait_running()  # estimated to end at 100.05
+    ahead = [in_thread(queue.infer, rows(1, 1 + i), None) for i in range(2)]  # a full batch: to 100.15
+    settle(queue, 2)
     with pytest.raises(OverloadedError, match="cannot finish before its deadline"):
-        queue.infer(rows(1, 1), 0.15)  # 100.05 + 50 ms fits alone, 100.05 + 200 ms does not
+        queue.infer(rows(1, 5), 0.23)  # 100.15 + 50 ms fits alone, 100.15 + 100 ms does not
     now[0] = 100.04
-    later = [in_thread(queue.infer, rows(1, 10 + i), 0.25) for i in range(3)]  # deadline 100.29
-    settle(queue, 3)
+    later = [in_thread(queue.infer, rows(1, 10 + i), 0.3) for i in range(2)]  # deadline 100.34
+    settle(queue, 4)
     now[0] = 100.05
     model.gate.set()
-    for (thread, out), i in zip([first, *later], [0, 10, 11, 12], strict=True):
+    for (thread, out), i in zip([first, *ahead, *later], [0, 1, 2, 10, 11], strict=True):
         thread.join(WAIT_S)
         np.testing.assert_array_equal(out["value"], rows(1, i) @ WEIGHTS)
-    assert [len(c) for c in model.calls] == [1, 3] and queue.stats()["refused"] == 1
+    assert [len(c) for c in model.calls] == [1, 2, 2] and queue.stats()["refused"] == 1
     queue.close()
 
 
