@@ -14,6 +14,7 @@ from failsoft.errors import UnknownNameError
 from failsoft.policies import registry
 from failsoft.policies.queueing import (
     MIN_RETRY_S,
+    PROBE_S,
     BatchLazyDrop,
     Edf,
     Fifo,
@@ -196,6 +197,15 @@ def test_admission_keeps_a_share_of_the_predicted_time_as_slack():
     )
     with pytest.raises(ValueError, match="wait_margin"):
         Fifo(wait_margin=1.0)
+
+
+def test_a_queue_idle_past_the_probe_time_admits_what_its_estimate_refuses():
+    """The estimate is learned from batches run: one that refuses everything must be checked."""
+    late = q("new", deadline=0.001)  # needs 10 ms
+    assert not Fifo().admit([], late, 0.0, 0.0, SERVICE, idle_s=PROBE_S - 0.01).admitted
+    assert Fifo().admit([], late, 0.0, 0.0, SERVICE, idle_s=PROBE_S).admitted
+    busy = Fifo().admit([], late, 0.0, 0.005, SERVICE, idle_s=PROBE_S)  # a batch runs: no probe
+    assert not busy.admitted
 
 
 def test_an_idle_refusal_still_says_to_wait_a_little():

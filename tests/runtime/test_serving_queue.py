@@ -306,6 +306,31 @@ def test_service_estimates_follow_the_measured_batches():
     queue.close()
 
 
+def test_an_estimate_past_every_deadline_is_checked_by_a_probe_and_comes_down():
+    """Profiled at 1 s a row, answered in microseconds: every 0.5 s request is refused at first; an
+    idle second later one is admitted to check, and the estimate learns from each until it admits
+    on its own. (Without the probe, an estimate grown past every deadline refused all for good.)"""
+    now = [0.0]
+    slow = Variant("slow", 1.0, 0.9, 1.0, 1000.0)
+    queue = ServingQueue(
+        "t", lambda x: x, (4,), registry.make("queueing", "fifo"), ServiceModel(slow), clock=lambda: now[0]
+    ).start()
+    with pytest.raises(OverloadedError):
+        queue.infer(rows(1), 0.5)
+    probes = 0
+    while True:
+        try:
+            queue.infer(rows(1), 0.5)  # admitted by the estimate: done
+            break
+        except OverloadedError:
+            now[0] += 1.0  # idle past the probe time
+            np.testing.assert_array_equal(queue.infer(rows(1), 0.5), rows(1))
+            probes += 1
+            assert probes < 30
+    assert probes >= 1 and queue.service.batch_s(1) < 0.5
+    queue.close()
+
+
 # unload --------------------------------------------------------------------------------------------
 def test_close_answers_queued_requests_model_not_loaded_and_lets_the_running_batch_finish(model):
     queue = make_queue(model)

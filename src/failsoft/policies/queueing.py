@@ -55,6 +55,10 @@ WAIT_MARGIN = 0.1
 # A request that joins a greedy (fifo) batch is costed in that batch grown to the largest size that
 # takes at most this share of its time to the deadline (the rest is its wait): later requests fill it.
 RESERVE_SHARE = 0.5
+# An idle queue that has run nothing for this long admits a request its estimate refuses: the
+# estimate is learned from the batches it runs, so one that grew past every deadline (a host that
+# was briefly much slower) could otherwise never come down, and the queue refused everything for good.
+PROBE_S = 1.0
 MAX_BATCH = 64  # rows; the zoo profiles batches up to 16, larger ones are extrapolated
 WARMUP_ROUNDS = 2  # after the first answer: (max batch, batch 1), this many times
 WARMUP_MIN_BUDGET_MS = 200.0  # warm-up may always take this long (profiled) ...
@@ -214,12 +218,15 @@ class QueueDiscipline(ABC):
         service: ServiceModel,
         *,
         running: bool | None = None,
+        idle_s: float = 0.0,
     ) -> Admission:
         """Take ``item`` only if it can finish before its deadline and the queue has room.
 
         ``free_at_s`` is when the batch running now is expected to end (``now_s`` or earlier when
         idle); ``running`` says whether one runs (default: ``free_at_s > now_s``; a batch that
-        overran its estimate runs still). The estimate packs the work ahead of ``item`` into full
+        overran its estimate runs still); ``idle_s``: how long the queue has been idle, nothing
+        running or queued (past :data:`PROBE_S`, a request is admitted whatever the estimate says,
+        to check it). The estimate packs the work ahead of ``item`` into full
         batches, which is what a busy queue runs; ``retry_after_s`` is when that work ahead will
         have drained.
 
@@ -247,7 +254,7 @@ class QueueDiscipline(ABC):
             return self._refuse(finish, start + first - now_s, f"queue full ({len(queue)} queued)")
         retry = start + self.drain_s(ahead, service) - now_s
         planned = self._planned(finish, now_s)
-        if planned > item.deadline_s:
+        if planned > item.deadline_s and not (not busy and idle_s >= PROBE_S):
             late_ms = (planned - item.deadline_s) * 1000.0
             reason = f"cannot finish before its deadline ({len(ahead)} queued ahead, {late_ms:.0f} ms late)"
             return self._refuse(finish, retry, reason)
