@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from failsoft.errors import UnknownNameError
 from failsoft.policies import registry
 from failsoft.policies.queueing import (
     MIN_RETRY_S,
+    PROBE_S,
     BatchLazyDrop,
     Edf,
     Fifo,
@@ -124,8 +126,46 @@ def test_admission_counts_the_running_batch_and_the_work_ahead_in_full_batches()
     queue = [q(f"r{i}") for i in range(8)]  # two full batches of four ahead: 16 ms each
     new = q("new", deadline=1.0)
     admission = fifo.admit(queue, new, 1.0 - 0.5, 0.5 + 0.02, SERVICE)  # busy for 20 ms more
-    assert admission.admitted
-    assert admission.finish_s == pytest.approx(0.52 + 0.016 + 0.016 + 0.010)
+    assert admission.admitted  # its own batch costed full: later requests will join it
+    assert admission.finish_s == pytest.approx(0.52 + 0.016 + 0.016 + 0.016)
+
+
+def test_a_request_that_will_wait_is_costed_in_the_full_batch_it_will_run_in():
+    """Behind a running batch, fifo's next batch takes whatever has come by then: the request's
+    estimate is that full batch (24 ms at eight rows), not the lone row it is now (10 ms)."""
+    new = q("new", deadline=1.0)
+    assert Fifo().admit([], new, 0.0, 0.0, SERVICE).finish_s == pytest.approx(0.010)  # runs at once
+    assert Fifo().admit([], new, 0.0, 0.005, SERVICE).finish_s == pytest.approx(0.005 + 0.024)
+    overran = Fifo().admit([], new, 0.0, -0.001, SERVICE, running=True)  # past its estimate: still busy
+    assert overran.finish_s == pytest.approx(0.024)
+    two = Fifo().admit([q("a")], new, 0.0, 0.0, SERVICE)  # one queued: the worker takes both, or more
+    assert two.finish_s == pytest.approx(0.024)
+    tight = q("tight", deadline=0.05)  # would make it alone (40 ms), not in the batch it will run in
+    refused = Fifo().admit([], tight, 0.0, 0.03, SERVICE)
+    assert not refused.admitted and refused.retry_after_s == pytest.approx(0.03)
+    for lazy in (BatchLazyDrop(), Edf()):  # a lazy batch never grows past a member's deadline
+        assert lazy.admit([], tight, 0.0, 0.03, SERVICE).finish_s == pytest.approx(0.04)
+
+
+def test_a_batch_is_grown_only_as_far_as_half_the_time_to_the_deadline_allows():
+    """Where a full batch would take more than the deadline leaves, the request is costed in the
+    largest batch that takes half of it (here 3 rows, 14 ms of 30), so a slow host or a large
+    max_batch does not refuse everything behind a running batch."""
+    fifo = Fifo(max_batch=8)
+    assert fifo.reserve_rows(math.inf, SERVICE) == 8 and fifo.reserve_rows(0.048, SERVICE) == 8
+    assert fifo.reserve_rows(0.030, SERVICE) == 3 and fifo.reserve_rows(0.005, SERVICE) == 1
+    admission = fifo.admit([], q("new", deadline=0.030), 0.0, 0.002, SERVICE)
+    assert admission.admitted and admission.finish_s == pytest.approx(0.002 + 0.014)
+
+
+def test_a_request_that_would_make_its_batch_mates_late_is_refused():
+    fifo = Fifo(max_batch=8)
+    mate = q("mate", deadline=0.014)  # admitted alone behind the running batch: 2 + 10 ms (+10%)
+    assert fifo.admit([], mate, 0.0, 0.002, SERVICE).admitted
+    late = fifo.admit([mate], q("new", deadline=1.0), 0.0, 0.002, SERVICE)  # 2 + 12 ms (+10%): late
+    assert not late.admitted and "late" in late.reason
+    other = q("other", deadline=1.0)  # a batch mate with time to spare does not mind
+    assert fifo.admit([other], q("new", deadline=1.0), 0.0, 0.002, SERVICE).admitted
 
 
 def test_a_request_that_cannot_finish_in_time_is_refused_with_when_to_retry():
@@ -145,6 +185,29 @@ def test_a_full_queue_refuses_until_its_next_batch_is_done():
     assert admission.retry_after_s == pytest.approx(0.016)
 
 
+def test_admission_keeps_a_share_of_the_predicted_time_as_slack():
+    fifo = Fifo(max_batch=1)
+    queue = [q(f"r{i}") for i in range(9)]  # 9 x 10 ms ahead: finishes at 100 ms, plus 10 ms margin
+    assert fifo.wait_margin == 0.1
+    refused = fifo.admit(queue, q("new", deadline=0.105), 0.0, 0.0, SERVICE)
+    assert not refused.admitted and "5 ms late" in refused.reason
+    assert fifo.admit(queue, q("new", deadline=0.111), 0.0, 0.0, SERVICE).admitted
+    assert (
+        Fifo(max_batch=1, wait_margin=0.0).admit(queue, q("new", deadline=0.105), 0.0, 0.0, SERVICE).admitted
+    )
+    with pytest.raises(ValueError, match="wait_margin"):
+        Fifo(wait_margin=1.0)
+
+
+def test_a_queue_idle_past_the_probe_time_admits_what_its_estimate_refuses():
+    """The estimate is learned from batches run: one that refuses everything must be checked."""
+    late = q("new", deadline=0.001)  # needs 10 ms
+    assert not Fifo().admit([], late, 0.0, 0.0, SERVICE, idle_s=PROBE_S - 0.01).admitted
+    assert Fifo().admit([], late, 0.0, 0.0, SERVICE, idle_s=PROBE_S).admitted
+    busy = Fifo().admit([], late, 0.0, 0.005, SERVICE, idle_s=PROBE_S)  # a batch runs: no probe
+    assert not busy.admitted
+
+
 def test_an_idle_refusal_still_says_to_wait_a_little():
     admission = Fifo().admit([], q("new", deadline=0.001), 0.0, 0.0, SERVICE)  # needs 10 ms
     assert not admission.admitted and admission.retry_after_s == MIN_RETRY_S
@@ -156,6 +219,71 @@ def test_edf_admits_an_urgent_request_ahead_of_later_deadlines_where_fifo_refuse
     assert not Fifo(max_batch=8).admit(queue, urgent, 0.0, 0.0, SERVICE).admitted
     admission = Edf(max_batch=8).admit(queue, urgent, 0.0, 0.0, SERVICE)
     assert admission.admitted and admission.finish_s == pytest.approx(0.010)
+
+
+# a closed-loop crowd on a virtual clock -------------------------------------------------------------
+LINEAR = ServiceModel(Variant("lin", 10.0, 0.9, 100.0, 10.0))  # 10 ms a row: batching saves nothing
+
+
+def crowd(
+    discipline: QueueDiscipline, clients: int, deadline_s: float, seconds: float, overrun: float = 0.0
+) -> dict:
+    """``clients`` closed-loop clients against one queue and its worker, on a 1 ms virtual clock:
+    each sends its next request (deadline ``deadline_s`` ahead) when the last one is answered,
+    dropped or refused (then, at once: the hardest case). Each batch takes its estimated time, or up
+    to ``overrun`` (a share) longer, drawn with a fixed seed: a host busier than the estimate knew.
+    What happened."""
+    rng = random.Random(7)
+    now, step = 0.0, 0.001
+    queue: list[Queued] = []
+    running: tuple[float, tuple[Queued, ...]] | None = None
+    ready, late, answered, refused, batches = set(range(clients)), 0, 0, 0, []
+    while now < seconds:
+        if running is not None and running[0] <= now + 1e-9:
+            for item in running[1]:
+                late += running[0] > item.deadline_s + 1e-9
+                answered += 1
+                ready.add(item.key)
+            running = None
+        if running is None and queue:
+            batch = discipline.next_batch(queue, now, LINEAR)
+            taken = {id(item) for item in (*batch.run, *batch.drop)}
+            queue = [item for item in queue if id(item) not in taken]
+            ready.update(item.key for item in batch.drop)
+            if batch.run:
+                took = LINEAR.batch_s(batch.rows) * (1.0 + rng.uniform(0.0, overrun))
+                running = (round(now + took, 3), batch.run)  # on the 1 ms clock
+                batches.append(batch.rows)
+        for client in sorted(ready):
+            item = Queued(client, now, now + deadline_s)
+            free_at = running[0] if running is not None else now
+            if discipline.admit(queue, item, now, free_at, LINEAR, running=running is not None).admitted:
+                queue.append(item)
+                ready.discard(client)
+            else:
+                refused += 1
+        now = round(now + step, 9)
+    return {"late": late, "answered": answered, "refused": refused, "rows": sum(batches) / len(batches)}
+
+
+def test_a_crowd_past_capacity_is_answered_in_time_in_full_batches_and_the_rest_refused():
+    """32 clients, each asking again at once, against a queue that answers 100 rows/s: what it
+    admits it answers before the deadline, in full batches of eight, at its full rate. (Costing a
+    request's batch as it stood when the request came, 7 of every 8 answers were late: each new
+    batch was opened by a request admitted with no slack, then filled by seven more.)"""
+    out = crowd(Fifo(max_batch=8), clients=32, deadline_s=0.2, seconds=3.0)
+    assert out["late"] == 0, out
+    assert out["rows"] > 7.5 and out["answered"] >= 0.95 * 3.0 * 100, out  # full batches, full rate
+    assert out["refused"] > 0, out
+
+
+def test_batches_that_run_longer_than_estimated_make_nobody_late_within_the_wait_margin():
+    """Every request of a crowd is admitted at the edge: with no slack kept, batches up to 8% slower
+    than estimated made answers late; a tenth of the predicted wait kept as slack absorbs that."""
+    noisy = crowd(Fifo(max_batch=8), clients=32, deadline_s=0.25, seconds=3.0, overrun=0.08)
+    assert noisy["late"] == 0 and noisy["rows"] > 7.5, noisy
+    exact = crowd(Fifo(max_batch=8, wait_margin=0.0), clients=32, deadline_s=0.25, seconds=3.0, overrun=0.08)
+    assert exact["late"] > 10, exact
 
 
 # invariants over random queues -----------------------------------------------------------------------

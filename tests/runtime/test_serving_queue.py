@@ -172,12 +172,12 @@ def test_a_cancelled_request_leaves_the_queue_and_its_caller_at_once(model):
 
 
 def test_a_request_whose_deadline_passes_in_the_queue_is_withdrawn_and_never_runs(model):
-    queue = make_queue(model)
+    queue = make_queue(model, max_batch=2)
     first = in_thread(queue.infer, rows(1), None)
     model.wait_running()
     started = time.monotonic()
     with pytest.raises(DeadlineExceededError, match="deadline"):
-        queue.infer(rows(1, 5), 0.2)  # admitted: 50 + 50 ms estimated; the gate holds longer
+        queue.infer(rows(1, 5), 0.2)  # admitted: 50 + 100 ms (its batch of 2) estimated; held longer
     assert time.monotonic() - started >= 0.2
     model.gate.set()
     first[0].join(WAIT_S)
@@ -232,6 +232,30 @@ def test_admission_refuses_at_once_what_cannot_finish_in_time_with_when_to_retry
     queue.close()
 
 
+def test_a_request_behind_a_running_batch_is_judged_in_the_full_batch_later_ones_will_fill(model):
+    """Behind queued work, the batch a request joins takes whatever comes by then: a request is
+    admitted only if that batch, grown, still meets its deadline. Judged by the one row it was, the
+    request refused here was admitted, a later one joined its batch, and it was answered late."""
+    now = [100.0]
+    queue = make_queue(model, max_batch=2, clock=lambda: now[0])  # 50 ms a row: 100 ms for two
+    first = in_thread(queue.infer, rows(1), None)
+    model.wait_running()  # estimated to end at 100.05
+    ahead = [in_thread(queue.infer, rows(1, 1 + i), None) for i in range(2)]  # a full batch: to 100.15
+    settle(queue, 2)
+    with pytest.raises(OverloadedError, match="cannot finish before its deadline"):
+        queue.infer(rows(1, 5), 0.23)  # 100.15 + 50 ms fits alone, 100.15 + 100 ms does not
+    now[0] = 100.04
+    later = [in_thread(queue.infer, rows(1, 10 + i), 0.3) for i in range(2)]  # deadline 100.34
+    settle(queue, 4)
+    now[0] = 100.05
+    model.gate.set()
+    for (thread, out), i in zip([first, *ahead, *later], [0, 1, 2, 10, 11], strict=True):
+        thread.join(WAIT_S)
+        np.testing.assert_array_equal(out["value"], rows(1, i) @ WEIGHTS)
+    assert [len(c) for c in model.calls] == [1, 2, 2] and queue.stats()["refused"] == 1
+    queue.close()
+
+
 def test_a_queue_plans_to_answer_a_margin_before_the_deadline(model):
     model.hold = False
     queue = make_queue(model, margin_s=0.03)
@@ -279,6 +303,31 @@ def test_service_estimates_follow_the_measured_batches():
     for _ in range(30):
         queue.infer(rows(1), None)
     assert queue.service.batch_s(1) < 0.01
+    queue.close()
+
+
+def test_an_estimate_past_every_deadline_is_checked_by_a_probe_and_comes_down():
+    """Profiled at 1 s a row, answered in microseconds: every 0.5 s request is refused at first; an
+    idle second later one is admitted to check, and the estimate learns from each until it admits
+    on its own. (Without the probe, an estimate grown past every deadline refused all for good.)"""
+    now = [0.0]
+    slow = Variant("slow", 1.0, 0.9, 1.0, 1000.0)
+    queue = ServingQueue(
+        "t", lambda x: x, (4,), registry.make("queueing", "fifo"), ServiceModel(slow), clock=lambda: now[0]
+    ).start()
+    with pytest.raises(OverloadedError):
+        queue.infer(rows(1), 0.5)
+    probes = 0
+    while True:
+        try:
+            queue.infer(rows(1), 0.5)  # admitted by the estimate: done
+            break
+        except OverloadedError:
+            now[0] += 1.0  # idle past the probe time
+            np.testing.assert_array_equal(queue.infer(rows(1), 0.5), rows(1))
+            probes += 1
+            assert probes < 30
+    assert probes >= 1 and queue.service.batch_s(1) < 0.5
     queue.close()
 
 

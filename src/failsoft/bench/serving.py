@@ -257,8 +257,10 @@ def levels(target: Target, rate_rps: float | None = None) -> dict[str, Any]:
     return out
 
 
-def measure(target: Target, clients: int, rate_rps: float | None) -> dict[str, Any]:
-    """One level of load from a client process; the server's CPU per answer over it."""
+def measure(target: Target, clients: int, rate_rps: float | None, **options: Any) -> dict[str, Any]:
+    """One level of load from a client process; the server's CPU per answer over it. ``options``:
+    the client's further :class:`~failsoft.bench.serving_load.LoadPlan` fields (``backoff``,
+    ``window_s``)."""
     from failsoft.bench.serving_load import LoadPlan
 
     body, settings = target.body, target.settings
@@ -270,7 +272,15 @@ def measure(target: Target, clients: int, rate_rps: float | None) -> dict[str, A
         }
     path = f"/v2/models/{target.app}/infer"
     plan = LoadPlan(
-        target.host, target.port, path, headers, clients, rate_rps, settings.duration_s, settings.warmup_s
+        target.host,
+        target.port,
+        path,
+        headers,
+        clients,
+        rate_rps,
+        settings.duration_s,
+        settings.warmup_s,
+        **options,
     )
     client = subprocess.Popen(
         [sys.executable, "-m", "failsoft.bench.serving_load"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -530,16 +540,20 @@ class Body:
     header_length: int | None = None
 
 
-def request_body(encoding: str, shape: tuple[int, ...]) -> Body:
-    """The request for one batch-1 query (a fixed random input), as KServe v2 JSON or binary."""
+def request_body(encoding: str, shape: tuple[int, ...], timeout_s: float | None = None) -> Body:
+    """The request for one batch-1 query (a fixed random input), as KServe v2 JSON or binary;
+    ``timeout_s``: its deadline (``parameters.timeout``; None: the gateway's default)."""
     x = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
     tensor: dict[str, Any] = {"name": "input", "shape": list(x.shape), "datatype": "FP32"}
+    request: dict[str, Any] = {"inputs": [tensor]}
+    if timeout_s is not None:
+        request["parameters"] = {"timeout": timeout_s}
     if encoding == "json":
         tensor["data"] = x.ravel().tolist()
-        return Body(json.dumps({"inputs": [tensor]}).encode())
+        return Body(json.dumps(request).encode())
     raw = np.ascontiguousarray(x, dtype="<f4").tobytes()
     tensor["parameters"] = {"binary_data_size": len(raw)}
-    head = json.dumps({"inputs": [tensor]}).encode()
+    head = json.dumps(request).encode()
     return Body(head + raw, len(head))
 
 

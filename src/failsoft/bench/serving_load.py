@@ -11,9 +11,16 @@ measures), the status line and ``Content-Length`` read back, nothing parsed beyo
   of connections; a request's latency counts from when it was due, so a server that falls behind
   is charged for the wait (no coordinated omission).
 
+Every answer that is not a 200 is kept apart by status: how many, how many carried ``Retry-After``,
+and how fast they came (p50, p99, max), so that ``failsoft bench overload`` can tell a refusal at
+once from one after the deadline. With ``backoff`` a closed-loop client waits out a refusal's
+``Retry-After`` before its next request, as a well-behaved client does; without it, it asks again at
+once (the harder case for the server). With ``window_s``, answers per second are also counted per
+window of that length, to show whether goodput holds over a long run.
+
 Run as ``python -m failsoft.bench.serving_load`` with one JSON line on stdin (:class:`LoadPlan`'s
 fields) followed by the request body's bytes; prints one JSON line: requests, errors by status,
-requests/s, p50/p99 in milliseconds.
+requests/s, p50/p99 in milliseconds, and the figures per status.
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ class LoadPlan:
     rate_rps: float | None = None  # set: open loop at this rate
     duration_s: float = 5.0
     warmup_s: float = 1.0  # requests sent before this are not counted
+    backoff: bool = False  # closed loop: wait out a refusal's Retry-After before the next request
+    window_s: float | None = None  # also count answers per second per window of this length
 
 
 def request_bytes(plan: LoadPlan, body: bytes) -> bytes:
@@ -58,21 +67,33 @@ class Connection:
     async def open(cls, host: str, port: int) -> Connection:
         return cls(*await asyncio.open_connection(host, port))
 
-    async def call(self, request: bytes) -> int:
-        """The answer's status code (the body is read and dropped)."""
+    async def call(self, request: bytes) -> tuple[int, float | None]:
+        """The answer's status code and its ``Retry-After`` in seconds (None: no such header); the
+        body is read and dropped."""
         self.writer.write(request)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
-        length = 0
+        length, retry = 0, None
         for line in head.split(b"\r\n")[1:]:
-            if line[:15].lower() == b"content-length:":
+            name = line[:15].lower()
+            if name == b"content-length:":
                 length = int(line[15:])
+            elif name[:12] == b"retry-after:":
+                retry = _seconds(line[12:])
         if length:
             await self.reader.readexactly(length)
-        return status
+        return status, retry
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _seconds(value: bytes) -> float:
+    """A ``Retry-After`` in seconds; an HTTP date (which failsoft never sends) counts as 0."""
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        return 0.0
 
 
 @dataclass
@@ -80,13 +101,54 @@ class _Record:
     warm_until: float
     latencies: list[float] = field(default_factory=list)
     codes: dict[int, int] = field(default_factory=dict)
+    others: dict[int, list[float]] = field(default_factory=dict)  # status -> latencies (not 200)
+    retry_after: dict[int, int] = field(default_factory=dict)  # status -> answers with Retry-After
+    answered_at: list[float] = field(default_factory=list)  # when each 200 came back (any sent)
 
-    def add(self, sent: float, status: int) -> None:
+    def add(self, sent: float, status: int, retry: float | None = None) -> None:
+        done = time.perf_counter()
+        if status == 200:
+            self.answered_at.append(done)
         if sent < self.warm_until:
             return
         self.codes[status] = self.codes.get(status, 0) + 1
         if status == 200:
-            self.latencies.append(time.perf_counter() - sent)
+            self.latencies.append(done - sent)
+            return
+        self.others.setdefault(status, []).append(done - sent)
+        if retry is not None:
+            self.retry_after[status] = self.retry_after.get(status, 0) + 1
+
+    def by_status(self) -> dict[str, dict[str, Any]]:
+        """Per status other than 200: count, how many carried Retry-After, latency p50/p99/max (ms)."""
+        out = {}
+        for status, times in sorted(self.others.items()):
+            ms = np.asarray(times) * 1000.0
+            out[str(status)] = {
+                "count": len(ms),
+                "retry_after": self.retry_after.get(status, 0),
+                "p50_ms": round(float(np.percentile(ms, 50)), 3),
+                "p99_ms": round(float(np.percentile(ms, 99)), 3),
+                "max_ms": round(float(ms.max()), 3),
+            }
+        return out
+
+    def goodput(self, stop: float) -> float:
+        """200s per second that came back between the end of the warm-up and ``stop``, whenever
+        they were sent: unlike ``rps`` (the answers to the requests sent in that time), it is not
+        lowered by a long latency, which would count an overloaded queue's first answers out."""
+        done = sum(1 for t in self.answered_at if self.warm_until <= t < stop)
+        return done / max(stop - self.warm_until, 1e-9)
+
+    def windows(self, window_s: float, stop: float) -> list[float]:
+        """200s per second in each whole window of ``window_s`` from the end of the warm-up, by
+        when they came back."""
+        counts = [0] * max(int((stop - self.warm_until) // window_s), 1)
+        for t in self.answered_at:
+            i = int((t - self.warm_until) // window_s)
+            if 0 <= i < len(counts):
+                counts[i] += 1
+        return [round(c / window_s, 2) for c in counts]
 
 
 async def _closed(plan: LoadPlan, request: bytes, rec: _Record, stop: float) -> None:
@@ -95,11 +157,15 @@ async def _closed(plan: LoadPlan, request: bytes, rec: _Record, stop: float) -> 
         try:
             while (sent := time.perf_counter()) < stop:
                 try:
-                    rec.add(sent, await conn.call(request))
+                    status, retry = await conn.call(request)
                 except BROKEN:  # counted as status 0; a fresh connection for the next request
                     rec.add(sent, 0)
                     conn.close()
                     conn = await Connection.open(plan.host, plan.port)
+                    continue
+                rec.add(sent, status, retry)
+                if plan.backoff and retry is not None and status != 200:
+                    await asyncio.sleep(min(retry, max(stop - time.perf_counter(), 0.0)))
         finally:
             conn.close()
 
@@ -114,7 +180,7 @@ async def _open(plan: LoadPlan, request: bytes, rec: _Record, stop: float, rate:
     async def one(due: float) -> None:
         conn = await pool.get()  # waiting for a free connection counts: latency is from ``due``
         try:
-            rec.add(due, await conn.call(request))
+            rec.add(due, *await conn.call(request))
         except BROKEN:
             rec.add(due, 0)
             conn.close()
@@ -146,7 +212,7 @@ async def run(plan: LoadPlan, body: bytes) -> dict[str, Any]:
     elapsed = max(time.perf_counter() - rec.warm_until, 1e-9)
     ok = np.asarray(rec.latencies) * 1000.0
     total = sum(rec.codes.values())
-    return {
+    out = {
         "requests": total,
         "errors": total - len(ok),
         "codes": {str(k): v for k, v in sorted(rec.codes.items())},
@@ -154,7 +220,12 @@ async def run(plan: LoadPlan, body: bytes) -> dict[str, Any]:
         "p50_ms": round(float(np.percentile(ok, 50)), 3) if len(ok) else None,
         "p99_ms": round(float(np.percentile(ok, 99)), 3) if len(ok) else None,
         "seconds": round(elapsed, 3),
+        "goodput_rps": round(rec.goodput(stop), 2),
+        "by_status": rec.by_status(),
     }
+    if plan.window_s:
+        out["rps_by_window"] = rec.windows(plan.window_s, stop)
+    return out
 
 
 def main() -> None:

@@ -368,6 +368,48 @@ def serving(
     _emit(run(config, settings, progress=_progress), out)
 
 
+@app.command("overload")
+def overload(
+    config: Annotated[
+        Path, typer.Argument(help="Serving config (YAML), e.g. examples/overload.yaml", show_default=False)
+    ],
+    app_name: Annotated[
+        str | None, typer.Option("--app", help="The app to serve (default: the config's first)")
+    ] = None,
+    base_clients: Annotated[
+        int, typer.Option(min=1, max=1024, help="Closed-loop clients of the first phase")
+    ] = 8,
+    clients: Annotated[int, typer.Option(min=2, max=1024, help="Closed-loop clients of the overload")] = 32,
+    base_s: Annotated[
+        float, typer.Option(min=0.2, max=3600, help="Seconds measured at --base-clients")
+    ] = 20.0,
+    duration_s: Annotated[
+        float, typer.Option(min=0.2, max=3600, help="Seconds measured at --clients")
+    ] = 60.0,
+    warmup_s: Annotated[
+        float, typer.Option(min=0, max=600, help="Seconds of load before each phase counts")
+    ] = 3.0,
+    deadline_s: Annotated[float, typer.Option(min=0.01, max=600, help="Every request's deadline")] = 2.0,
+    encoding: Annotated[str, typer.Option(help="binary or json")] = "binary",
+    backoff: Annotated[
+        bool, typer.Option(help="Clients wait out a refusal's Retry-After (default: they ask again at once)")
+    ] = False,
+    slow_ms: Annotated[
+        float, typer.Option(min=0, max=60_000, help="Delay injected into every batch of the server")
+    ] = 0.0,
+    out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+) -> None:
+    """One server past what it can answer: goodput at --clients against --base-clients, refusals
+    (503 + Retry-After, at once), deadline misses, failure events (there must be none)."""
+    from failsoft.bench.overload import OverloadSettings, run
+
+    settings = OverloadSettings(
+        app=app_name, base_clients=base_clients, clients=clients, base_s=base_s, duration_s=duration_s,
+        warmup_s=warmup_s, deadline_s=deadline_s, encoding=encoding, backoff=backoff, slow_ms=slow_ms,
+    )  # fmt: skip
+    _emit(run(config, settings, progress=_progress), out)
+
+
 @app.command("partition")
 def partition(
     config: Annotated[

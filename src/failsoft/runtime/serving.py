@@ -147,6 +147,7 @@ class ServingQueue:
         self._queue: list[_Ticket] = []  # arrival order
         self._by_id: dict[str, _Ticket] = {}
         self._running_until: float | None = None  # estimated end of the batch in flight
+        self._idle_from = clock()  # when the last batch ended (admission's probe after a long idle)
         self._closed = False
         self.counters = QueueCounters()
         self._thread = threading.Thread(target=self._work, name=f"serve-{name}", daemon=True)
@@ -204,6 +205,8 @@ class ServingQueue:
                 now,
                 self._running_until if self._running_until is not None else now,
                 self.service,
+                running=self._running_until is not None,
+                idle_s=0.0 if self._running_until is not None or self._queue else now - self._idle_from,
             )
             if not verdict.admitted:
                 self.counters.refused += 1
@@ -327,6 +330,7 @@ class ServingQueue:
             with self._cond:
                 self.counters.failed += len(run)
                 self._running_until = None
+                self._idle_from = self._clock()
             return
         predicted = time.perf_counter()
         elapsed_ms = (predicted - started) * 1000.0
@@ -349,6 +353,7 @@ class ServingQueue:
             c.predict_s += predicted - started
             c.answer_s += done - predicted
             self._running_until = None
+            self._idle_from = self._clock()
             self._calibrate(len(rows), elapsed_ms, max(cycle_ms - elapsed_ms - delay * 1000.0, 0.0))
         if self._on_batch is not None:
             try:
