@@ -337,20 +337,35 @@ class ClusterState:
                 ],
                 "draining": sorted(s for (a, s) in self.draining if a == name and self.live(s)),
             },
+            # loaded warm backups on live servers: where the gateway moves a call whose server's
+            # connection ended before this table moves the route (docs/runtime.md, "The next route")
+            "warm": [
+                {
+                    "server": w.backup.server,
+                    "variant": w.backup.variant,
+                    "degraded": self._degraded(rec, w.backup.variant),
+                    "accuracy": self.variant(name, w.backup.variant).accuracy,
+                }
+                for w in self.warm_of(name)
+                if not w.backup.pinned and w.state is BackupState.WARM and self.live(w.backup.server)
+            ],
         }
         if rec.route is not None:
-            served = self.variant(name, rec.route.variant)
-            home = self.variant(name, rec.home.variant)
             entry["route"] = {
                 "server": rec.route.server,
                 "variant": rec.route.variant,
                 "kind": rec.kind.value,
-                "degraded": served.memory_mb < home.memory_mb or served.accuracy < home.accuracy,
-                "accuracy": served.accuracy,
+                "degraded": self._degraded(rec, rec.route.variant),
+                "accuracy": self.variant(name, rec.route.variant).accuracy,
                 "detected_at": self.wall(rec.detected_at),
                 "route_at": self.wall(rec.route_at),
             }
         return entry
+
+    def _degraded(self, rec: AppRecord, variant: str) -> bool:
+        """Whether ``variant`` of ``rec``'s app is smaller or less accurate than its home variant."""
+        served, home = self.variant(rec.app.name, variant), self.variant(rec.app.name, rec.home.variant)
+        return served.memory_mb < home.memory_mb or served.accuracy < home.accuracy
 
     def routes(self) -> dict[str, Any]:
         return {name: self.route_entry(name) for name in self.apps}

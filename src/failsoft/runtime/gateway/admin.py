@@ -189,7 +189,11 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
 
     @guarded("/admin/recoveries", "GET")
     async def recoveries(_: bytes) -> dict[str, Any]:
-        return {"recoveries": list(gateway.metrics.recovery_log), "events": list(gateway.hub.recent)}
+        return {
+            "recoveries": list(gateway.metrics.recovery_log),
+            "moves": list(gateway.metrics.move_log),
+            "events": list(gateway.hub.recent),
+        }
 
     @guarded("/admin/chaos/kill")
     async def kill(body: bytes) -> dict[str, Any]:

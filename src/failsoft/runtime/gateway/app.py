@@ -61,7 +61,7 @@ from failsoft.runtime.config import GatewaySettings
 from failsoft.runtime.dataplane import LinkChange
 from failsoft.runtime.gateway import admin
 from failsoft.runtime.gateway.access import AccessMiddleware
-from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, build_dispatchers
+from failsoft.runtime.gateway.dispatch import Answer, DispatchContext, Dispatcher, Move, build_dispatchers
 from failsoft.runtime.gateway.dispatch import Request as Work
 from failsoft.runtime.gateway.events import EventHub, Feed
 from failsoft.runtime.gateway.fleet import FleetFigures
@@ -154,6 +154,7 @@ class Gateway:
             copies=controller,
             llm={s.name: s for s in llm},
             fleet=controller,
+            moved=self._moved,
         )
         self._context = context
         self._closing: set[asyncio.Task[Any]] = set()
@@ -305,6 +306,15 @@ class Gateway:
         except FailsoftError as exc:  # the controller is away: the next run of errors asks again
             log.warning("could not report server %s as unhealthy: %s", server, exc)
 
+    def _moved(self, move: Move) -> None:
+        """A request answered after it left a dead server: its timeline, in wall-clock seconds."""
+        wall = time.time() - self.clock.now()
+        doc = dataclasses.asdict(move)
+        for key in ("started_at", "lost_at", "failed_at", "route_seen_at", "sent_at", "answered_at"):
+            if doc[key] is not None:  # route_at is the controller's wall clock already
+                doc[key] += wall
+        self.metrics.move_log.append(doc)
+
     # helpers -------------------------------------------------------------------------------------
     def _input_shape(self, app: str) -> tuple[int, ...] | None:
         meta = self.models.get(self.apps[app].family) if app in self.apps else None
@@ -341,8 +351,12 @@ class Gateway:
         return agent
 
     def _link_changed(self, change: LinkChange) -> None:
-        """A data-plane connection was made or ended (the agent died): the controller hears it."""
-        if not change.up:
+        """A data-plane connection was made or ended (the agent died): the route mirror and the
+        controller hear it (the mirror at once: calls then leave the server before any route comes)."""
+        if change.up:
+            self.mirror.connection_made(change.server)
+        else:
+            self.mirror.connection_lost(change.server)
             log.warning("server %s: data plane connection lost (%s)", change.server, change.reason)
             self._publish({"type": "connection_lost", "server": change.server, "reason": change.reason})
         task = asyncio.ensure_future(self._report_link(change))

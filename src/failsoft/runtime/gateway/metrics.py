@@ -17,7 +17,9 @@
   fails) and ``failsoft_controller_step_seconds{step, stat}`` (the control loop's step durations,
   read from the controller).
 
-``/admin/recoveries`` lists the last :data:`RECOVERY_LOG_SIZE` recoveries; what the gateway
+``/admin/recoveries`` lists the last :data:`RECOVERY_LOG_SIZE` recoveries, and as many requests
+that left a dead server for their next route (``moves``: :class:`~failsoft.runtime.gateway.dispatch.Move`,
+times in wall-clock seconds); what the gateway
 remembers to count each failure and recovery once is one entry per server and per app, so nothing
 here grows with uptime.
 
@@ -121,6 +123,7 @@ class GatewayMetrics:
         self.steps = _ControllerSteps()
         r.register(self.steps)
         self.recovery_log: deque[dict[str, Any]] = deque(maxlen=RECOVERY_LOG_SIZE)
+        self.move_log: deque[dict[str, Any]] = deque(maxlen=RECOVERY_LOG_SIZE)
         # detection time of the last recovery (per app) and failure (per server) counted
         self._recovered: dict[str, float] = {}
         self._failed: dict[str, float] = {}

@@ -14,6 +14,7 @@ it is ready, however long its store takes).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 
 POLL_S = 10.0
 REPLICA_KIND = "replica"  # the kind of an answer a replica gave (besides the route's own kinds)
+BACKUP_KIND = "backup"  # of an answer a warm backup gave before the controller routed the app there
+# A server whose connection ended is avoided this long at most without the controller's word (a
+# controller that is away, or one that judged the report stale): then calls try it again.
+LOST_HOLD_S = 5.0
 STREAM = "route long-poll"
 
 
@@ -46,6 +51,14 @@ class Route:
         """One of an app's replicas (``replicas.serving`` in the table): its home variant, no failover."""
         accuracy = float(entry["accuracy"])
         return cls(entry["server"], entry["variant"], REPLICA_KIND, False, accuracy, None, None)
+
+    @classmethod
+    def backup(cls, entry: dict[str, Any]) -> Route:
+        """One of an app's loaded warm backups (``warm`` in the table), as a route to move to."""
+        return cls(
+            entry["server"], entry["variant"], BACKUP_KIND, bool(entry["degraded"]),
+            float(entry["accuracy"]), None, None,
+        )  # fmt: skip
 
     @classmethod
     def from_entry(cls, entry: dict[str, Any] | None) -> Route | None:
@@ -92,6 +105,12 @@ class RouteMirror:
         self.replicas: dict[str, tuple[Route, ...]] = {}  # each app's loaded replicas besides its route
         self.autoscaled: frozenset[str] = frozenset()  # apps whose replicas follow their load
         self.draining: dict[str, frozenset[str]] = {}  # servers of replicas dropped, still finishing
+        self.backups: dict[str, tuple[Route, ...]] = {}  # each app's loaded warm backups (live servers)
+        self.updated_at: float | None = None  # on the clock: when the last table came in
+        # server -> (when its connection ended, on the clock; its failure stamp when it was made)
+        self._lost: dict[str, tuple[float, float | None]] = {}
+        self._made: dict[str, float | None] = {}  # server -> its failure stamp when its connection was made
+        self._made_early: set[str] = set()  # connections made before the first table: its stamps count
         self._changed = asyncio.Event()
 
     def route(self, app: str) -> Route | None:
@@ -134,8 +153,63 @@ class RouteMirror:
         }
         self.autoscaled = frozenset(name for name, rep in replicas.items() if rep.get("autoscaling"))
         self.draining = {name: frozenset(rep.get("draining", ())) for name, rep in replicas.items()}
+        self.backups = {
+            name: tuple(Route.backup(w) for w in e.get("warm") or ()) for name, e in snap["value"].items()
+        }
+        for server in self._made_early:
+            self._made[server] = self.fences.get(server)
+        self._made_early.clear()
+        self.updated_at = self.clock.now()
+        self._wake()
+
+    def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+
+    # the connection's end: the next route before the controller's --------------------------------
+    def connection_lost(self, server: str) -> None:
+        """The gateway's data-plane connection to ``server`` ended (its process died): no call goes
+        there until the controller's table speaks about it (module docstring). Wakes the waiters."""
+        self._made_early.discard(server)
+        self._lost[server] = (self.clock.now(), self._made.pop(server, self.fence(server)))
+        self._wake()
+
+    def connection_made(self, server: str) -> None:
+        """A connection to ``server`` is up (at start, or to a restarted agent): not lost."""
+        self._made[server] = self.fence(server)
+        if self.updated_at is None:
+            self._made_early.add(server)
+        if self._lost.pop(server, None) is not None:
+            self._wake()
+
+    def lost_at(self, server: str) -> float | None:
+        """When ``server``'s connection ended (on the clock), while it counts as lost; else None.
+
+        It stops counting once the controller's failure stamp of it is not the one it had when
+        the connection was made (it was declared failed since, maybe before the gateway saw the
+        end: the table no longer routes there), or :data:`LOST_HOLD_S` after the end."""
+        mark = self._lost.get(server)
+        if mark is None:
+            return None
+        at, fence = mark
+        if self.fence(server) != fence or self.clock.now() - at > LOST_HOLD_S:
+            del self._lost[server]
+            return None
+        return at
+
+    def lost(self, server: str) -> bool:
+        return bool(self._lost) and self.lost_at(server) is not None
+
+    def stand_in(self, app: str, avoid: Collection[Route] = ()) -> Route | None:
+        """Where a call of ``app`` goes when its route's server is lost and the controller has not
+        moved it yet: its most accurate loaded warm backup on a server that is not lost (ties: the
+        server's name), as the controller's warm switch would choose; None when the route is not on
+        a lost server or no backup qualifies. ``avoid``: backups this request already left."""
+        route = self.routes.get(app)
+        if route is None or not self.lost(route.server):
+            return None
+        options = [b for b in self.backups.get(app, ()) if b not in avoid and not self.lost(b.server)]
+        return max(options, key=lambda b: (b.accuracy, b.server), default=None)
 
     async def run(self) -> None:
         """Long-poll forever; while the controller is away keep the last table (it may restart)."""

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from failsoft.errors import ConfigError
 from failsoft.runtime.gateway.dispatch.coded import CodedDispatcher
 from failsoft.runtime.gateway.dispatch.graph import GraphDispatcher
-from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
+from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Move, Request
 from failsoft.runtime.gateway.dispatch.llm import LlmDispatcher
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.runtime.gateway.dispatch.slo import SloDispatcher
@@ -59,6 +59,7 @@ __all__ = [
     "Dispatcher",
     "GraphDispatcher",
     "LlmDispatcher",
+    "Move",
     "Request",
     "SingleDispatcher",
     "SloDispatcher",

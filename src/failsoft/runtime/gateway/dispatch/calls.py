@@ -102,13 +102,18 @@ class Watch:
     valid while the controller re-routes the app on its own server, or unroutes it for a while:
     HAMS's primary, a Jellyfish worker). :meth:`serves_on`: ``app`` no longer served on ``server``
     at all, by its route or a replica, nor finishing there after a scale-in (a call on one of
-    several replicas).
+    several replicas). :meth:`server_fails`: only ``server`` failing, as the gateway learns it (its
+    connection ended, or the controller's failure stamp of it changed from ``fence``): a call on a
+    warm backup the gateway chose before the controller routed the app (the backup serves its
+    calls whatever the controller's route becomes, until it is unloaded: then the call moves).
     """
 
     app: str
     route: Route | None = None
     server: str | None = None
     any_active: bool = False
+    until_failed: bool = False
+    fence: float | None = None
 
     @classmethod
     def route_changes(cls, app: str, route: Route | None) -> Watch:
@@ -122,6 +127,15 @@ class Watch:
     def serves_on(cls, app: str, server: str) -> Watch:
         return cls(app, server=server, any_active=True)
 
+    @classmethod
+    def server_fails(cls, app: str, server: str, fence: float | None) -> Watch:
+        return cls(app, server=server, until_failed=True, fence=fence)
+
+    @property
+    def any_change(self) -> bool:
+        """Whether it may stop holding at any change of the mirror (not only ``app``'s route's)."""
+        return self.any_active or self.until_failed
+
     def moved(self, now: Route | None) -> bool:
         if self.server is not None:
             return now is not None and now.server != self.server
@@ -129,6 +143,9 @@ class Watch:
 
     def moved_in(self, routes: RouteMirror) -> bool:
         """Whether the watch no longer holds in the table ``routes`` mirrors."""
+        if self.until_failed:
+            assert self.server is not None
+            return routes.lost(self.server) or routes.fence(self.server) != self.fence
         if self.any_active:
             assert self.server is not None
             if routes.finishing(self.app, self.server):
@@ -197,9 +214,8 @@ async def _call(
         return result
     if watch is not None and watch.moved_in(context.routes):
         log.debug("%s: the route of %s moved off %s during the call", call_id, watch.app, target.server)
-        moved = ServerUnavailableError(
-            f"app {watch.app!r}: the controller moved its route during the call to {target.server!r}"
-        )
+        what = f"server {target.server!r} failed" if watch.until_failed else "the controller moved its route"
+        moved = ServerUnavailableError(f"app {watch.app!r}: {what} during the call to {target.server!r}")
         return CallResult(CallStatus.MOVED, error=moved)
     context.outcome(target.server, False, "no answer within the deadline")
     return CallResult(CallStatus.DEADLINE, error=_late(target))
@@ -254,7 +270,7 @@ async def _until_moved(context: DispatchContext, watch: Watch | None, deadline: 
             return True
         if left <= 0:
             return False
-        if watch.any_active:
+        if watch.any_change:
             await routes.wait_change(left)
         else:
             await routes.wait_route_change(watch.app, routes.route(watch.app), left)

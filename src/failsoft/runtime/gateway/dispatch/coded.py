@@ -75,7 +75,8 @@ class _Member(SingleDispatcher):
     """One member app served like a ``single`` service, remembering when its calls fail over."""
 
     def __init__(self, app: str, context: DispatchContext, on_failing: Callable[[], None]) -> None:
-        super().__init__(Service.single(app), context)
+        # no shortcut to a warm backup: a failing member's queries are decoded from parity meanwhile
+        super().__init__(Service.single(app), context, shortcut=False)
         self.failed_route: Route | None = None  # the route a call found dead (server gone, route moved)
         self.on_failing = on_failing
 

@@ -53,7 +53,10 @@ class GraphDispatcher(Dispatcher):
         self.graph = service.params
         self.topology = Topology(self.graph)
         self.nodes = {n.name: n for n in self.graph.nodes}
-        self._calls = {n.name: SingleDispatcher(Service.single(n.app), context) for n in self.graph.nodes}
+        self._calls = {  # a stateful node is not moved by the gateway's shortcut: its promotion is the core's
+            n.name: SingleDispatcher(Service.single(n.app), context, shortcut=not n.stateful)
+            for n in self.graph.nodes
+        }
         self.log_limit = log_limit
         self.edge_log: dict[str, OrderedDict[int, Any]] = {n: OrderedDict() for n in self.nodes}
         self._seq = 0

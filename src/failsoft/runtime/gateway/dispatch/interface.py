@@ -78,6 +78,10 @@ def _no_servers() -> tuple[str, ...]:
     return ()
 
 
+def _no_move(move: Move) -> None:
+    return None
+
+
 class CopyControl(Protocol):
     """How a dispatcher asks the orchestration core for a copy of its own (a Jellyfish rung, a HAMS
     backup) and gives it up: the controller's ``pin``/``unpin`` (``ControllerRef``). The core loads,
@@ -136,7 +140,8 @@ class DispatchContext:
     ``servers()`` names the servers that have an agent, and ``copies`` asks the orchestration core
     for a copy of the dispatcher's own (:class:`CopyControl`). ``llm`` holds the ``llm`` services'
     settings by name (:class:`~failsoft.runtime.llm_config.LlmServing`) and ``fleet`` their worker
-    tables (:class:`FleetControl`)."""
+    tables (:class:`FleetControl`). ``moved(Move)`` hears of each request answered after it left a
+    dead server (what ``/admin/recoveries`` lists under ``moves``)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
@@ -150,6 +155,37 @@ class DispatchContext:
     copies: CopyControl = field(default_factory=NoCopies)
     llm: Mapping[str, Any] = field(default_factory=dict)
     fleet: FleetControl = field(default_factory=NoFleet)
+    moved: Callable[[Move], None] = _no_move
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A request that met a dead server and was answered on its next route: the failure path's
+    timeline as the gateway lived it (``bench failover`` reports it per request).
+
+    ``left``: the server it left (its call failed there, or it was never sent there because its
+    connection had ended already: ``failed_at`` None); ``to`` answered it, ``via`` says how that
+    route was found: ``backup`` (a warm backup the gateway chose before the controller's route
+    came), ``replica`` (another active route of the app), ``route`` (the controller's new route).
+    Times are on the context's clock except ``route_at`` (wall clock, the controller's publication
+    of the route taken, when ``via`` is ``route``): ``started_at`` when the request came to the
+    dispatcher, ``lost_at`` when the gateway saw ``left``'s
+    connection end (None: it did not, or not before the call failed), ``failed_at`` when the call on
+    ``left`` ended, ``route_seen_at`` when the table that brought the route taken came in
+    (``via`` ``route``), ``sent_at`` when the answering call was sent, ``answered_at`` its answer."""
+
+    app: str
+    request_id: str
+    left: str
+    to: str
+    via: str
+    started_at: float
+    lost_at: float | None
+    failed_at: float | None
+    route_seen_at: float | None
+    route_at: float | None
+    sent_at: float
+    answered_at: float
 
 
 @dataclass(frozen=True, slots=True)
