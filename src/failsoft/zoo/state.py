@@ -17,13 +17,15 @@ the gateway's replication and the state-cost tool know only :class:`Stateful`, w
   ``none`` restart).
 
 A state travels as safetensors bytes (:meth:`ModelState.to_bytes`): named numpy arrays and a small
-metadata header, never pickle.
+metadata header, never pickle. :class:`StateKeeper` is the half both kinds share: the lock, the
+count, the copy of the state and the fit check, over two hooks each kind defines.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -131,3 +133,51 @@ class Stateful(Protocol):
     def reset(self) -> None:
         """Back to the initial state."""
         ...
+
+
+class StateKeeper:
+    """``seq``/``state``/``apply_state``/``reset`` over two hooks: ``_arrays()`` (a copy of the state)
+    and ``_load_arrays(arrays)`` (swap a fitting state in). A model calls :meth:`_keep_state` once
+    loaded, counts the rows it folds in (``_seq``) and computes under ``_lock``, so that a state is
+    taken or swapped only between two requests."""
+
+    model_id: str
+    _lock: threading.Lock
+    _seq: int
+    _initial: dict[str, np.ndarray]
+
+    def _keep_state(self, model_id: str) -> None:
+        """Start counting from the state the model holds now (its initial state)."""
+        self.model_id = model_id
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._initial = self._arrays()
+
+    @property
+    def seq(self) -> int:
+        """The rows folded in since the initial state."""
+        return self._seq
+
+    def state(self) -> ModelState:
+        """A copy of the current state (arrays on the CPU) with its sequence number."""
+        with self._lock:
+            return ModelState(self.model_id, self._seq, self._arrays())
+
+    def apply_state(self, state: ModelState | bytes) -> None:
+        """Replace the state with ``state`` (a :class:`ModelState` or its bytes); a misfit is refused."""
+        if isinstance(state, (bytes, bytearray, memoryview)):
+            state = ModelState.from_bytes(bytes(state))
+        check_fits(self.model_id, self._initial, state)
+        with self._lock:
+            self._load_arrays(state.arrays)
+            self._seq = state.seq
+
+    def reset(self) -> None:
+        """Back to the initial state (what a restart without a backup gives: HAMS's ``none``)."""
+        self.apply_state(ModelState(self.model_id, 0, self._initial))
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def _load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        raise NotImplementedError

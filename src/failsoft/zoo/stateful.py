@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import copy
 import csv
-import threading
 from collections.abc import Mapping
 from functools import cache
 from importlib import resources
@@ -67,7 +66,8 @@ from failsoft.zoo.digits import (
 )
 from failsoft.zoo.layout import STATEFUL_ARCHES, Accuracy, VariantConfig
 from failsoft.zoo.loaded import LoadedModel
-from failsoft.zoo.state import ModelState, check_fits
+from failsoft.zoo.state import ModelState as ModelState  # its home; imported from here before
+from failsoft.zoo.state import StateKeeper
 from failsoft.zoo.train import Training, measure_accuracy, train_digits
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ UNLABELLED = -1
 # ----------------------------------------------------------------------------------------------
 
 
-class StatefulModel(LoadedModel):
+class StatefulModel(LoadedModel, StateKeeper):
     """A loaded stateful variant: ``compute``/``state``/``apply_state`` (see the module docstring)."""
 
     def __init__(self, config: VariantConfig, device: str, module: torch.nn.Module) -> None:
@@ -93,12 +93,9 @@ class StatefulModel(LoadedModel):
             config.family, config.variant, device, config.input_shape, config.num_classes, module, module
         )
         self.architecture = dict(config.architecture)
-        self.model_id = f"{config.family}/{config.variant}@{config.weights_sha256[:12]}"
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._initial = self._arrays()
+        self._keep_state(f"{config.family}/{config.variant}@{config.weights_sha256[:12]}")
 
-    # the state -------------------------------------------------------------------------------
+    # the requests (the state's half is StateKeeper's) -------------------------------------------
     def compute(self, batch: np.ndarray) -> np.ndarray:
         """Answer the batch's requests in order, folding each into the state; float32 outputs."""
         import torch
@@ -117,43 +114,13 @@ class StatefulModel(LoadedModel):
         """The same as :meth:`compute`: a stateful model's answer always updates its state."""
         return self.compute(batch)
 
-    def state(self) -> ModelState:
-        """A copy of the current state (arrays on the CPU) with its sequence number."""
-        with self._lock:
-            return ModelState(self.model_id, self._seq, self._arrays())
-
-    def apply_state(self, state: ModelState | bytes) -> None:
-        """Replace the state with ``state`` (a :class:`ModelState` or its bytes); a misfit is refused."""
-        if isinstance(state, (bytes, bytearray, memoryview)):
-            state = ModelState.from_bytes(bytes(state))
-        self._check_fits(state)
-        with self._lock:
-            self._load_arrays(state.arrays)
-            self._seq = state.seq
-
-    def reset(self) -> None:
-        """Back to the initial state (what a restart without a backup gives: HAMS's ``none``)."""
-        self.apply_state(ModelState(self.model_id, 0, self._initial))
-
-    @property
-    def seq(self) -> int:
-        return self._seq
-
-    def _check_fits(self, state: ModelState) -> None:
-        check_fits(self.model_id, self._initial, state)
-
     # what each family defines --------------------------------------------------------------
     def _check_rows(self, x: np.ndarray) -> None:
         """Refuse requests this model cannot take (beyond their shape)."""
 
     def _step(self, row: torch.Tensor) -> torch.Tensor:
-        """One request (a ``(1, *input_shape)`` row): its output (``(num_classes,)``), state updated."""
-        raise NotImplementedError
-
-    def _arrays(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
-    def _load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """One request (a ``(1, *input_shape)`` row): its output (``(num_classes,)``), state updated.
+        (Each family also defines :class:`StateKeeper`'s ``_arrays`` and ``_load_arrays``.)"""
         raise NotImplementedError
 
 

@@ -25,7 +25,6 @@ repository: a state taken and applied again (through its bytes) gives the same a
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,12 +34,12 @@ from failsoft.errors import ConfigError, FailsoftError, ServingError, StateMisma
 from failsoft.zoo.formats.interface import Handler, Signature, defines
 from failsoft.zoo.formats.model import HandlerModel
 from failsoft.zoo.layout import VariantConfig
-from failsoft.zoo.state import ModelState, check_fits
+from failsoft.zoo.state import ModelState, StateKeeper
 
 STATE_KINDS = "biuf"  # numpy kinds a state array may have: bool, int, uint, float (safetensors')
 
 
-class StatefulHandlerModel(HandlerModel):
+class StatefulHandlerModel(HandlerModel, StateKeeper):
     """A loaded stateful handler: ``compute``/``state``/``apply_state``/``reset`` (module doc)."""
 
     def __init__(
@@ -52,14 +51,7 @@ class StatefulHandlerModel(HandlerModel):
         sample: np.ndarray | None = None,
     ) -> None:
         super().__init__(config, device, handler, signature, sample)
-        self.model_id = f"{config.family}/{config.variant}@{config.weights_sha256[:12]}"
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._initial = self._arrays()
-
-    @property
-    def seq(self) -> int:
-        return self._seq
+        self._keep_state(f"{config.family}/{config.variant}@{config.weights_sha256[:12]}")
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The batch's rows through the handler one at a time, in order, each counted once folded in."""
@@ -86,25 +78,10 @@ class StatefulHandlerModel(HandlerModel):
         """The same as ``predict``: a stateful model's answer always updates its state."""
         return self.predict(batch)
 
-    def state(self) -> ModelState:
-        """A copy of the current state with its ``seq``, taken between two requests."""
-        with self._lock:
-            return ModelState(self.model_id, self._seq, self._arrays())
-
-    def apply_state(self, state: ModelState | bytes) -> None:
-        """Swap ``state`` (a :class:`ModelState` or its bytes) in; a state that does not fit is refused."""
-        if isinstance(state, (bytes, bytearray, memoryview)):
-            state = ModelState.from_bytes(bytes(state))
-        check_fits(self.model_id, self._initial, state)
-        arrays = {k: np.array(v, copy=True) for k, v in state.arrays.items()}  # the handler may keep them
-        with self._lock:
-            self._call("apply_state", arrays)
-            self._seq = state.seq
-
     def reset(self) -> None:
         """Back to the state after ``load``: the handler's ``reset()``, else the state kept then."""
         if not defines(type(self.handler), "reset"):
-            self.apply_state(ModelState(self.model_id, 0, self._initial))
+            super().reset()
             return
         with self._lock:
             self._call("reset")
@@ -127,6 +104,10 @@ class StatefulHandlerModel(HandlerModel):
                 )
             out[name] = arr
         return out
+
+    def _load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Copies to the handler (it may keep them; the state they came from stays as it was)."""
+        self._call("apply_state", {k: np.array(v, copy=True) for k, v in arrays.items()})
 
     def _call(self, method: str, *args: Any) -> Any:
         try:
