@@ -248,7 +248,8 @@ def add(
     config = add_variant(repo, request, _settings(quick, threads), device)
     profile = repo.profile(family, variant)
     typer.echo(
-        f"added {family}/{variant} ({config.model_format}, {config.parameters} parameters, accuracy "
+        f"added {family}/{variant} ({config.model_format}{', stateful' if config.stateful else ''}, "
+        f"{config.parameters} parameters, accuracy "
         f"{config.accuracy.value:.3f} {config.accuracy.source}) to {repo.root}: latency p50 "
         f"{profile['latency_ms']:.3f} ms, load {profile['load_ms']:.1f} ms, "
         f"memory {profile['memory_mb']:.1f} MB ({time.perf_counter() - began:.1f} s)"

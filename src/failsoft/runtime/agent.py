@@ -65,6 +65,7 @@ from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.pulse import Pulse
 from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
 from failsoft.zoo.formats.model import import_code as import_user_code
+from failsoft.zoo.state import Stateful
 
 log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.001  # the liveness thread gets the interpreter within ~1 ms (default 5 ms)
@@ -265,9 +266,8 @@ class Agent:
         service = ServiceModel(profile)
         sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
         service = calibrated(service, warm_up(model.predict, model.input_shape, sizes))
-        reset = getattr(model, "reset", None)  # a stateful model: warm-up inferences are no requests,
-        if reset is not None:  # it serves from its initial state
-            reset()
+        if isinstance(model, Stateful):  # warm-up inferences are no requests: from the initial state
+            model.reset()
         return model, service, (time.thread_time() - cpu_started) * 1000.0
 
     def _serving_queue(self, app: str, variant: str, model: Any, service: ServiceModel) -> ServingQueue:
@@ -493,12 +493,13 @@ class Agent:
         model.apply_state(data)
         return int(model.seq)
 
-    def _stateful(self, app: str, variant: str) -> Any:
+    def _stateful(self, app: str, variant: str) -> Stateful:
+        """The held model's state interface (the zoo's stateful models and users' stateful handlers)."""
         with self._lock:
             held = self._held.get((app, variant))
         if held is None:
             raise ModelNotLoadedError(f"server {self.server.name!r} does not hold {variant!r} for {app!r}")
-        if not hasattr(held.model, "apply_state"):
+        if not isinstance(held.model, Stateful):
             raise ServingError(f"server {self.server.name!r}: {variant!r} for {app!r} has no state")
         return held.model
 

@@ -12,7 +12,10 @@ Model Analyzer) is one step here, and nothing half-done is ever left behind:
 4. its inputs and outputs must match the family's other variants (a family's variants stand in for
    each other under failover: FailLite section 3);
 5. its accuracy is ``--accuracy`` (*declared*) or measured on ``--eval`` labelled data (*measured*);
-6. ``config.json`` (format, options, inputs, outputs, artefact hash) and ``sample.npy`` are written,
+6. a stateful handler (one that defines ``state()`` and ``apply_state()``) must give its answers
+   back when a state it gave is applied again (:func:`~failsoft.zoo.formats.stateful_handler.
+   check_round_trip`), and is recorded ``stateful`` (a HAMS graph node may then serve it);
+7. ``config.json`` (format, options, inputs, outputs, artefact hash) and ``sample.npy`` are written,
    the profiler measures it on the sample, and the variant is renamed into place.
 
 Any refusal is one :class:`~failsoft.errors.FailsoftError` line and leaves the repository as it was.
@@ -38,6 +41,7 @@ from failsoft.zoo.formats.images import PROCESSOR_FILE, image_input
 from failsoft.zoo.formats.interface import NUMPY_DTYPES, Signature, TensorSpec, fields, records
 from failsoft.zoo.formats.model import SAMPLE_FILE, HandlerModel, load_handler_model
 from failsoft.zoo.formats.registry import ARTEFACTS, USER_FORMATS
+from failsoft.zoo.formats.stateful_handler import StatefulHandlerModel, check_round_trip
 from failsoft.zoo.layout import CONFIG_FILE, Accuracy, ModelFormat, VariantConfig, check_name, write_json
 from failsoft.zoo.network import file_sha256
 from failsoft.zoo.profiler import ProfileSettings, profile_variant
@@ -156,6 +160,9 @@ def _stage(
         sample = read_sample(request.sample_file, model.signature) if request.sample_file else None
         sample = sample if sample is not None else _random_sample(model.signature.inputs)
         input_shape, num_classes = _check_answers(model, sample)
+        stateful = isinstance(model, StatefulHandlerModel)
+        if isinstance(model, StatefulHandlerModel):  # its state moves between copies (HAMS)
+            check_round_trip(model, named(model, sample))
         signature = _pinned(model.signature, sample)
         _check_family(repo, request.family, signature)
         accuracy = _accuracy(model, request, sample)
@@ -165,7 +172,7 @@ def _stage(
         _keep_image_processor(request.image_processor, staged, model_format, signature)
     config = replace(
         draft, input_shape=input_shape, num_classes=num_classes, parameters=parameters, accuracy=accuracy,
-        inputs=signature.inputs, outputs=signature.outputs, labels=labels,
+        inputs=signature.inputs, outputs=signature.outputs, labels=labels, stateful=stateful,
     )  # fmt: skip
     write_json(staged / CONFIG_FILE, config.to_dict())
     np.save(

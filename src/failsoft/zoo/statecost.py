@@ -3,8 +3,9 @@
 A HAMS backup (DSN'20, III-A) is only as fresh as the last state shipped to it, so the price of one
 shipment bounds how often it can be done: the bytes on the wire, the sender's ``state()`` +
 ``to_bytes()`` and the receiver's ``apply_state(bytes)``. This measures them for every stateful
-variant built in a repository (the network aside). It sits above :mod:`failsoft.zoo.repository`,
-which loads the models, and :mod:`failsoft.zoo.stateful`, which defines them.
+variant in a repository, the zoo's own and users' stateful handlers alike (the network aside). It
+sits above :mod:`failsoft.zoo.repository`, which loads the models, and :mod:`failsoft.zoo.state`,
+the interface both kinds share.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from failsoft.zoo.repository import ModelRepository, resolve_repository
-from failsoft.zoo.stateful import StatefulModel
+from failsoft.zoo.state import Stateful
 
 
-def transfer_cost(model: StatefulModel, repeats: int = 200) -> dict[str, Any]:
+def transfer_cost(model: Stateful, repeats: int = 200) -> dict[str, Any]:
     """What moving ``model``'s state costs: bytes on the wire, and the median time of ``state()`` +
     ``to_bytes()`` on the sender and ``apply_state(bytes)`` on the receiver (the network aside)."""
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in repo.variant_names(family):
             if repo.config(family, variant).stateful:
                 model = repo.load(family, variant, "cpu")
-                assert isinstance(model, StatefulModel)
+                assert isinstance(model, Stateful)
                 print(json.dumps({"family": family, "variant": variant} | transfer_cost(model)))
     return 0
 

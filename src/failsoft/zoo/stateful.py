@@ -18,6 +18,10 @@ it like any other) with three operations:
   that ``seq`` grows: which state a backup may apply is the protocol's decision
   (:mod:`failsoft.policies.replication`), and a rollback applies an older one.
 
+These three (and ``reset()``) are the :class:`~failsoft.zoo.state.Stateful` interface, which a
+user's stateful handler served through :mod:`failsoft.zoo.formats.stateful_handler` satisfies too;
+:class:`~failsoft.zoo.state.ModelState` and its wire form live in :mod:`failsoft.zoo.state`.
+
 The two families (``failsoft zoo build -f sp500_gru`` / ``-f digits_online``; ``config.json`` says
 ``"stateful": true``):
 
@@ -45,18 +49,14 @@ from __future__ import annotations
 
 import copy
 import csv
-import json
-import struct
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from failsoft.errors import ConfigError, StateMismatchError
+from failsoft.errors import ConfigError
 from failsoft.zoo.digits import (
     DIGITS_CLASSES,
     DIGITS_INPUT_SHAPE,
@@ -66,12 +66,13 @@ from failsoft.zoo.digits import (
 )
 from failsoft.zoo.layout import STATEFUL_ARCHES, Accuracy, VariantConfig
 from failsoft.zoo.loaded import LoadedModel
+from failsoft.zoo.state import ModelState as ModelState  # its home; imported from here before
+from failsoft.zoo.state import StateKeeper
 from failsoft.zoo.train import Training, measure_accuracy, train_digits
 
 if TYPE_CHECKING:
     import torch
 
-STATE_FORMAT = "failsoft-state/1"
 SP500_CSV = "SP500_Trends.csv"
 SP500_TRAIN_FRACTION = 0.8  # the first 80 % of the series train the GRU, the rest measures it
 SP500_WINDOW = 50  # steps per training window
@@ -79,63 +80,11 @@ UNLABELLED = -1
 
 
 # ----------------------------------------------------------------------------------------------
-# The state and its wire form
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelState:
-    """A stateful model's state: its arrays, the model it belongs to and how many requests it holds.
-
-    ``model`` is ``family/variant@<first 12 hex of the weights' sha256>``: a state fits only the
-    model built from the same weights. ``seq`` counts the requests folded in since the initial state.
-    """
-
-    model: str
-    seq: int
-    arrays: Mapping[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes of the arrays themselves (``len(to_bytes())`` adds a small header)."""
-        return sum(a.nbytes for a in self.arrays.values())
-
-    def to_bytes(self) -> bytes:
-        """The state as safetensors bytes, ``model`` and ``seq`` in its metadata (what travels)."""
-        from safetensors.numpy import save
-
-        metadata = {"format": STATE_FORMAT, "model": self.model, "seq": str(self.seq)}
-        return bytes(save({k: np.ascontiguousarray(v) for k, v in self.arrays.items()}, metadata=metadata))
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> ModelState:
-        """Read back :meth:`to_bytes`; anything else is a :class:`StateMismatchError`."""
-        from safetensors import SafetensorError
-        from safetensors.numpy import load
-
-        try:
-            (size,) = struct.unpack("<Q", data[:8])
-            metadata = json.loads(data[8 : 8 + size]).get("__metadata__") or {}
-            arrays = load(data)
-        except (struct.error, ValueError, SafetensorError) as exc:
-            raise StateMismatchError(f"not a model state (safetensors bytes expected): {exc}") from exc
-        if metadata.get("format") != STATE_FORMAT:
-            raise StateMismatchError(
-                f"not a model state: format {metadata.get('format')!r}, not {STATE_FORMAT!r}"
-            )
-        try:
-            seq = int(metadata["seq"])
-        except (KeyError, ValueError):
-            raise StateMismatchError(f"model state without a valid seq: {metadata.get('seq')!r}") from None
-        return cls(str(metadata.get("model", "")), seq, arrays)
-
-
-# ----------------------------------------------------------------------------------------------
 # The loaded stateful model
 # ----------------------------------------------------------------------------------------------
 
 
-class StatefulModel(LoadedModel):
+class StatefulModel(LoadedModel, StateKeeper):
     """A loaded stateful variant: ``compute``/``state``/``apply_state`` (see the module docstring)."""
 
     def __init__(self, config: VariantConfig, device: str, module: torch.nn.Module) -> None:
@@ -144,12 +93,9 @@ class StatefulModel(LoadedModel):
             config.family, config.variant, device, config.input_shape, config.num_classes, module, module
         )
         self.architecture = dict(config.architecture)
-        self.model_id = f"{config.family}/{config.variant}@{config.weights_sha256[:12]}"
-        self._lock = threading.Lock()
-        self._seq = 0
-        self._initial = self._arrays()
+        self._keep_state(f"{config.family}/{config.variant}@{config.weights_sha256[:12]}")
 
-    # the state -------------------------------------------------------------------------------
+    # the requests (the state's half is StateKeeper's) -------------------------------------------
     def compute(self, batch: np.ndarray) -> np.ndarray:
         """Answer the batch's requests in order, folding each into the state; float32 outputs."""
         import torch
@@ -168,60 +114,13 @@ class StatefulModel(LoadedModel):
         """The same as :meth:`compute`: a stateful model's answer always updates its state."""
         return self.compute(batch)
 
-    def state(self) -> ModelState:
-        """A copy of the current state (arrays on the CPU) with its sequence number."""
-        with self._lock:
-            return ModelState(self.model_id, self._seq, self._arrays())
-
-    def apply_state(self, state: ModelState | bytes) -> None:
-        """Replace the state with ``state`` (a :class:`ModelState` or its bytes); a misfit is refused."""
-        if isinstance(state, (bytes, bytearray, memoryview)):
-            state = ModelState.from_bytes(bytes(state))
-        self._check_fits(state)
-        with self._lock:
-            self._load_arrays(state.arrays)
-            self._seq = state.seq
-
-    def reset(self) -> None:
-        """Back to the initial state (what a restart without a backup gives: HAMS's ``none``)."""
-        self.apply_state(ModelState(self.model_id, 0, self._initial))
-
-    @property
-    def seq(self) -> int:
-        return self._seq
-
-    def _check_fits(self, state: ModelState) -> None:
-        where = f"state of {state.model!r} (seq {state.seq})"
-        if state.model != self.model_id:
-            raise StateMismatchError(f"{where} does not fit model {self.model_id!r}: another model")
-        if state.seq < 0:
-            raise StateMismatchError(f"{where}: seq must be >= 0")
-        mine = self._initial
-        if sorted(state.arrays) != sorted(mine):
-            raise StateMismatchError(
-                f"{where} does not fit model {self.model_id!r}: arrays {sorted(state.arrays)}, "
-                f"expected {sorted(mine)}"
-            )
-        for name, ref in mine.items():
-            got = np.asarray(state.arrays[name])
-            if got.shape != ref.shape or got.dtype != ref.dtype:
-                raise StateMismatchError(
-                    f"{where} does not fit model {self.model_id!r}: array {name!r} is {got.dtype}"
-                    f"{list(got.shape)}, expected {ref.dtype}{list(ref.shape)}"
-                )
-
     # what each family defines --------------------------------------------------------------
     def _check_rows(self, x: np.ndarray) -> None:
         """Refuse requests this model cannot take (beyond their shape)."""
 
     def _step(self, row: torch.Tensor) -> torch.Tensor:
-        """One request (a ``(1, *input_shape)`` row): its output (``(num_classes,)``), state updated."""
-        raise NotImplementedError
-
-    def _arrays(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
-    def _load_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """One request (a ``(1, *input_shape)`` row): its output (``(num_classes,)``), state updated.
+        (Each family also defines :class:`StateKeeper`'s ``_arrays`` and ``_load_arrays``.)"""
         raise NotImplementedError
 
 

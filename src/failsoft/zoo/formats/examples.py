@@ -7,7 +7,9 @@ would write theirs (``save_pretrained``, ``torch.onnx.export``, ``torch.export.s
 so ``failsoft zoo add`` is exercised on the same artefacts users bring.
 
 :class:`MlpHandler` is a ``python``-format handler (``failsoft.zoo.formats.examples:MlpHandler``): the
-shape of a user's own handler class.
+shape of a user's own handler class. :class:`OnlineKMeans` is a *stateful* one (it defines
+``state()`` and ``apply_state()``): an online learner whose centroids move with every request, which
+a HAMS graph node serves with a primary and a backup (docs/hams.md).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from failsoft.zoo.formats.interface import Handler, Signature, TensorSpec
-from failsoft.zoo.formats.python import load_safetensors
+from failsoft.zoo.formats.python import load_arrays, load_safetensors
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 IMAGE_LABELS = ("cat", "dog", "bird")
 TEXTS = ("a good film", "a bad film", "good acting and a good story", "bad acting and a dull story")
 MLP_SIZES = (8, 16, 3)  # inputs, hidden, classes
+KMEANS_SIZES = (4, 8)  # features, clusters (an OnlineKMeans's scores feed the MLP in the docs' graph)
 
 
 def image_classifier(out: Path, seed: int = 0, side: int = 32, width: int = 8) -> Path:
@@ -294,3 +297,72 @@ def token_artefacts(out: Path, seed: int = 0) -> dict[str, Path]:
     sample = token_inputs(4, seed + 1)
     np.savez(paths["sample"], input_ids=sample["input_ids"], attention_mask=sample["attention_mask"])
     return paths
+
+
+def kmeans_weights(seed: int = 0) -> dict[str, np.ndarray]:
+    """:class:`OnlineKMeans`'s initial state: ``centroids`` (clusters x features, float32, seeded)
+    and ``counts`` (int64, one point each: the prior weight of the initial centroids)."""
+    features, clusters = KMEANS_SIZES
+    rng = np.random.default_rng(seed)
+    return {
+        "centroids": rng.normal(0, 1, (clusters, features)).astype(np.float32),
+        "counts": np.ones(clusters, dtype=np.int64),
+    }
+
+
+def kmeans_artefact(out: Path, seed: int = 0) -> Path:
+    """:class:`OnlineKMeans`'s weights as ``out`` (a ``.safetensors`` file)."""
+    from safetensors.numpy import save_file
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(kmeans_weights(seed), str(out))
+    return out
+
+
+class OnlineKMeans(Handler):
+    """A stateful ``python``-format handler: sequential k-means (MacQueen's online update).
+
+    A request is one point (``x``, FP32 ``[features]``); the answer is its score for each cluster,
+    the negative squared distance to the cluster's centroid (the nearest scores highest), computed
+    *before* the point moves: then the nearest centroid ``c`` takes one step toward it,
+    ``c += (x - c) / n``, where ``n`` counts the points it has taken (the initial ones included).
+    The centroids and the counts are the state (``state()`` / ``apply_state()``); the weights file
+    holds their initial values. Plain numpy, float32, one point at a time: on CPU a copy given the
+    same state answers bit-equal.
+    """
+
+    _centroids: np.ndarray
+    _counts: np.ndarray
+
+    def load(self, device: str) -> Signature:
+        self.apply_state(load_arrays(self.artefact))  # numpy code: the weights stay on the CPU
+        clusters, features = self._centroids.shape
+        return Signature(
+            (TensorSpec("x", "FP32", (features,)),), (TensorSpec("scores", "FP32", (clusters,)),)
+        )
+
+    def preprocess(self, inputs: Mapping[str, np.ndarray]) -> Any:
+        return np.asarray(inputs["x"], dtype=np.float32)
+
+    def predict(self, batch: Any) -> Any:
+        scores = np.empty((len(batch), len(self._centroids)), dtype=np.float32)
+        for i, x in enumerate(batch):  # in order: each point moves a centroid before the next
+            d2 = ((self._centroids - x) ** 2).sum(axis=1)
+            scores[i] = -d2
+            j = int(np.argmin(d2))
+            self._counts[j] += 1
+            self._centroids[j] += (x - self._centroids[j]) / np.float32(self._counts[j])
+        return scores
+
+    def postprocess(self, raw: Any) -> dict[str, np.ndarray]:
+        return {"scores": raw}
+
+    def parameters(self) -> int:
+        return int(self._centroids.size)
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {"centroids": self._centroids, "counts": self._counts}  # the wrapper copies them
+
+    def apply_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self._centroids = np.array(state["centroids"], dtype=np.float32)
+        self._counts = np.array(state["counts"], dtype=np.int64)

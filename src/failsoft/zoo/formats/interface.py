@@ -14,8 +14,19 @@ contract, the way Triton's backends or a Ray Serve deployment hide their framewo
   call), ``postprocess`` (to named numpy outputs, the same batch dimension); :meth:`Handler.infer`
   runs the three;
 * ``close()``: when the variant is unloaded; drops the weights;
-* ``state()`` / ``apply_state()``: only a handler whose ``stateful`` is true (HAMS replicates the state
-  of a model whose answers depend on the requests before it).
+* ``state()`` / ``apply_state(state)`` / ``reset()``: optional, for a model whose answers depend on
+  the requests before it (an online learner, a running statistic, an RNN's hidden state). A handler
+  that defines ``state()`` and ``apply_state()`` is *stateful* (:func:`is_stateful`): ``zoo add``
+  records it, and a HAMS graph node may serve it with a primary and a backup that its state is
+  shipped to. Its wrapper (:mod:`~failsoft.zoo.formats.stateful_handler`) then feeds it **one
+  request (one row) at a time, in order**, never two calls at once, and takes or swaps the state
+  only between two requests, so a handler keeps no lock of its own. ``state()`` returns the state
+  as named numpy arrays (numbers or booleans: they travel as safetensors, never pickled; the
+  wrapper copies them); ``apply_state(state)`` gets arrays of exactly the names, shapes and dtypes
+  its ``state()`` gave after ``load`` (the wrapper refuses any other, naming what differs) and must
+  afterwards answer as the copy the state was taken from would: the same request after the same
+  state, the same answer (on CPU, float32 code that runs row by row is bit-exact). ``reset()``
+  returns to the state after ``load``; without one, the wrapper applies the state it kept then.
 
 Inputs and outputs are declared as :class:`TensorSpec`: a name, a KServe v2 datatype and the shape of
 *one request* (the batch dimension left out); ``-1`` marks a variable dimension. The format factory
@@ -28,7 +39,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -163,8 +174,6 @@ class Handler(ABC):
     (``package.module:Class``); its weights are the variant's ``model.safetensors``.
     """
 
-    stateful: ClassVar[bool] = False  # True: state() and apply_state() are implemented
-
     def __init__(self, artefact: Path, options: Mapping[str, Any]) -> None:
         self.artefact = artefact
         self.options = dict(options)
@@ -200,10 +209,36 @@ class Handler(ABC):
     def close(self) -> None:  # noqa: B027 (a handler with nothing to release keeps the default)
         """Drop the loaded model; the handler answers nothing afterwards."""
 
-    def state(self) -> dict[str, np.ndarray]:
-        """The state a stateful model carries between requests (HAMS replicates it)."""
+    # the optional state of a stateful model (see the module doc; :func:`is_stateful`) ------------
+    def state(self) -> Mapping[str, np.ndarray]:
+        """The state the model carries between requests, as named numpy arrays (HAMS ships it)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no state")
 
     def apply_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Replace the model's state by one :meth:`state` returned (on this or another replica)."""
+        """Replace the model's state by one :meth:`state` returned (on this or another copy)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no state")
+
+    def reset(self) -> None:
+        """Back to the state after :meth:`load` (optional: the wrapper applies that state otherwise)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no state")
+
+
+STATE_METHODS = ("state", "apply_state")
+
+
+def is_stateful(cls: type[Handler]) -> bool:
+    """Whether a handler class keeps state: it defines :meth:`Handler.state` and
+    :meth:`Handler.apply_state` (one of the two alone is a ConfigError naming the other)."""
+    defined = [m for m in STATE_METHODS if defines(cls, m)]
+    if len(defined) == 1:
+        (missing,) = set(STATE_METHODS) - set(defined)
+        raise ConfigError(
+            f"handler {cls.__module__}.{cls.__qualname__} defines {defined[0]}() but not {missing}(): "
+            "a stateful handler defines both"
+        )
+    return bool(defined)
+
+
+def defines(cls: type[Handler], method: str) -> bool:
+    """Whether ``cls`` (or a base of its own, not :class:`Handler`) overrides ``method``."""
+    return getattr(cls, method, None) is not getattr(Handler, method)
