@@ -17,6 +17,7 @@ from failsoft.domain import (
     PolicyParams,
     Scenario,
     Server,
+    ServerState,
     Variant,
     WarmBackup,
 )
@@ -278,6 +279,24 @@ def test_deploy_waits_for_every_server_then_loads_primaries_then_warm_backups_th
         out = core.load_done(c.load_id, True, 1.5)
     assert core.ready and [c for c in out if isinstance(c, Emit) and c.type == "ready"]
     assert all(w.state is BackupState.WARM for w in state.warm.values())
+
+
+def test_a_server_that_never_spoke_by_the_deploy_deadline_fails_as_not_started_not_as_a_silence():
+    # a busy host once started two agents later than the deploy waited (180 s at load 65-97): their
+    # failure events read like a crash (no cause, a heartbeat an hour old), and counted as false ones
+    scenario = cluster().replace(warm=None)
+    state = ClusterState(scenario)
+    core = Orchestrator(state, OrchestrationSettings(reconcile_s=None, gc_s=None, deploy_wait_s=1.0), 0.0)
+    core.deploy(0.0)
+    core.heartbeat("s0", 0.0)
+    core.heartbeat("s1", 0.0)
+    out = core.advance(1.0)  # s2 never spoke: deployed around
+    out += core.check_health(1.01)
+    (failure,) = [
+        c for c in out if isinstance(c, Emit) and c.type == "failure" and c.fields["server"] == "s2"
+    ]
+    assert failure.fields["cause"] == "not_started" and failure.fields["last_heartbeat_at"] is None
+    assert state.servers["s2"].state is ServerState.FAILED
 
 
 def test_a_resumed_controller_trusts_what_servers_report():

@@ -64,6 +64,9 @@ from failsoft.services import ServiceMode
 
 log = logging.getLogger(__name__)
 LONG_AGO_S = 3600.0
+# the cause a failure event gives for a server that sent no heartbeat before the deploy stopped
+# waiting for it: slow to start (a busy host), not seen failing; it has no last heartbeat either
+NOT_STARTED = "not_started"
 
 
 class Phase(StrEnum):
@@ -376,9 +379,11 @@ class Orchestrator:
         hit = self._unroute(set(failed), detected_at, now)
         switched = self._switch_to_warm(detected_at, now)
         for server in failed:
-            heard = self.last_heard.pop(server, detected_at)
+            heard: float | None = self.last_heard.pop(server, detected_at)
             # a failure proof of death gave says so; one from heartbeats has no cause field
             cause = self.crashed.pop(server, None)
+            if cause == NOT_STARTED:
+                heard = None  # never heard: not an hour-old heartbeat
             why = {"cause": cause} if cause else {}
             for app, where in hit[server]:
                 self.fx.emit("failure", app, where, detected_at=detected_at, last_heartbeat_at=heard, **why)
@@ -687,6 +692,7 @@ class Orchestrator:
                 if rec.state is None:  # never came up: planned around, restored if it ever heartbeats
                     log.warning("server %s did not start in time: treated as failed", name)
                     self.detector.register(name, now - LONG_AGO_S)
+                    self.crashed[name] = NOT_STARTED  # no doubt to wait out, and its event says why
             for name, rec in self.state.apps.items():
                 if self.state.live(rec.home.server):
                     self.operations.return_home(name, now, event=None)

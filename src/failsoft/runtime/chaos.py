@@ -40,6 +40,7 @@ import psutil
 
 from failsoft.domain import Server
 from failsoft.errors import ConfigError, ServingError, UnknownNameError
+from failsoft.runtime import eventlog
 from failsoft.runtime.cluster import AgentRef
 
 START_TIME_TOLERANCE_S = 0.01
@@ -81,6 +82,11 @@ class AgentProcess:
         if self.started is None or abs(started - self.started) > START_TIME_TOLERANCE_S or exe != self.exe:
             return f"{exe} started at {time.strftime('%H:%M:%S', time.localtime(started))}"
         return None
+
+
+def _record(action: str, servers: list[str], at: float, **extra: Any) -> None:
+    """The fault in the run's failure record, if one is kept (:mod:`failsoft.runtime.eventlog`)."""
+    eventlog.record({"type": "chaos", "action": action, "servers": servers, "at": at, **extra})
 
 
 class Chaos:
@@ -126,11 +132,14 @@ class Chaos:
         procs = await asyncio.gather(*(self._process(n) for n in names))
         for name, proc in zip(names, procs, strict=True):
             self._check(name, proc)  # all or nothing: no site half killed for one stale PID
-        killed = []
+        killed: list[dict[str, Any]] = []
+        ats: list[float] = []
         for name, proc in zip(names, procs, strict=True):
             at = time.time()
+            ats.append(at)
             self._signal(name, proc, signal.SIGKILL)
             killed.append({"server": name, "pid": proc.pid, "at": at, "with": self._kill_companions(name)})
+        _record("kill", names, ats[0])  # the instant the first one was killed, as returned
         return {"action": "kill", "killed": killed}
 
     async def hang(self, server: str) -> dict[str, Any]:
@@ -138,6 +147,7 @@ class Chaos:
         proc = await self._process(name)
         at = time.time()
         self._signal(name, proc, signal.SIGSTOP)
+        _record("hang", [name], at)
         return {"action": "hang", "server": name, "pid": proc.pid, "at": at}
 
     async def resume(self, server: str) -> dict[str, Any]:
@@ -159,8 +169,10 @@ class Chaos:
 
     async def break_(self, server: str, broken: bool = True) -> dict[str, Any]:
         (name,) = self.servers_of(server)
+        at = time.time()
         await self.agents[name].set_broken(broken)
-        return {"action": "break", "server": name, "broken": broken, "at": time.time()}
+        _record("break", [name], at, broken=broken)
+        return {"action": "break", "server": name, "broken": broken, "at": at}
 
     def _kill_companions(self, server: str) -> list[int]:
         """SIGKILL the server's other processes on this host (an llm service's workers)."""

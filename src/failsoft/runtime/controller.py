@@ -39,7 +39,7 @@ from failsoft.domain import Scenario
 from failsoft.errors import StoreError
 from failsoft.orchestration import ClusterState, CopyRequest, OrchestrationSettings, Orchestrator
 from failsoft.orchestration.deploy import Desired, plan_deploy
-from failsoft.runtime import cluster
+from failsoft.runtime import cluster, eventlog
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
 from failsoft.runtime.llm_fleet import LlmFleet
@@ -150,6 +150,7 @@ class Controller:
     def _emit(self, event_type: str, fields: dict[str, Any]) -> None:
         event = self.events.append({"type": event_type, "timestamp": time.time(), **fields})
         log.info("event %s", json.dumps(event, default=str))
+        eventlog.record(event)
         self._dirty.set()
 
     def _feed(self, commands: list[Any]) -> None:

@@ -2,6 +2,8 @@
 connection; they are answered from the app's next route, and the failure came from proof of death
 (the sidecar's death notice, ``cause: process``, or the connection's end, ``cause: connection``),
 not from missed heartbeats; the gateway saw the connection end (its ``connection_lost`` event).
+The run's failure record (``$FAILSOFT_EVENTS_LOG``, which ``tools/soak.py`` counts) holds the kill
+and the failure it caused, and no other failure.
 
 A real embedded cluster (Ray, controller, two agents serving the real digits MLP, the gateway); s1
 is slowed (5 s a batch) so that requests are queued there when it dies.
@@ -9,13 +11,16 @@ is slowed (5 s a batch) so that requests are queued there when it dies.
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from failsoft.runtime import eventlog
 from failsoft.runtime.config import config_from_dict
 from tests.runtime.conftest import serving, wait_for
 
@@ -23,7 +28,17 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_zoo, tmp_path_factory):
+def record(tmp_path_factory):
+    """The run's failure record: the soak's when it runs this (it set the variable), else one of
+    ours; set before Ray starts, whose processes inherit it."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not os.environ.get(eventlog.EVENTS_LOG_ENV):
+            mp.setenv(eventlog.EVENTS_LOG_ENV, str(tmp_path_factory.mktemp("record") / "events.jsonl"))
+        yield Path(os.environ[eventlog.EVENTS_LOG_ENV])
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_zoo, tmp_path_factory, record):
     family = {f.name: f for f in tiny_zoo.families()}["digits_mlp"]
     memory = round(3 * family.variant("mlp_l").memory_mb, 3)
     config = config_from_dict(
@@ -50,7 +65,7 @@ def cluster(tiny_zoo, tmp_path_factory):
         yield running
 
 
-def test_a_killed_agent_s_requests_in_flight_are_answered_from_the_next_route(cluster):
+def test_a_killed_agent_s_requests_in_flight_are_answered_from_the_next_route(cluster, record):
     _, client = cluster
 
     def ready() -> dict[str, Any] | None:
@@ -78,6 +93,10 @@ def test_a_killed_agent_s_requests_in_flight_are_answered_from_the_next_route(cl
     answered_ms = (answered_at - killed_at) * 1000.0
     print(f"kill -> detected {detected_ms:.1f} ms; kill -> all 6 answered {answered_ms:.0f} ms")
     assert detected_ms < 1000.0
+    verdict = eventlog.classify(eventlog.read(record))
+    assert [(f.server, f.action) for f in verdict.faults if f.at >= killed_at] == [("s1", "kill")]
+    assert [f.server for f in verdict.caused if f.detected_at >= killed_at] == ["s1"]
+    assert verdict.spurious == [], [f.to_dict(killed_at) for f in verdict.spurious]
 
 
 def _event(client: Any, kind: str, since: float) -> dict[str, Any]:
