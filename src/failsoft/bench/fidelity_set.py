@@ -36,13 +36,15 @@ QUIET_LOAD_PER_CORE = 0.3  # 1-minute load average per usable core before a conf
 QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside the cluster
 
 # (config, the servers killed): the two configs the host model was fitted on, the two written before
-# any change to it (examples/fidelity-dense.yaml, examples/fidelity-small.yaml), and the mechanism
+# any change to it (examples/fidelity-dense.yaml, examples/fidelity-small.yaml), one written before
+# the next change (examples/fidelity-pair.yaml: two servers killed at once), and the mechanism
 # twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
     ("examples/fidelity.yaml", ("b1",)),
     ("examples/fidelity-dense.yaml", ("d1",)),
     ("examples/fidelity-small.yaml", ("s1",)),
+    ("examples/fidelity-pair.yaml", ("p1", "p3")),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
