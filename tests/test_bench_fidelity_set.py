@@ -27,7 +27,15 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         assert (ROOT / config).is_file(), config
         assert kill
     names = {Path(c).stem for c, _ in FIDELITY_SET}
-    assert {"bench", "fidelity", "fidelity-dense", "fidelity-small", "fidelity-pair", "graph-echo-chain", "slo"} <= names
+    assert {
+        "bench",
+        "fidelity",
+        "fidelity-dense",
+        "fidelity-small",
+        "fidelity-pair",
+        "graph-echo-chain",
+        "slo",
+    } <= names
 
 
 def test_a_quiet_run_is_a_figure_and_a_busy_one_is_flagged_not_reported():
