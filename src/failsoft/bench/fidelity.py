@@ -200,6 +200,7 @@ def simulate_run(
 
 def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> SimConfig:
     """The simulator's settings for a twin of ``config`` as one runtime run found the host."""
+    from failsoft.runtime.controller import orchestration_settings
     from failsoft.sim import PageCache, RequestMode, SimConfig
 
     cores = float(usable_cores())
@@ -209,6 +210,7 @@ def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "pr
         check_interval_s=CHECK_INTERVAL_S,
         notify_ms=0.0,  # FailLite's MTTR ends when the route is published, as the runtime's does
         load_slots=config.agents.max_parallel_loads,
+        heavy_load_slots=orchestration_settings(config).heavy_load_slots,
         drain_ms=config.agents.drain_ms,
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,

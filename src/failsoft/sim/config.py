@@ -64,6 +64,7 @@ class SimConfig:
     drain_ms: float = 200.0  # a replaced model is unloaded this long after traffic left it (runtime's)
     horizon_s: float = 60.0  # the controller acts at most this long after the last injected failure
     load_slots: int = 1  # concurrent model loads per server (load-path contention)
+    heavy_load_slots: int | None = None  # ... of which heavy ones (orchestration.loads); None: all
     failure_at_s: float = 0.3  # failures are injected here, after a warm-up in steady state
     random_phases: bool = True  # heartbeat and health-check phases drawn per event (else 0)
     heartbeats_after_detection: bool = False  # keep heartbeats running once failures are detected
