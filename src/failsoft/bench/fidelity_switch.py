@@ -68,7 +68,7 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
     """The control probe: the fixed cost of the control path (the controller's call to the agent and
     back, the agent's pick-up, the route's publication), which the twin does not simulate step by
     step. On the stable cluster, the config's fastest-loading variant is pinned, as a ladder switch
-    is, on each surviving server that does not serve its app (at most :data:`PROBE_SERVERS`), timed
+    is, on each surviving server holding no copy of its app (at most :data:`PROBE_SERVERS`), timed
     until published ready and given up; the twin simulates the same requests with no control cost
     and takes the median difference as its ``control_ms`` (:func:`control_ms`)."""
     from failsoft.bench.failover import AgentProbes, loaded_copies
@@ -82,14 +82,15 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
         ((a.name, v) for a in scenario.apps for v in scenario.family(a.family).variants),
         key=lambda av: (av[1].load_ms, av[0], av[1].name),
     )
-    serving = (routes.get(app) or {}).get("server")
-    servers = [s.name for s in config.servers if s.name not in failed and s.name != serving]
+    copies = loaded_copies(status)
+    holding = {(routes.get(app) or {}).get("server")} | {c["server"] for c in copies if c["app"] == app}
+    servers = [s.name for s in config.servers if s.name not in failed and s.name not in holding]
     events = []
     for server in servers[:PROBE_SERVERS]:
         event = {"app": app, "server": server, "variant": variant.name}
         ms = asyncio.run(_switch(session.controller, request(event), config.agents.drain_ms / 1000.0))
         events.append(event | {"runtime_ms": ms})
-    return {"events": events, "warm": loaded_copies(status), "host_cpu": {"load_cpu_share": shares}}
+    return {"events": events, "warm": copies, "host_cpu": {"load_cpu_share": shares}}
 
 
 def control_ms(compared_events: Sequence[dict[str, Any]]) -> float:
