@@ -176,3 +176,27 @@ def _on_tmpfs(path):
         if len(fields) > 2 and str(path).startswith(fields[1]) and len(fields[1]) > len(best):
             best, kind = fields[1], fields[2]
     return kind == "tmpfs"
+
+
+def test_the_control_path_cost_is_the_median_gap_of_the_probes_and_never_negative():
+    from failsoft.bench.fidelity_switch import control_ms
+
+    probes = [
+        {"runtime_ms": 20.0, "sim_ms": 2.0},
+        {"runtime_ms": 15.0, "sim_ms": 3.0},
+        {"runtime_ms": 30.0, "sim_ms": 8.0},
+        {"runtime_ms": None, "sim_ms": 2.0},  # never published within the timeout: left out
+    ]
+    assert control_ms(probes) == 18.0
+    assert control_ms([{"runtime_ms": 1.0, "sim_ms": 5.0}]) == 0.0  # a twin slower than the runtime
+    assert control_ms([]) == 0.0  # not measured: not modelled
+
+
+def test_the_twin_runs_heavy_loads_as_the_run_did_and_older_runs_in_every_slot():
+    from failsoft.bench.fidelity import twin_config
+    from failsoft.runtime.config import load_config
+
+    config = load_config("examples/bench.yaml")
+    run = {"host_busy_cores": 0.5, "apps": {}}
+    assert twin_config(config, run).heavy_load_slots is None  # recorded before heavy slots existed
+    assert twin_config(config, run | {"heavy_load_slots": 1}).heavy_load_slots == 1

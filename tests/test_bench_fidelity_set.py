@@ -27,7 +27,15 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         assert (ROOT / config).is_file(), config
         assert kill
     names = {Path(c).stem for c, _ in FIDELITY_SET}
-    assert {"bench", "fidelity", "fidelity-dense", "fidelity-small", "graph-echo-chain", "slo"} <= names
+    assert {
+        "bench",
+        "fidelity",
+        "fidelity-dense",
+        "fidelity-small",
+        "fidelity-pair",
+        "graph-echo-chain",
+        "slo",
+    } <= names
 
 
 def test_a_quiet_run_is_a_figure_and_a_busy_one_is_flagged_not_reported():
@@ -60,6 +68,29 @@ def test_the_set_runs_each_chosen_config_and_medians_the_quiet_figures(monkeypat
     assert out["configs"]["graph-echo-chain"]["figure"] == 10.0
     assert out["configs"]["slo"]["figure"] is None  # busy: flagged
     assert out["median_mttr_error_pct"] == {"quiet": 10.0, "all": 15.0}
+
+
+def test_a_replay_simulates_the_recorded_runs_again_beside_the_load_they_ran_under():
+    recorded = run_set(ROOT, only=["small"], settle_s=0, fidelity=lambda path, **kw: _out(mttr=10.0))
+    recorded["configs"]["fidelity-small"]["loadavg"] = {"per_core_before": 2.0, "per_core_after": 2.5}
+    calls = []
+
+    def fidelity(path, **kw):  # a replay passes the recorded runs and starts no cluster
+        calls.append((Path(path).name, kw["kill"], kw["runs"]))
+        return _out(mttr=30.0)
+
+    out = run_set(ROOT, sim_seeds=2, fidelity=fidelity, replay=recorded)
+    assert calls == [
+        ("fidelity-small.yaml", ("s1",), recorded["configs"]["fidelity-small"]["detail"]["runtime_runs"])
+    ]
+    assert list(out["configs"]) == ["fidelity-small"]  # only what was recorded
+    small = out["configs"]["fidelity-small"]
+    assert small["median_mttr_error_pct"] == 30.0 and small["figure"] is None  # still busy when recorded
+    assert small["loadavg"] == {"per_core_before": 2.0, "per_core_after": 2.5}
+    with pytest.raises(ConfigError, match="not an output of 'failsoft bench fidelity-set'"):
+        run_set(ROOT, replay={"per_app": {}})
+    with pytest.raises(ConfigError, match="no runtime runs of the chosen configs"):
+        run_set(ROOT, only=["slo"], replay=recorded)
 
 
 def test_an_unknown_name_or_a_missing_checkout_is_refused(tmp_path):

@@ -421,3 +421,43 @@ def test_heartbeat_failures_have_no_cause_field():
     h = Harness(cluster())
     h.fail_s0()
     assert h.events("failure") and all("cause" not in e for e in h.events("failure"))
+
+
+def test_a_plans_loads_are_sent_shortest_first_so_the_free_slot_goes_to_the_shortest():
+    from failsoft.domain import ActionKind, FailoverAction, FailoverPlan
+
+    h = Harness(cluster(s2_mb=1000))  # one load slot per server
+    h.fail_s0()
+    (request,) = h.of(PlanFailover)
+    plan = FailoverPlan(  # the plan lists C's long cold load before B's short progressive one
+        "hand",
+        request.failed,
+        (
+            FailoverAction("C", ActionKind.COLD, "s2", "big", "big"),
+            FailoverAction("B", ActionKind.PROGRESSIVE, "s2", "small", "big"),
+        ),
+        (),
+        0.0,
+    )
+    out = h.take(h.core.failover_planned(request.plan_id, plan, 0.11))
+    (first,) = h.of(Load, out)
+    assert (first.app, first.variant) == ("B", "small")  # 200 ms before 1000 ms
+    (second,) = h.of(Load, h.finish("B", "small", 0.31))
+    assert (second.app, second.variant) == ("C", "big")
+
+
+def test_a_heavy_slot_holds_a_second_heavy_load_while_a_small_one_passes():
+    from failsoft.domain import ActionKind, FailoverAction, FailoverPlan
+
+    h = Harness(cluster(s2_mb=1000), load_slots=2, heavy_load_slots=1)  # every variant here is heavy
+    h.fail_s0()
+    (request,) = h.of(PlanFailover)
+    actions = (
+        FailoverAction("C", ActionKind.COLD, "s2", "big", "big"),
+        FailoverAction("B", ActionKind.COLD, "s2", "small", "small"),
+    )
+    out = h.take(
+        h.core.failover_planned(request.plan_id, FailoverPlan("hand", request.failed, actions, (), 0.0), 0.11)
+    )
+    assert [(c.app, c.variant) for c in h.of(Load, out)] == [("B", "small")]  # C waits for the heavy slot
+    assert [(c.app, c.variant) for c in h.of(Load, h.finish("B", "small", 0.31))] == [("C", "big")]

@@ -84,3 +84,35 @@ def test_shortest_first_gives_the_smallest_mean_finish_time():
     assert sum(shortest_first_finish_ms(loads, slots=1)) == best  # no order of one slot does better
     with pytest.raises(ValueError, match="at least one load slot"):
         shortest_first_finish_ms(loads, slots=0)
+
+
+def test_heavy_loads_take_their_own_slots_and_small_ones_pass_a_held_heavy_one():
+    q = LoadQueue(["s1"], slots=3, heavy_slots=1)
+    assert q.submit("s1", 1, Priority.FAILOVER, load_ms=400.0, heavy=True)
+    assert not q.submit("s1", 2, Priority.FAILOVER, load_ms=300.0, heavy=True)  # held: one heavy at once
+    assert q.submit("s1", 3, Priority.FAILOVER, load_ms=5.0)  # a small load runs beside it
+    assert q.submit("s1", 4, Priority.UPGRADE, load_ms=3.0)  # slots are left: even an upgrade
+    assert not q.submit("s1", 5, Priority.FAILOVER, load_ms=4.0)  # every slot taken
+    assert q.finish(3) == [5]  # the small one waiting, not the heavy one held behind load 1
+    assert q.finish(1) == [2]  # the heavy slot is free
+    assert (q.running("s1"), q.waiting("s1")) == (3, 0)
+
+
+def test_heavy_slots_never_exceed_the_slots_and_one_is_needed():
+    assert LoadQueue(["s1"], slots=2, heavy_slots=5).heavy_slots == 2
+    assert LoadQueue(["s1"], slots=2).heavy_slots == 2  # default: every slot
+    with pytest.raises(ValueError, match="at least one slot for heavy loads"):
+        LoadQueue(["s1"], slots=2, heavy_slots=0)
+
+
+def test_the_heavy_slots_are_one_per_core_left_once_one_answers():
+    from failsoft.domain import Variant
+    from failsoft.orchestration.loads import SMALL_LOAD_MS, heavy_load_slots, is_heavy
+
+    assert [heavy_load_slots(c) for c in (1.0, 2.0, 2.5, 4.0, 16.0)] == [1, 1, 1, 3, 15]
+    assert heavy_load_slots(8.0, reserved_cores=0.0) == 8
+    with pytest.raises(ValueError, match="cores must be positive"):
+        heavy_load_slots(0.0)
+    small = Variant("cnn_xs", 4, 0.87, load_ms=60.0, latency_ms=0.04, load_cpu_ms=2.0)  # disk-bound
+    big = Variant("resnet18", 70, 0.7, load_ms=98.7, latency_ms=44.0, load_cpu_ms=SMALL_LOAD_MS)
+    assert not is_heavy(small) and is_heavy(big)

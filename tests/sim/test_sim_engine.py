@@ -242,3 +242,14 @@ def test_a_pinned_rung_is_ready_after_its_load_and_warm_up_as_in_the_runtime(tin
     assert simulate_pin(deployment, request, warm) == pytest.approx(SMALL.load_ms + 20)
     shared = dataclasses.replace(fixed, host_cores=1.0, host_busy_cores=0.5)
     assert simulate_pin(deployment, request, shared) > SMALL.load_ms  # half a core: slower
+
+
+def test_the_control_path_holds_every_load_and_its_slot_longer_and_takes_no_core(tiny, fixed):
+    base = dataclasses.replace(fixed, requests=RequestMode.OFF, host_cores=1.0)
+    plain = _run(tiny, "faillite", base)
+    slow = _run(tiny, "faillite", dataclasses.replace(base, control_ms=25.0))
+    for app in ("B", "C"):  # loads on two servers at once: the 25 ms waits overlap, no core shared
+        assert slow.apps[app].mttr_ms == pytest.approx(plain.apps[app].mttr_ms + 25.0)
+    assert slow.apps["A"].mttr_ms == plain.apps["A"].mttr_ms  # a warm switch loads nothing
+    with pytest.raises(ConfigError, match="control_ms"):
+        SimConfig(control_ms=-1.0)

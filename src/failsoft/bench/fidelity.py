@@ -38,6 +38,7 @@ simulator leaves out is listed under ``not_modelled``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import statistics
@@ -110,6 +111,8 @@ def run(
         failed = sorted({s for r in runs for s in r["detection_ms"]}) or list(kill)
         say(f"[fidelity] replaying {len(runs)} runtime runs (killed {', '.join(failed)})")
         return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
+    from failsoft.runtime.controller import orchestration_settings
+
     settings = BenchSettings(
         policies=(base.policy,), kill=tuple(kill), repeats=repeats, page_cache=page_cache
     )
@@ -118,14 +121,19 @@ def run(
     for repeat in range(repeats):
         say(f"[fidelity] runtime run {repeat + 1}/{repeats}: killing {', '.join(failed)} ...")
         cfg = bench_config(base, base.policy)
-        switches = None
-        if fidelity_switch.slo_members(cfg):  # Jellyfish's ladder switches, timed before the kill
-            switches = partial(fidelity_switch.measure, cfg, failed)
         try:
-            runs.append(run_once(cfg, failed, settings, say, before_kill=switches))
+            run = run_once(cfg, failed, settings, say, before_kill=partial(_before_kill, cfg, failed))
+            run["heavy_load_slots"] = orchestration_settings(cfg).heavy_load_slots  # the twin's too
+            runs.append(run)
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
     return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
+
+
+def _before_kill(cfg: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
+    """On the stable cluster: the control probe, and Jellyfish's ladder switches on an slo config."""
+    out = fidelity_switch.measure(cfg, failed, session, client) if fidelity_switch.slo_members(cfg) else {}
+    return out | {"control_probe": fidelity_switch.probe(cfg, failed, session, client)}
 
 
 def _simulated(
@@ -182,6 +190,7 @@ def simulate_run(
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = twin_config(config, observed, host)
+    sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
     mttr: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
     for seed in range(seeds):
@@ -209,6 +218,8 @@ def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "pr
         check_interval_s=CHECK_INTERVAL_S,
         notify_ms=0.0,  # FailLite's MTTR ends when the route is published, as the runtime's does
         load_slots=config.agents.max_parallel_loads,
+        # as the run had it (runs recorded before heavy slots existed ran heavy loads in every slot)
+        heavy_load_slots=observed.get("heavy_load_slots"),
         drain_ms=config.agents.drain_ms,
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,
@@ -234,10 +245,37 @@ def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str
     scenario = _as_deployed(prepare(config).deployment, switches["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = twin_config(config, {**observed, "host_cpu": switches["host_cpu"]}, host)
+    if switches.get("control_probe"):  # measured apart from the switches (never from themselves)
+        sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
     return [
         fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
         for e in switches["events"]
     ]
+
+
+def control_probe_ms(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> float:
+    """The control path's fixed cost the run's probe measured (:func:`fidelity_switch.probe`): its
+    pins, simulated without that cost with the crash twin's settings, against the runtime. A run
+    recorded without the probe falls back to its ladder switches (the same path; slo configs),
+    else to 0 (not modelled)."""
+    from failsoft.policies.registry import get_failover_policy
+    from failsoft.runtime.session import prepare
+    from failsoft.sim import Deployment, simulate_pin
+
+    before = observed.get("before_kill") or {}
+    probes = before.get("control_probe") or (
+        {"events": before["events"], **before} if before.get("events") else {}
+    )
+    if not probes.get("events"):
+        return 0.0
+    scenario = _as_deployed(prepare(config).deployment, probes["warm"])
+    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+    sim_config = twin_config(config, {**observed, "host_cpu": probes["host_cpu"]}, host)
+    compared = [
+        fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
+        for e in probes["events"]
+    ]
+    return fidelity_switch.control_ms(compared)
 
 
 def run_page_cache(observed: dict[str, Any]) -> str:

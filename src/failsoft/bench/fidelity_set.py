@@ -19,6 +19,10 @@ is kept, for its per-app detail, but never reported as a fidelity figure).
 Printed: ``{"configs": {NAME: {"config", "failed", "median_mttr_error_pct", "median_first_answer_error_pct",
 "median_mttr_error_pct_by_kind", "figure", "quiet", "flagged", "loadavg", "other_busy_cores",
 "contended_profiles", "detail"}}, "median_mttr_error_pct": {"quiet", "all"}, "host": {...}}``.
+
+``replay`` (``--replay SET.json``) simulates again the runtime runs an earlier output recorded, with
+the contention they ran under, and starts no cluster: a change to the simulator's host model is
+judged offline against the runs of a quiet machine.
 """
 
 from __future__ import annotations
@@ -36,13 +40,15 @@ QUIET_LOAD_PER_CORE = 0.3  # 1-minute load average per usable core before a conf
 QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside the cluster
 
 # (config, the servers killed): the two configs the host model was fitted on, the two written before
-# any change to it (examples/fidelity-dense.yaml, examples/fidelity-small.yaml), and the mechanism
+# any change to it (examples/fidelity-dense.yaml, examples/fidelity-small.yaml), one written before
+# the next change (examples/fidelity-pair.yaml: two servers killed at once), and the mechanism
 # twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
     ("examples/fidelity.yaml", ("b1",)),
     ("examples/fidelity-dense.yaml", ("d1",)),
     ("examples/fidelity-small.yaml", ("s1",)),
+    ("examples/fidelity-pair.yaml", ("p1", "p3")),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
@@ -74,17 +80,18 @@ def run_set(
     settle_s: float = 60.0,
     progress: Progress | None = None,
     fidelity: FidelityRun | None = None,
+    replay: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``bench fidelity`` on each config of :data:`FIDELITY_SET` (``only``: those whose file name
-    contains one of these words), paths taken under ``root`` (the repository's checkout)."""
+    contains one of these words), paths taken under ``root`` (the repository's checkout); with
+    ``replay`` (an earlier output of this function), its recorded runtime runs simulated again."""
     from failsoft.bench.fidelity import run as fidelity_run
     from failsoft.zoo.machine import usable_cores
 
+    if replay is not None:
+        return _replayed(root, only, sim_seeds, replay, progress, fidelity or fidelity_run)
     fidelity = fidelity or fidelity_run
-    chosen = [(c, k) for c, k in FIDELITY_SET if not only or any(w in Path(c).name for w in only)]
-    if not chosen:
-        names = ", ".join(Path(c).stem for c, _ in FIDELITY_SET)
-        raise ConfigError(f"no config of the fidelity set matches {list(only)}; the set: {names}")
+    chosen = _chosen(only)
     missing = [c for c, _ in chosen if not (Path(root) / c).is_file()]
     if missing:
         raise ConfigError(f"fidelity set configs not found under {str(root)!r}: {', '.join(missing)}")
@@ -95,6 +102,45 @@ def run_set(
         path = Path(root) / config
         out = fidelity(path, kill=kill, repeats=repeats, sim_seeds=sim_seeds, progress=progress)
         configs[Path(config).stem] = summarize(config, out, before, load_per_core(cores))
+    return _result(configs, cores)
+
+
+def _chosen(only: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    chosen = [(c, k) for c, k in FIDELITY_SET if not only or any(w in Path(c).name for w in only)]
+    if not chosen:
+        names = ", ".join(Path(c).stem for c, _ in FIDELITY_SET)
+        raise ConfigError(f"no config of the fidelity set matches {list(only)}; the set: {names}")
+    return chosen
+
+
+def _replayed(
+    root: str | Path,
+    only: Sequence[str],
+    sim_seeds: int,
+    earlier: dict[str, Any],
+    progress: Progress | None,
+    fidelity: FidelityRun,
+) -> dict[str, Any]:
+    """Each config of ``earlier`` (in the set and chosen by ``only``) simulated again from its
+    recorded runtime runs, beside the load it was recorded under."""
+    recorded = earlier.get("configs") if isinstance(earlier, dict) else None
+    if not isinstance(recorded, dict):
+        raise ConfigError("the replayed file is not an output of 'failsoft bench fidelity-set' (no configs)")
+    configs: dict[str, Any] = {}
+    for config, kill in _chosen(only):
+        was = recorded.get(Path(config).stem) or {}
+        runs = was.get("detail", {}).get("runtime_runs")
+        if not runs:
+            continue
+        out = fidelity(Path(root) / config, kill=kill, sim_seeds=sim_seeds, progress=progress, runs=runs)
+        load = was["loadavg"]
+        configs[Path(config).stem] = summarize(config, out, load["per_core_before"], load["per_core_after"])
+    if not configs:
+        raise ConfigError("the replayed file holds no runtime runs of the chosen configs")
+    return _result(configs, float(earlier.get("host", {}).get("usable_cores") or 1.0))
+
+
+def _result(configs: dict[str, Any], cores: float) -> dict[str, Any]:
     return {
         "configs": configs,
         "median_mttr_error_pct": {

@@ -61,6 +61,49 @@ def measure(config: RuntimeConfig, failed: Sequence[str], session: Any, client: 
     return {"events": events, "warm": loaded_copies(status), "host_cpu": {"load_cpu_share": shares}}
 
 
+PROBE_SERVERS = 3  # control probes per run: one per surviving server, at most this many
+
+
+def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
+    """The control probe: the fixed cost of the control path (the controller's call to the agent and
+    back, the agent's pick-up, the route's publication), which the twin does not simulate step by
+    step. On the stable cluster, the config's fastest-loading variant is pinned, as a ladder switch
+    is, on each surviving server holding no copy of its app (at most :data:`PROBE_SERVERS`), timed
+    until published ready and given up; the twin simulates the same requests with no control cost
+    and takes the median difference as its ``control_ms`` (:func:`control_ms`)."""
+    from failsoft.bench.failover import AgentProbes, loaded_copies
+    from failsoft.runtime.session import prepare
+
+    scenario = prepare(config).deployment
+    status = client.status()
+    routes = {a["name"]: a["route"] for a in status["apps"]}
+    shares = AgentProbes([s.name for s in config.servers]).load_cpu_shares()
+    app, variant = min(
+        ((a.name, v) for a in scenario.apps for v in scenario.family(a.family).variants),
+        key=lambda av: (av[1].load_ms, av[0], av[1].name),
+    )
+    copies = loaded_copies(status)
+    holding = {(routes.get(app) or {}).get("server")} | {c["server"] for c in copies if c["app"] == app}
+    servers = [s.name for s in config.servers if s.name not in failed and s.name not in holding]
+    events = []
+    for server in servers[:PROBE_SERVERS]:
+        event = {"app": app, "server": server, "variant": variant.name}
+        ms = asyncio.run(_switch(session.controller, request(event), config.agents.drain_ms / 1000.0))
+        events.append(event | {"runtime_ms": ms})
+    return {"events": events, "warm": copies, "host_cpu": {"load_cpu_share": shares}}
+
+
+def control_ms(compared_events: Sequence[dict[str, Any]]) -> float:
+    """The control path's fixed cost from probes simulated without it: the median of runtime minus
+    simulated milliseconds, never below zero (0 when nothing was measured)."""
+    gaps = [
+        e["runtime_ms"] - e["sim_ms"]
+        for e in compared_events
+        if e.get("runtime_ms") is not None and e.get("sim_ms") is not None
+    ]
+    return max(statistics.median(gaps), 0.0) if gaps else 0.0
+
+
 def request(event: dict[str, Any]) -> CopyRequest:
     """The core's request for one switch: the rung, pinned on the worker's server."""
     return CopyRequest(event["app"], event["variant"], OWNER, event["server"])

@@ -115,14 +115,25 @@ def fidelity_set(
     ] = 60.0,
     root: Annotated[Path, typer.Option(help="The checkout whose examples/ holds the set")] = Path("."),
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
+    replay: Annotated[
+        Path | None,
+        typer.Option(help="Simulate again the runtime runs of an earlier output (no cluster started)"),
+    ] = None,
 ) -> None:
     """bench fidelity on the whole fidelity set: the median MTTR error per config, beside the host's
     load when it ran (a busy run is flagged, never reported as a figure)."""
     from failsoft.bench.fidelity_set import run_set
 
+    earlier = None
+    if replay is not None:
+        try:
+            earlier = json.loads(replay.read_text())
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(f"cannot read {str(replay)!r}: {exc}", param_hint="--replay") from exc
     result = run_set(
-        root, only=tuple(only or ()), repeats=repeats, sim_seeds=seeds, settle_s=settle_s, progress=_progress
-    )
+        root, only=tuple(only or ()), repeats=repeats, sim_seeds=seeds, settle_s=settle_s, progress=_progress,
+        replay=earlier,
+    )  # fmt: skip
     _emit(result, out)
 
 

@@ -98,7 +98,7 @@ class Orchestrator:
             pause_grace=settings.pause_grace,
             link_grace_s=settings.link_grace_s,
         )
-        self.fx = Effects(state, settings.load_slots, now)
+        self.fx = Effects(state, settings.load_slots, now, settings.heavy_load_slots)
         self.warm = WarmBackups(self.fx)
         self.copies = MechanismCopies(self.fx, settings.drain_s)
         self.replicas = Replicas(self.fx, settings.drain_s, backups_released=self.warm.mark_dirty)
@@ -550,7 +550,9 @@ class Orchestrator:
                 del self.state.warm[(backup.app, backup.server)]
                 if not self.fx.needed(backup.app, backup.server, backup.variant):
                     self.fx.unload(backup.server, backup.app, backup.variant)
-        loads = [a for a in actions if a.kind is not ActionKind.WARM]
+        # shortest first (critical apps before), so the loads that take the free slots at once are
+        # the shortest, not the plan's first (orchestration.loads)
+        loads = sorted((a for a in actions if a.kind is not ActionKind.WARM), key=self._first_load_order)
         group = Group({a.app for a in loads})
         for action in loads:
             self.operations.recover(action, failed_at[action.app], group, now)
@@ -559,6 +561,11 @@ class Orchestrator:
                 self.fx.unrecovered.add(app)  # said once per outage, not at every retry
                 self.fx.emit("unrecovered", app, None)
         self.warm.dirty = True
+
+    def _first_load_order(self, action: FailoverAction) -> tuple[bool, float]:
+        """Critical apps first, then the shortest first load (its profiled ``load_ms``)."""
+        critical = self.state.apps[action.app].app.critical
+        return (not critical, self.state.variant(action.app, action.first_variant).load_ms)
 
     # inputs: loads and inspections -------------------------------------------------------------------
     def load_done(

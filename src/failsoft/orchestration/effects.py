@@ -21,7 +21,7 @@ from typing import Any
 
 from failsoft.domain import Placement
 from failsoft.orchestration.commands import Command, Emit, Load, Publish, Unload
-from failsoft.orchestration.loads import LoadQueue, Priority
+from failsoft.orchestration.loads import LoadQueue, Priority, is_heavy
 from failsoft.orchestration.state import AppRecord, ClusterState, RouteKind
 
 
@@ -50,9 +50,11 @@ class Effects:
     next reconciliation), and the load jobs and timers under way.
     """
 
-    def __init__(self, state: ClusterState, load_slots: int, now: float) -> None:
+    def __init__(
+        self, state: ClusterState, load_slots: int, now: float, heavy_load_slots: int | None = None
+    ) -> None:
         self.state = state
-        self.loads = LoadQueue(list(state.servers), load_slots)
+        self.loads = LoadQueue(list(state.servers), load_slots, heavy_load_slots)
         self.jobs: dict[int, LoadJob] = {}
         self.unrouted: set[str] = {n for n, r in state.apps.items() if r.route is None}
         self.unrecovered: set[str] = set()
@@ -143,8 +145,8 @@ class Effects:
         family = self.state.apps[app].app.family
         job = LoadJob(load_id, server, app, variant, priority, warm or pinned, family, pinned)
         self.jobs[load_id] = job
-        load_ms = self.state.variant(app, variant).load_ms
-        if self.loads.submit(server, load_id, priority, load_ms):
+        profile = self.state.variant(app, variant)
+        if self.loads.submit(server, load_id, priority, profile.load_ms, is_heavy(profile)):
             self._send_load(job)
         return load_id
 

@@ -7,9 +7,20 @@ and starts waiting loads by priority (lowest first), then shortest first (the pr
 then by arrival: the first variants of critical apps go before the others, upgrades last, and among
 the loads of one priority the shortest first, which makes the mean time to recovery of several
 apps waiting for one server's slots the smallest it can be (shortest processing time first: a
-long load ahead of short ones delays each of them by its whole length). It is pure bookkeeping
-(the core asks it which loads may start; the driver runs them), so the runtime and the simulator
-queue loads identically.
+long load ahead of short ones delays each of them by its whole length). The core submits a
+failover plan's loads in that order too (:func:`recovery_order`), so that the loads that start at
+once, in the free slots, are the shortest, not the plan's first.
+
+Slots count loads, but a load's cost to the host is its CPU work: of the ``slots``, at most
+``heavy_slots`` run *heavy* loads (profiled work of at least :data:`SMALL_LOAD_MS`) at once, which
+:func:`heavy_load_slots` derives from the cores the host leaves to loads. On a host whose cores
+serving and control already take (two cores: one is the answers', the gateway's and Ray's), two
+heavy loads at once each run at half speed and both end late, where one after the other ends the
+first at its own speed and the second no later; small loads, a few milliseconds of work, still take
+the other slots beside a heavy one (held behind it, they would wait its whole length).
+
+It is pure bookkeeping (the core asks it which loads may start; the driver runs them), so the
+runtime and the simulator queue loads identically.
 """
 
 from __future__ import annotations
@@ -51,25 +62,47 @@ class Priority(IntEnum):
     UPGRADE = 4  # progressive upgrades to the final variant
 
 
-class LoadQueue:
-    """Load slots of every server: admitted loads, and waiting ones by (priority, load_ms, arrival)."""
+def is_heavy(variant: Variant) -> bool:
+    """Whether a load of ``variant`` takes one of a server's heavy slots (:class:`LoadQueue`)."""
+    return variant.load_work_ms >= SMALL_LOAD_MS
 
-    def __init__(self, servers: list[str], slots: int) -> None:
+
+def heavy_load_slots(cores: float, reserved_cores: float = 1.0) -> int:
+    """How many heavy loads one server runs at once: one per whole core left once
+    ``reserved_cores`` (the answers, the gateway, the controller, Ray) are set aside, at least one.
+    A load is single-threaded CPU work: past the free cores, loads at once only share them."""
+    if cores <= 0 or reserved_cores < 0:
+        raise ValueError(f"cores must be positive, the reserve not negative: {cores}, {reserved_cores}")
+    return max(1, int(cores - reserved_cores + 1e-9))
+
+
+class LoadQueue:
+    """Load slots of every server: admitted loads, and waiting ones by (priority, load_ms, arrival);
+    at most ``heavy_slots`` of a server's ``slots`` run heavy loads (default: all of them)."""
+
+    def __init__(self, servers: list[str], slots: int, heavy_slots: int | None = None) -> None:
         if slots < 1:
             raise ValueError(f"a server needs at least one load slot, got {slots}")
+        if heavy_slots is not None and heavy_slots < 1:
+            raise ValueError(f"a server needs at least one slot for heavy loads, got {heavy_slots}")
         self.slots = slots
+        self.heavy_slots = slots if heavy_slots is None else min(heavy_slots, slots)
         self._running: dict[str, set[int]] = {s: set() for s in servers}
-        self._waiting: dict[str, list[tuple[int, float, int, int]]] = {s: [] for s in servers}
+        self._heavy: dict[str, set[int]] = {s: set() for s in servers}
+        self._waiting: dict[str, list[tuple[int, float, int, int, bool]]] = {s: [] for s in servers}
         self._server_of: dict[int, str] = {}
         self._arrival = itertools.count()
 
-    def submit(self, server: str, load_id: int, priority: int, load_ms: float = 0.0) -> bool:
-        """Queue a load of about ``load_ms`` (its profile's); True when it may start now."""
+    def submit(
+        self, server: str, load_id: int, priority: int, load_ms: float = 0.0, heavy: bool = False
+    ) -> bool:
+        """Queue a load of about ``load_ms`` (its profile's), ``heavy`` or not; True when it may
+        start now. (No waiting load could start before this call: only this one can now.)"""
         self._server_of[load_id] = server
-        if len(self._running[server]) < self.slots and not self._waiting[server]:
-            self._running[server].add(load_id)
+        if self._fits(server, heavy):  # (any waiting load is a heavy one held back, or none waits)
+            self._start(server, load_id, heavy)
             return True
-        heapq.heappush(self._waiting[server], (priority, load_ms, next(self._arrival), load_id))
+        heapq.heappush(self._waiting[server], (priority, load_ms, next(self._arrival), load_id, heavy))
         return False
 
     def finish(self, load_id: int) -> list[int]:
@@ -80,25 +113,42 @@ class LoadQueue:
         running, waiting = self._running[server], self._waiting[server]
         if load_id in running:
             running.discard(load_id)
+            self._heavy[server].discard(load_id)
         else:  # withdrawn while waiting
-            self._waiting[server] = [w for w in waiting if w[-1] != load_id]
+            self._waiting[server] = [w for w in waiting if w[3] != load_id]
             heapq.heapify(self._waiting[server])
             return []
-        started = []
+        started, held = [], []
         while waiting and len(running) < self.slots:
-            nxt = heapq.heappop(waiting)[-1]
-            running.add(nxt)
-            started.append(nxt)
+            entry = heapq.heappop(waiting)
+            if self._fits(server, entry[4]):
+                self._start(server, entry[3], entry[4])
+                started.append(entry[3])
+            else:  # a heavy load while the heavy slots are taken: the next may be a small one
+                held.append(entry)
+        for entry in held:
+            heapq.heappush(waiting, entry)
         return started
 
     def clear(self, server: str) -> list[int]:
         """The server failed: forget its loads (running and waiting); their ids."""
-        gone = list(self._running[server]) + [w[-1] for w in self._waiting[server]]
+        gone = list(self._running[server]) + [w[3] for w in self._waiting[server]]
         self._running[server] = set()
+        self._heavy[server] = set()
         self._waiting[server] = []
         for load_id in gone:
             self._server_of.pop(load_id, None)
         return gone
+
+    def _fits(self, server: str, heavy: bool) -> bool:
+        return len(self._running[server]) < self.slots and (
+            not heavy or len(self._heavy[server]) < self.heavy_slots
+        )
+
+    def _start(self, server: str, load_id: int, heavy: bool) -> None:
+        self._running[server].add(load_id)
+        if heavy:
+            self._heavy[server].add(load_id)
 
     def running(self, server: str) -> int:
         return len(self._running[server])

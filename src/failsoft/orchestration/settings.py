@@ -18,6 +18,7 @@ class OrchestrationSettings:
     pause_grace: bool = False  # after a late check of its own, verdicts wait one interval
     global_grace: float | None = None  # every live server silent at once: hold verdicts this many thresholds
     load_slots: int = 2  # loads running at once per server
+    heavy_load_slots: int | None = None  # ... of which heavy ones (orchestration.loads); None: all
     drain_s: float = 0.2  # a replaced model is unloaded this long after traffic left it
     retire_s: float = 2.0  # an app a deploy removes keeps its route this long (requests on their way)
     replan_warm: bool = True  # re-plan warm backups once recoveries settle
@@ -32,6 +33,8 @@ class OrchestrationSettings:
 
     def __post_init__(self) -> None:
         if self.heartbeat_interval_s <= 0 or self.missed_to_fail < 1 or self.load_slots < 1:
+            raise ValueError(f"invalid orchestration settings: {self}")
+        if self.heavy_load_slots is not None and self.heavy_load_slots < 1:
             raise ValueError(f"invalid orchestration settings: {self}")
         if min(self.drain_s, self.retire_s, self.replan_delay_s, self.backoff_base_s) < 0:
             raise ValueError(f"orchestration delays must not be negative: {self}")

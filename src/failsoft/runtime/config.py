@@ -146,6 +146,9 @@ class GatewayModel(_Strict):
 class AgentsModel(_Strict):
     restart: bool = True
     max_parallel_loads: int = Field(default=2, ge=1, le=64)
+    # of those, how many heavy loads (20 ms of work or more) at once; None: one per core the host
+    # leaves once a core is set aside for answering (orchestration.loads.heavy_load_slots)
+    max_parallel_heavy_loads: int | None = Field(default=None, ge=1, le=64)
     device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # see failsoft.runtime.devices
     gpus: float = Field(default=0.0, ge=0, le=MAX_GPUS)  # each server's GPU share unless it sets its own
     drain_ms: float = Field(default=200.0, ge=0)
@@ -286,6 +289,7 @@ class AgentSettings:
     drain_ms: float = 200.0
     torch_threads: int = 1  # per agent; 0 = one per core (torch's default)
     queue: QueueParams = dataclasses.field(default_factory=QueueParams)  # discipline, max_batch, max_queue
+    max_parallel_heavy_loads: int | None = None  # None: from the host's cores (see AgentsModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +429,13 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
             admin_tls=_tls(g.admin_tls, base_dir, source, "gateway.admin_tls"),
         ),
         agents=AgentSettings(
-            ag.restart, ag.max_parallel_loads, ag.device, ag.drain_ms, ag.torch_threads, ag.queue
+            ag.restart,
+            ag.max_parallel_loads,
+            ag.device,
+            ag.drain_ms,
+            ag.torch_threads,
+            ag.queue,
+            ag.max_parallel_heavy_loads,
         ),
         state_dir=state_dir,
         store_url=spec.store,

@@ -61,6 +61,16 @@ GLOBAL_GRACE = 5.0
 CONTROLLER_NICE = -5
 
 
+def parallel_heavy_loads(config: RuntimeConfig) -> int:
+    """Heavy loads a server runs at once: the config's ``agents.max_parallel_heavy_loads``, else one
+    per core this host leaves to loads (the embedded cluster's servers share its cores)."""
+    from failsoft.orchestration.loads import heavy_load_slots
+    from failsoft.zoo.machine import usable_cores
+
+    chosen = config.agents.max_parallel_heavy_loads
+    return chosen if chosen is not None else heavy_load_slots(float(usable_cores()))
+
+
 def orchestration_settings(config: RuntimeConfig) -> OrchestrationSettings:
     """The core's settings for a serving config (the simulator's twin takes the same ones)."""
     hb = config.heartbeat
@@ -70,6 +80,7 @@ def orchestration_settings(config: RuntimeConfig) -> OrchestrationSettings:
         pause_grace=True,
         global_grace=GLOBAL_GRACE,
         load_slots=config.agents.max_parallel_loads,
+        heavy_load_slots=parallel_heavy_loads(config),
         drain_s=config.agents.drain_ms / 1000.0,
         replan_delay_s=config.replan_delay_s,
         reconcile_s=RECONCILE_S,

@@ -13,7 +13,9 @@ object driven by SimPy processes, doing the same things with durations from the 
   this server before it (``SimConfig.unload_ms``): the memory it needs may be theirs. On a shared
   host (``SimConfig.host_cores``) a load is CPU work on :class:`~failsoft.sim.cpu.SharedCPU` at the
   runtime's load priority (background loads lower), so it takes longer while others run; of a cold
-  load only the profiled ``load_cpu_ms`` is work, the rest waits for the disk and takes no core;
+  load only the profiled ``load_cpu_ms`` is work, the rest waits for the disk and takes no core; and
+  every load holds its slot ``SimConfig.control_ms`` longer (the controller's call to the agent and
+  back, the route's publication: a wait, measured by ``bench fidelity``'s control probe);
 * **heartbeats**: at ``phase + k * interval`` until the agent crashes or the controller no longer
   listens; :class:`~failsoft.sim.heartbeats.HeartbeatFeed` works them out for the detector.
 
@@ -86,6 +88,7 @@ class SimAgent:
             return False
         self.log.add(self.env.now, "load-start", app, self.name, variant.name)
         work_ms, wait_ms = self.load_parts_ms(variant)
+        wait_ms += self.config.control_ms  # the control path's round trip: no core taken
         if wait_ms > 0:
             yield self.env.timeout(wait_ms / 1000.0)
         if not self.alive:

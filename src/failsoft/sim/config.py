@@ -64,6 +64,7 @@ class SimConfig:
     drain_ms: float = 200.0  # a replaced model is unloaded this long after traffic left it (runtime's)
     horizon_s: float = 60.0  # the controller acts at most this long after the last injected failure
     load_slots: int = 1  # concurrent model loads per server (load-path contention)
+    heavy_load_slots: int | None = None  # ... of which heavy ones (orchestration.loads); None: all
     failure_at_s: float = 0.3  # failures are injected here, after a warm-up in steady state
     random_phases: bool = True  # heartbeat and health-check phases drawn per event (else 0)
     heartbeats_after_detection: bool = False  # keep heartbeats running once failures are detected
@@ -91,6 +92,10 @@ class SimConfig:
     # host: the background is then the competitors that leave it that (sim/cpu.py); None: not measured
     host_load_share: float | None = None
     warm_up: bool = False  # loads end with the runtime's warm-up inferences (their profiled cost)
+    # every load holds its slot this much longer, as a wait that takes no core: the controller's call
+    # to the agent and back, the agent's pick-up, the route's publication (measured: bench fidelity's
+    # control probe); 0: not modelled
+    control_ms: float = 0.0
     # cold: loads read the weights from disk (FailLite's cold loads); warm: from the page cache,
     # where a profile measured it (warm_load_ms), as on a host that read the files before
     page_cache: PageCache = PageCache.COLD
@@ -102,7 +107,7 @@ class SimConfig:
         positive += ("horizon_s",)
         for name in positive:
             _require(name, getattr(self, name), lambda v: v > 0, "must be positive")
-        for name in ("notify_ms", "unload_ms", "drain_ms", "request_warmup_s"):
+        for name in ("notify_ms", "unload_ms", "drain_ms", "request_warmup_s", "control_ms"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be zero or positive")
         _require("missed_to_fail", self.missed_to_fail, lambda v: v >= 1, "must be at least 1")
         _require("load_slots", self.load_slots, lambda v: v >= 1, "must be at least 1")
