@@ -217,6 +217,31 @@ def _no_admin(url: str) -> ConfigError:
     )
 
 
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _request(http: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """One request; an idempotent one is sent once more when the server closed the kept-alive
+    connection before answering (the request never reached the app: a busy server's idle timeout
+    met our reuse of the connection), so a status poll does not fail for it."""
+    try:
+        return http.request(method, path, **kwargs)
+    except httpx.RemoteProtocolError:
+        if method not in IDEMPOTENT:
+            raise
+        return http.request(method, path, **kwargs)
+
+
+async def _arequest(http: httpx.AsyncClient, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    """:func:`_request` for the asyncio client."""
+    try:
+        return await http.request(method, path, **kwargs)
+    except httpx.RemoteProtocolError:
+        if method not in IDEMPOTENT:
+            raise
+        return await http.request(method, path, **kwargs)
+
+
 def _transport_error(exc: httpx.HTTPError, url: str) -> Exception:
     if isinstance(exc, httpx.TimeoutException):
         return DeadlineExceededError(f"no answer from the gateway at {url}: {exc}")
@@ -250,7 +275,7 @@ class Client:
 
     def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            return self._http.request(method, path, **kwargs)
+            return _request(self._http, method, path, **kwargs)
         except httpx.TransportError as exc:  # timeouts included
             raise _transport_error(exc, self.url) from exc
 
@@ -258,7 +283,7 @@ class Client:
         if self._admin is None:
             raise _no_admin(self.url)
         try:
-            return self._admin.request(method, path, **kwargs)
+            return _request(self._admin, method, path, **kwargs)
         except httpx.TransportError as exc:  # timeouts included
             raise _transport_error(exc, str(self.admin_url)) from exc
 
@@ -408,7 +433,7 @@ class AsyncClient:
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            return await self._http.request(method, path, **kwargs)
+            return await _arequest(self._http, method, path, **kwargs)
         except httpx.TransportError as exc:  # timeouts included
             raise _transport_error(exc, self.url) from exc
 
@@ -416,7 +441,7 @@ class AsyncClient:
         if self._admin is None:
             raise _no_admin(self.url)
         try:
-            return await self._admin.request(method, path, **kwargs)
+            return await _arequest(self._admin, method, path, **kwargs)
         except httpx.TransportError as exc:  # timeouts included
             raise _transport_error(exc, str(self.admin_url)) from exc
 
