@@ -93,6 +93,7 @@ class RouteMirror:
         self.autoscaled: frozenset[str] = frozenset()  # apps whose replicas follow their load
         self.draining: dict[str, frozenset[str]] = {}  # servers of replicas dropped, still finishing
         self._changed = asyncio.Event()
+        self._update: asyncio.Future[None] | None = None  # done at the next update (next_update)
 
     def route(self, app: str) -> Route | None:
         return self.routes.get(app)
@@ -136,6 +137,9 @@ class RouteMirror:
         self.draining = {name: frozenset(rep.get("draining", ())) for name, rep in replicas.items()}
         self._changed.set()
         self._changed = asyncio.Event()
+        update, self._update = self._update, None
+        if update is not None and not update.done():
+            update.set_result(None)
 
     async def run(self) -> None:
         """Long-poll forever; while the controller is away keep the last table (it may restart)."""
@@ -175,6 +179,14 @@ class RouteMirror:
             if left <= 0:
                 return False
             await self.wait_change(left)
+
+    def next_update(self) -> asyncio.Future[None]:
+        """A future done at the next table update, shared by every caller until then: what a call
+        in flight races its answer against (no task or timer per call). Never cancel it."""
+        loop = asyncio.get_running_loop()
+        if self._update is None or self._update.done() or self._update.get_loop() is not loop:
+            self._update = loop.create_future()
+        return self._update
 
     async def wait_change(self, timeout_s: float) -> bool:
         """Wait for the next table update; False when ``timeout_s`` passed first."""
