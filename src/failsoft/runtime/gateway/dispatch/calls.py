@@ -178,10 +178,7 @@ async def _call(
     except ServerUnavailableError as exc:  # being replaced: wait for a newer route
         return CallResult(CallStatus.MOVED, error=exc)
     fence = context.routes.fence(target.server)
-    extra: dict[str, Any] = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
-    call = asyncio.ensure_future(
-        agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id, **extra)
-    )
+    call = _send(agent, target, batch, left, call_id, meta)
     try:
         await _race(context, call, watch, deadline)
     finally:
@@ -238,6 +235,27 @@ def _settled(
         return CallResult(CallStatus.MOVED, error=fenced)
     context.outcome(target.server, True, "")
     return CallResult(CallStatus.ANSWERED, outputs=outputs)
+
+
+def _send(
+    agent: Any, target: Target, batch: Any, left: float, call_id: str, meta: dict[str, str]
+) -> asyncio.Future[Any]:
+    """The call under way: sent at once over an open data-plane connection (the reply's future,
+    no task), else a task that awaits ``agent.infer`` (it connects first, or calls over Ray)."""
+    extra: dict[str, Any] = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
+    start = getattr(agent, "infer_started", None)
+    if start is not None:
+        try:
+            sent = start(target.key, target.variant, batch, left, call_id, **extra)
+        except FailsoftError as exc:  # the connection is lost: settled as a call that failed
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        if sent is not None:
+            return sent
+    return asyncio.ensure_future(
+        agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id, **extra)
+    )
 
 
 async def _race(
