@@ -147,6 +147,7 @@ class ServingQueue:
         self._input_shape = tuple(input_shape)
         self.discipline = discipline
         self._service = service
+        self._service_now = service  # self.service's last value
         self._delay_s = delay_s
         self._clock = clock
         self._learn = learn
@@ -307,12 +308,10 @@ class ServingQueue:
         """The service-time model now: the calibrated profile, plus a batch's measured fixed cost and
         any injected delay."""
         overhead_ms = max(self._delay_s(), 0.0) * 1000.0 + self._fixed_ms
-        service = self._service
-        return (
-            service
-            if overhead_ms == service.overhead_ms
-            else dataclasses.replace(service, overhead_ms=overhead_ms)
-        )
+        now = self._service_now  # made once per batch (calibration) or slowdown, not per request
+        if now.overhead_ms != overhead_ms or now.scale != self._service.scale:
+            now = self._service_now = dataclasses.replace(self._service, overhead_ms=overhead_ms)
+        return now
 
     def _work(self) -> None:
         while True:
@@ -377,8 +376,8 @@ class ServingQueue:
         elapsed_ms = (predicted - started) * 1000.0
         predicted_ns = time.time_ns()
         started_ns = predicted_ns - int((predicted - started) * 1e9)
-        bounds = np.cumsum([len(t.rows) for t in run])[:-1]
-        for ticket, part in zip(run, np.split(out, bounds), strict=True):
+        parts = [out] if len(run) == 1 else np.split(out, np.cumsum([len(t.rows) for t in run])[:-1])
+        for ticket, part in zip(run, parts, strict=True):
             ticket.stamps = (ticket.stamps[0], taken_ns, started_ns, predicted_ns)
             ticket.batch_rows = len(rows)
             ticket.future.set_result(part)
