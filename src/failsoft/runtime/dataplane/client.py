@@ -66,6 +66,7 @@ class DataPlaneClient:
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._socket.setsockopt(zmq.RECONNECT_IVL, -1)  # an ended connection is not retried
+        self._sync: zmq.Socket[Any] = zmq.Socket.shadow(self._socket.underlying)  # read with no future
         self._monitor = self._socket.get_monitor_socket()
         self._socket.connect(endpoint)
         self._tasks = [
@@ -159,20 +160,32 @@ class DataPlaneClient:
     async def _read(self) -> None:
         while True:
             try:
-                message = await self._socket.recv_multipart(copy=False)
+                message: list[Any] | None = await self._socket.recv_multipart(copy=False)
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
-            try:
-                head = frames.header(message[0])
-                future = self._pending.get(int(head["seq"]))
-                if future is None or future.done():  # answered after its caller gave up
-                    continue
-                if head.get("ok"):
-                    future.set_result(frames.tensor(head, message[1]))
-                else:
-                    future.set_exception(frames.error_of(head))
-            except (FailsoftError, KeyError, ValueError, TypeError, IndexError) as exc:
-                log.warning("%s: unreadable reply dropped: %s", self.what, exc)
+            while message is not None:  # and every reply that came with it, without a wake-up each
+                self._deliver(message)
+                message = self._next()
+
+    def _next(self) -> list[Any] | None:
+        """The next reply if one is there already (None: none, or the socket closed)."""
+        try:
+            return self._sync.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            return None
+
+    def _deliver(self, message: list[Any]) -> None:
+        try:
+            head = frames.header(message[0])
+            future = self._pending.get(int(head["seq"]))
+            if future is None or future.done():  # answered after its caller gave up
+                return
+            if head.get("ok"):
+                future.set_result(frames.tensor(head, message[1]))
+            else:
+                future.set_exception(frames.error_of(head))
+        except (FailsoftError, KeyError, ValueError, TypeError, IndexError) as exc:
+            log.warning("%s: unreadable reply dropped: %s", self.what, exc)
 
     async def _watch(self) -> None:
         while True:
