@@ -332,6 +332,68 @@ def test_an_estimate_past_every_deadline_is_checked_by_a_probe_and_comes_down():
 
 
 # unload --------------------------------------------------------------------------------------------
+# run_here: a lone request answered in the thread that queued it ----------------------------------
+QUICK = Variant("q", 1.0, 0.9, 100.0, 1.0)  # 1 ms a row: under INLINE_MAX_S
+
+
+def quick_queue(model: GatedModel, **settings) -> ServingQueue:
+    discipline = registry.make("queueing", "fifo", 8, 256)
+    return ServingQueue("quick", model.predict, (4,), discipline, ServiceModel(QUICK), learn=0.0, **settings)
+
+
+def test_a_lone_request_to_a_quick_idle_model_runs_in_the_thread_that_queued_it(model):
+    model.hold = False
+    threads: list[threading.Thread] = []
+    predict = model.predict
+    queue = ServingQueue(
+        "quick",
+        lambda x: threads.append(threading.current_thread()) or predict(x),
+        (4,),
+        registry.make("queueing", "fifo", 8, 256),
+        ServiceModel(QUICK),
+        learn=0.0,
+    ).start()
+    ticket = queue.submit(rows(1), 5.0, "r1", wake=False)
+    assert queue.run_here() is True
+    assert ticket.future.done()  # answered before run_here returned: no other thread took part
+    np.testing.assert_array_equal(ticket.future.result(), rows(1) @ WEIGHTS)
+    assert threads == [threading.current_thread()]
+    assert queue.run_here() is False  # nothing queued
+    assert queue.stats()["served"] == 1
+    queue.close()
+
+
+def test_run_here_leaves_a_slow_model_or_a_busy_worker_its_work(model):
+    queue = quick_queue(model, delay_s=lambda: 0.001).start()  # an injected slowdown: never inline
+    first = queue.submit(rows(1), None, "r1", wake=False)
+    assert queue.run_here() is False  # the worker was woken instead and runs it
+    model.wait_running()
+    second = queue.submit(rows(1, 100.0), None, "r2", wake=False)
+    assert queue.run_here() is False  # the worker is busy: one batch at a time, r2 waits for it
+    model.gate.set()
+    np.testing.assert_array_equal(second.future.result(WAIT_S), rows(1, 100.0) @ WEIGHTS)
+    np.testing.assert_array_equal(first.future.result(WAIT_S), rows(1) @ WEIGHTS)
+    assert [len(c) for c in model.calls] == [1, 1]
+    queue.close()
+
+
+def test_while_run_here_runs_a_batch_the_worker_takes_none():
+    """A batch running in run_here's caller keeps the worker out: the next batch starts after it."""
+    model = GatedModel()
+    queue = quick_queue(model).start()
+    queue.submit(rows(1), None, "r1", wake=False)
+    runner, out = in_thread(queue.run_here)
+    model.wait_running()
+    second = queue.submit(rows(1, 100.0), None, "r2")  # wakes the worker: it must wait
+    time.sleep(0.05)
+    assert len(model.calls) == 1 and not second.future.done()
+    model.gate.set()
+    runner.join(WAIT_S)
+    assert out == {"value": True}
+    np.testing.assert_array_equal(second.future.result(WAIT_S), rows(1, 100.0) @ WEIGHTS)
+    queue.close()
+
+
 def test_close_answers_queued_requests_model_not_loaded_and_lets_the_running_batch_finish(model):
     queue = make_queue(model)
     first = in_thread(queue.infer, rows(1), None)

@@ -437,11 +437,13 @@ class Agent:
         request_id: str | None = None,
         sent_at: float | None = None,
         meta: dict[str, str] | None = None,
+        wake: bool = True,
     ) -> concurrent.futures.Future[np.ndarray]:
         """The data plane's :meth:`infer`: queue ``batch`` and return the future its answer will
-        complete (in the queue's worker thread), with no thread waiting on it. Refusals, a model not
-        held and bad input are raised here, at once. ``meta``: the call's per-request metadata
-        (plain strings), as the header carried it."""
+        complete (in the queue's worker thread, or the caller's: :meth:`run_queued`), with no thread
+        waiting on it. Refusals, a model not held and bad input are raised here, at once. ``meta``:
+        the call's per-request metadata (plain strings), as the header carried it. ``wake`` False:
+        the caller calls :meth:`run_queued` once it has queued what it read."""
         entered = time.perf_counter()
         timeout_s = self._time_left(app, variant, timeout_s, sent_at)
         with self._lock:
@@ -450,13 +452,22 @@ class Agent:
             raise ModelNotLoadedError(f"server {self.server.name!r} does not hold {variant!r} for {app!r}")
         try:
             future: concurrent.futures.Future[np.ndarray] = telemetry.submit(
-                held.queue, batch, timeout_s, request_id, meta, self._where(app, variant)
+                held.queue, batch, timeout_s, request_id, meta, self._where(app, variant), wake
             )
         except BaseException:
             self._count_call(entered)
             raise
         future.add_done_callback(lambda _: self._count_call(entered))
         return future
+
+    def run_queued(self) -> None:
+        """Run what :meth:`submit_infer` queued with ``wake`` False: in the calling thread when a
+        queue's worker is idle and its model quick, else in its worker
+        (:meth:`~failsoft.runtime.serving.ServingQueue.run_here`)."""
+        with self._lock:
+            queues = [h.queue for h in self._held.values()]
+        for queue in queues:
+            queue.run_here()
 
     def _where(self, app: str, variant: str) -> dict[str, str]:
         """The span attributes of a call to this agent (for telemetry.serve and telemetry.submit)."""

@@ -183,6 +183,23 @@ class AgentRef(_ActorRef):
         args = (app, variant, batch, timeout_s, request_id, time.time(), meta)
         return await self._call("infer", *args, timeout_s=timeout_s, group=SERVING_GROUP)
 
+    def infer_started(
+        self,
+        app: str,
+        variant: str,
+        batch: Any,
+        timeout_s: float,
+        request_id: str | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> asyncio.Future[Any] | None:
+        """:meth:`infer` sent at once over the data plane's open connection: the future of its
+        outputs, with no task or timer of its own (the caller keeps the deadline, and cancels the
+        future to give up); None when there is no open connection (or Ray carries inference):
+        await :meth:`infer` instead."""
+        if self._transport != "zmq" or self.data_plane.absent:
+            return None
+        return self.data_plane.start(app, variant, batch, timeout_s, request_id, meta)
+
     async def state(self, app: str, variant: str, timeout_s: float = 10.0) -> bytes:
         """A stateful model's state as bytes (HAMS: what a primary ships to its backup)."""
         return bytes(await self._call("state", app, variant, timeout_s=timeout_s))

@@ -15,6 +15,11 @@ model at once, with no order, no batching, no deadline and no bound. Instead, :m
   ``predict`` and splits the outputs back; requests the discipline drops (past their deadline, or,
   for the lazy disciplines, unable to make it) are answered :class:`~failsoft.errors.DroppedError`
   (a :class:`~failsoft.errors.DeadlineExceededError`) without running;
+* **a lone request waits for nobody**: the data plane's socket thread queues what it read and then
+  calls :meth:`ServingQueue.run_here`, which runs the next batch in that thread when the worker is
+  idle and the model quick (:data:`INLINE_MAX_S`): a lone request's answer then leaves without a
+  hand-off between threads, and batching starts with the requests that arrive while one runs;
+  one batch runs at a time either way;
 * **cancellation**: :meth:`ServingQueue.cancel` withdraws a queued request (its caller timed out or
   moved to another server); its waiting thread is released at once;
 * **unload**: :meth:`ServingQueue.close` refuses new requests and answers the queued ones
@@ -66,6 +71,10 @@ LEARN = 0.2  # weight of the latest batch in the service-time calibration
 # a burst on the 2-core machine reached the gateway 1-20 ms after its deadline (504s).
 ANSWER_MARGIN_S = 0.025
 RATIO_BOUNDS = (1e-3, 1e3)  # one freak measurement never makes the estimate zero or absurd
+# A model whose batch of one is estimated under this long may run in the thread that queued the
+# request, when the worker is idle (:meth:`ServingQueue.run_here`): the data plane's socket thread
+# is then kept from its socket no longer than this.
+INLINE_MAX_S = 0.005
 
 Predict = Callable[[np.ndarray], np.ndarray]
 
@@ -138,6 +147,7 @@ class ServingQueue:
         self._input_shape = tuple(input_shape)
         self.discipline = discipline
         self._service = service
+        self._service_now = service  # self.service's last value
         self._delay_s = delay_s
         self._clock = clock
         self._learn = learn
@@ -148,6 +158,7 @@ class ServingQueue:
         self._by_id: dict[str, _Ticket] = {}
         self._running_until: float | None = None  # estimated end of the batch in flight
         self._idle_from = clock()  # when the last batch ended (admission's probe after a long idle)
+        self._busy = False  # a batch runs (in the worker, or in run_here's caller)
         self._closed = False
         self.counters = QueueCounters()
         self._thread = threading.Thread(target=self._work, name=f"serve-{name}", daemon=True)
@@ -188,8 +199,13 @@ class ServingQueue:
         ticket = self.submit(batch, timeout_s, request_id)
         return self.wait(ticket)
 
-    def submit(self, batch: Any, timeout_s: float | None = None, request_id: str | None = None) -> _Ticket:
-        """Queue ``batch`` (admission decides), returning the ticket to :meth:`wait` on."""
+    def submit(
+        self, batch: Any, timeout_s: float | None = None, request_id: str | None = None, wake: bool = True
+    ) -> _Ticket:
+        """Queue ``batch`` (admission decides), returning the ticket to :meth:`wait` on.
+
+        ``wake`` False: the caller calls :meth:`run_here` next (the worker is woken only if the
+        batch cannot run there)."""
         ticket = _Ticket(self._rows_of(batch), request_id)
         if timeout_s is not None and timeout_s <= self._margin_s:
             raise DroppedError(f"{self.name}: the request arrived with no time left")
@@ -216,8 +232,34 @@ class ServingQueue:
             self._queue.append(ticket)
             if request_id is not None:
                 self._by_id[request_id] = ticket
-            self._cond.notify_all()
+            if wake:
+                self._cond.notify_all()
         return ticket
+
+    def run_here(self) -> bool:
+        """Run the next batch in the calling thread if the worker is idle and the model is quick
+        (:data:`INLINE_MAX_S`, no injected slowdown); else leave it to the worker, woken. True when
+        a batch ran here.
+
+        The data plane's socket thread calls it after queueing what it read: a lone request is then
+        answered without two hand-offs between threads (socket to worker, worker to socket), which
+        on a small model cost as much as ``predict``; under load the requests that arrived meanwhile
+        form the next batch as they would in the worker. A batch runs in one thread at a time."""
+        with self._cond:
+            if not self._queue or self._closed:
+                return False
+            if self._busy or not self._quick():
+                self._cond.notify_all()
+                return False
+            run, drop = self._take(self._clock())
+        self._drop(drop)
+        if not run:
+            return False
+        self._run(run)
+        return True
+
+    def _quick(self) -> bool:
+        return self._delay_s() <= 0 and self.service.batch_s(1) <= INLINE_MAX_S
 
     def wait(self, ticket: _Ticket) -> np.ndarray:
         """The answer; at the ticket's deadline the request is withdrawn and DeadlineExceededError."""
@@ -269,27 +311,28 @@ class ServingQueue:
         """The service-time model now: the calibrated profile, plus a batch's measured fixed cost and
         any injected delay."""
         overhead_ms = max(self._delay_s(), 0.0) * 1000.0 + self._fixed_ms
-        service = self._service
-        return (
-            service
-            if overhead_ms == service.overhead_ms
-            else dataclasses.replace(service, overhead_ms=overhead_ms)
-        )
+        now = self._service_now  # made once per batch (calibration) or slowdown, not per request
+        if now.overhead_ms != overhead_ms or now.scale != self._service.scale:
+            now = self._service_now = dataclasses.replace(self._service, overhead_ms=overhead_ms)
+        return now
 
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
+                while (not self._queue or self._busy) and not self._closed:
                     self._cond.wait()
                 if self._closed:
                     return
                 run, drop = self._take(self._clock())
-            for ticket in drop:
-                ticket.future.set_exception(
-                    DroppedError(f"{self.name}: dropped, it could not be answered before its deadline")
-                )
+            self._drop(drop)
             if run:
                 self._run(run)
+
+    def _drop(self, drop: list[_Ticket]) -> None:
+        for ticket in drop:
+            ticket.future.set_exception(
+                DroppedError(f"{self.name}: dropped, it could not be answered before its deadline")
+            )
 
     def _take(self, now: float) -> tuple[list[_Ticket], list[_Ticket]]:
         """Under the lock: the discipline's next batch, removed from the queue."""
@@ -305,6 +348,7 @@ class ServingQueue:
         self.counters.dropped += len(drop)
         if run:
             self._running_until = now + service.batch_s(batch.rows)
+            self._busy = True
         return run, drop
 
     def _run(self, run: list[_Ticket]) -> None:
@@ -329,15 +373,14 @@ class ServingQueue:
                 ticket.future.set_exception(error)
             with self._cond:
                 self.counters.failed += len(run)
-                self._running_until = None
-                self._idle_from = self._clock()
+                self._idle()
             return
         predicted = time.perf_counter()
         elapsed_ms = (predicted - started) * 1000.0
         predicted_ns = time.time_ns()
         started_ns = predicted_ns - int((predicted - started) * 1e9)
-        bounds = np.cumsum([len(t.rows) for t in run])[:-1]
-        for ticket, part in zip(run, np.split(out, bounds), strict=True):
+        parts = [out] if len(run) == 1 else np.split(out, np.cumsum([len(t.rows) for t in run])[:-1])
+        for ticket, part in zip(run, parts, strict=True):
             ticket.stamps = (ticket.stamps[0], taken_ns, started_ns, predicted_ns)
             ticket.batch_rows = len(rows)
             ticket.future.set_result(part)
@@ -352,14 +395,21 @@ class ServingQueue:
             c.batch_s += started - taken - delay
             c.predict_s += predicted - started
             c.answer_s += done - predicted
-            self._running_until = None
-            self._idle_from = self._clock()
+            self._idle()
             self._calibrate(len(rows), elapsed_ms, max(cycle_ms - elapsed_ms - delay * 1000.0, 0.0))
         if self._on_batch is not None:
             try:
                 self._on_batch(BatchDone(len(rows), waits, predicted - started))
             except Exception:  # metrics never stop a queue
                 log.exception("%s: recording a batch's metrics failed", self.name)
+
+    def _idle(self) -> None:
+        """Under the lock, once a batch is answered: the next may start (the worker, if it waits)."""
+        self._running_until = None
+        self._idle_from = self._clock()
+        self._busy = False
+        if self._queue:
+            self._cond.notify_all()
 
     def _calibrate(self, rows: int, predict_ms: float, fixed_ms: float) -> None:
         """Per-row cost (``scale`` of the profile) from predict's time; fixed cost from the rest."""

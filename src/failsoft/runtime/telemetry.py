@@ -208,14 +208,18 @@ def submit(
     request_id: str | None,
     meta: Mapping[str, str] | None,
     attributes: Mapping[str, str],
+    wake: bool = True,
 ) -> Any:
     """The data plane's side of a call (:meth:`failsoft.runtime.agent.Agent.submit_infer`): the
     ticket's future, with no thread waiting on it. When tracing is on and the call carried a
     context, the same ``agent.infer``, ``agent.queue`` and ``model.predict`` spans as :func:`serve`
-    are recorded once the answer is done, from the ticket's own time stamps."""
-    ticket = queue.submit(batch, timeout_s, request_id)
+    are recorded once the answer is done, from the ticket's own time stamps. ``wake`` False: the
+    caller runs the queue next (:meth:`~failsoft.runtime.serving.ServingQueue.run_here`)."""
+    ticket = queue.submit(batch, timeout_s, request_id, wake=wake)
+    if _tracer is None or not meta:  # tracing off: nothing more per request
+        return ticket.future
     parent = extract(meta)
-    if parent is None or _tracer is None:
+    if parent is None:
         return ticket.future
     tracer = _tracer
     entered = ticket.stamps[0]

@@ -157,6 +157,48 @@ def test_answers_and_typed_errors(served: tuple[Queues, DataPlaneServer]) -> Non
     run(main())
 
 
+class Runs(Queues):
+    """The agent's side with ``run_queued``: the server queues without waking the worker, then asks
+    the handler to run what it queued (a quick model, an idle worker: in the socket's thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+        self.woken: list[bool] = []
+
+    def _predict(self, x: np.ndarray) -> np.ndarray:
+        self.threads.append(threading.current_thread().name)
+        return super()._predict(x)
+
+    def submit_infer(self, app, variant, batch, timeout_s, request_id, sent_at, meta=None, wake=True):  # type: ignore[no-untyped-def]
+        self.woken.append(wake)
+        return self.queue.submit(batch, timeout_s, request_id, wake=wake).future
+
+    def run_queued(self) -> None:
+        self.queue.run_here()
+
+
+def test_a_lone_request_is_answered_in_the_socket_thread_when_the_handler_runs_it() -> None:
+    queues = Runs()
+    server = DataPlaneServer(queues)
+    server.start()
+
+    async def main() -> None:
+        client = DataPlaneClient(server.endpoint or "", "server 's'")
+        x = np.random.default_rng(2).normal(size=(1, 4)).astype(np.float32)
+        for i in range(3):
+            assert np.allclose(await client.infer("app", "m", x, 5.0, f"r{i}"), x @ WEIGHTS)
+        client.close()
+
+    try:
+        run(main())
+        assert queues.woken == [False] * 3  # queued without waking the worker ...
+        assert queues.threads == ["dataplane"] * 3  # ... and run, and answered, by the socket's thread
+    finally:
+        server.close()
+        queues.queue.close(5.0)
+
+
 def test_a_refusal_keeps_its_retry_after() -> None:
     queues = Queues(max_queue=1)
     server = DataPlaneServer(queues)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from failsoft.clock import ManualClock
+from failsoft.clock import ManualClock, MonotonicClock
 from failsoft.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -274,3 +274,40 @@ async def test_a_call_sent_after_the_gateway_learned_of_a_failure_is_answered():
         task = rig.call(watch=Watch.leaves_server("cam", "s1"))
         await rig.clock.run_for(0.01)
         assert task.result().status is CallStatus.ANSWERED
+
+
+@contextlib.asynccontextmanager
+async def rigged_live() -> AsyncIterator[Rig]:
+    """The rig on the runtime's clock (``time.monotonic``, the event loop's own): the path where a
+    call races its answer, the mirror's next update and its deadline with no task of its own."""
+    clock = MonotonicClock()
+    controller = FakeController(clock, {"cam": route_entry("s1", "big")})  # type: ignore[arg-type]
+    mirror = RouteMirror(controller, clock)  # type: ignore[arg-type]
+    poll = asyncio.ensure_future(mirror.run())
+    try:
+        while mirror.route("cam") is None:
+            await asyncio.sleep(0.001)
+        agents = {s: FakeAgent(s, clock) for s in ("s1", "s2")}  # type: ignore[arg-type]
+        yield Rig(clock, controller, mirror, agents)  # type: ignore[arg-type]
+    finally:
+        poll.cancel()
+        await asyncio.gather(poll, return_exceptions=True)
+
+
+@sync
+async def test_on_the_runtime_clock_a_call_ends_at_a_move_or_its_deadline_without_a_watcher_task():
+    async with rigged_live() as rig:
+        rig.agents["s1"].latency_s = None  # hung
+        before = len(asyncio.all_tasks())
+        task = rig.call()
+        await asyncio.sleep(0.05)
+        assert len(asyncio.all_tasks()) == before + 2  # the caller's and the agent call's; no watcher
+        rig.controller.set_route("cam", route_entry("s2", "small", "warm"))
+        result = await asyncio.wait_for(task, DEADLINE_S / 2)  # at the move, not at the deadline
+        assert result.status is CallStatus.MOVED and rig.agents["s1"].cancelled == ["r1#1"]
+        assert rig.outcomes == []
+        rig.agents["s2"].latency_s = None
+        started = rig.clock.now()
+        result = await rig.call("s2", watch=None)  # hung too, nothing to watch: its deadline ends it
+        assert result.status is CallStatus.DEADLINE and rig.clock.now() - started >= DEADLINE_S
+        assert rig.agents["s2"].cancelled == ["r1#1"] and [s for s, _, _ in rig.outcomes] == ["s2"]

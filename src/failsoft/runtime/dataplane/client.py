@@ -22,7 +22,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import zmq
@@ -66,6 +66,7 @@ class DataPlaneClient:
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._socket.setsockopt(zmq.RECONNECT_IVL, -1)  # an ended connection is not retried
+        self._sync: zmq.Socket[Any] = zmq.Socket.shadow(self._socket.underlying)  # read with no future
         self._monitor = self._socket.get_monitor_socket()
         self._socket.connect(endpoint)
         self._tasks = [
@@ -88,6 +89,27 @@ class DataPlaneClient:
     ) -> np.ndarray:
         """``batch``'s answer within ``timeout_s``; the agent's failsoft errors re-raised as they are.
         ``meta`` (plain strings: a trace context) travels in the header."""
+        future = self.start(app, variant, batch, timeout_s, request_id, meta)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"{self.what}.infer: no answer within {timeout_s * 1000:.0f} ms"
+            ) from None
+
+    def start(
+        self,
+        app: str,
+        variant: str,
+        batch: Any,
+        timeout_s: float,
+        request_id: str | None = None,
+        meta: dict[str, str] | None = None,
+    ) -> asyncio.Future[np.ndarray]:
+        """Send the request now; the future its reply completes (the agent's failsoft error, or
+        ServerUnavailableError when the connection ends first). No timer: ``timeout_s`` only
+        travels to the agent; the caller keeps its deadline and cancels the future to give up."""
         if self.lost is not None:
             raise ServerUnavailableError(f"{self.what}: connection lost ({self.lost})")
         seq = next(self._seq)
@@ -106,17 +128,21 @@ class DataPlaneClient:
             head["meta"] = meta
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
         self._pending[seq] = future
-        try:
-            await self._socket.send_multipart([frames.dump(head), data], copy=len(data) < ZERO_COPY_BYTES)
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            raise DeadlineExceededError(
-                f"{self.what}.infer: no answer within {timeout_s * 1000:.0f} ms"
-            ) from None
-        except zmq.ZMQError as exc:
-            raise ServerUnavailableError(f"{self.what}: data plane send failed: {exc}") from exc
-        finally:
-            self._pending.pop(seq, None)
+        future.add_done_callback(lambda _: self._pending.pop(seq, None))  # answered, failed, given up
+        sent = cast(
+            "asyncio.Future[Any]",
+            self._socket.send_multipart([frames.dump(head), data], copy=len(data) < ZERO_COPY_BYTES),
+        )
+        if sent.done():  # sent at once (the usual case), or failed
+            self._sent(future, sent)
+        else:  # queued behind other sends: its failure fails the call
+            sent.add_done_callback(lambda done: self._sent(future, done))
+        return future
+
+    def _sent(self, future: asyncio.Future[np.ndarray], sent: asyncio.Future[Any]) -> None:
+        error = None if sent.cancelled() else sent.exception()
+        if error is not None and not future.done():
+            future.set_exception(ServerUnavailableError(f"{self.what}: data plane send failed: {error}"))
 
     def cancel_nowait(self, request_id: str) -> None:
         """Withdraw ``request_id`` from the agent's queue; fire and forget."""
@@ -134,20 +160,32 @@ class DataPlaneClient:
     async def _read(self) -> None:
         while True:
             try:
-                message = await self._socket.recv_multipart(copy=False)
+                message: list[Any] | None = await self._socket.recv_multipart(copy=False)
             except (zmq.ZMQError, asyncio.CancelledError):
                 return
-            try:
-                head = frames.header(message[0])
-                future = self._pending.get(int(head["seq"]))
-                if future is None or future.done():  # answered after its caller gave up
-                    continue
-                if head.get("ok"):
-                    future.set_result(frames.tensor(head, message[1]))
-                else:
-                    future.set_exception(frames.error_of(head))
-            except (FailsoftError, KeyError, ValueError, TypeError, IndexError) as exc:
-                log.warning("%s: unreadable reply dropped: %s", self.what, exc)
+            while message is not None:  # and every reply that came with it, without a wake-up each
+                self._deliver(message)
+                message = self._next()
+
+    def _next(self) -> list[Any] | None:
+        """The next reply if one is there already (None: none, or the socket closed)."""
+        try:
+            return self._sync.recv_multipart(zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            return None
+
+    def _deliver(self, message: list[Any]) -> None:
+        try:
+            head = frames.header(message[0])
+            future = self._pending.get(int(head["seq"]))
+            if future is None or future.done():  # answered after its caller gave up
+                return
+            if head.get("ok"):
+                future.set_result(frames.tensor(head, message[1]))
+            else:
+                future.set_exception(frames.error_of(head))
+        except (FailsoftError, KeyError, ValueError, TypeError, IndexError) as exc:
+            log.warning("%s: unreadable reply dropped: %s", self.what, exc)
 
     async def _watch(self) -> None:
         while True:

@@ -90,6 +90,23 @@ class DataPlaneLink:
             client = await self._connect(timeout_s)
         return await client.infer(app, variant, batch, timeout_s, request_id, meta)
 
+    def start(
+        self,
+        app: str,
+        variant: str,
+        batch: Any,
+        timeout_s: float,
+        request_id: str | None,
+        meta: dict[str, str] | None = None,
+    ) -> asyncio.Future[np.ndarray] | None:
+        """:meth:`infer` sent at once over this loop's open connection: the reply's future (no
+        timer: the caller keeps the deadline); None when there is no open connection (await
+        :meth:`infer`, which makes one)."""
+        client = self._clients.get(asyncio.get_running_loop())
+        if client is None or client.lost is not None:
+            return None
+        return client.start(app, variant, batch, timeout_s, request_id, meta)
+
     async def connect(self, timeout_s: float) -> None:
         """Make this loop's connection now, before any request needs it (the gateway does so for
         every agent at start: a connection known up is what tells a late heartbeat from a death)."""

@@ -1,11 +1,13 @@
 """The agent's end of the data plane: a ZeroMQ ROUTER socket served by one thread.
 
 The thread reads requests off the socket and hands each one to the model's serving queue
-(:meth:`Handler.submit`), which admits or refuses it at once; nothing waits for the answer. When
-the queue's worker thread completes the request, it encodes the reply itself and passes it to this
-thread over an in-process socket (ZeroMQ sockets belong to one thread), which sends it. A request
-thus touches two threads of the agent, the socket's and the model's worker, and no pool: the Ray
-path parked one of Ray's threads on every request waiting in a queue.
+(:meth:`Handler.submit_infer`), which admits or refuses it at once; nothing waits for the answer.
+Once it has read what arrived, it asks the handler to run what it queued (``run_queued``, when the
+handler has it: the agent): a quick model whose worker is idle answers in this thread, and the
+reply leaves at once; that is a lone request's path, with no hand-off between threads. Otherwise
+the queue's worker thread completes the request, encodes the reply itself and passes it to this
+thread over an in-process socket (ZeroMQ sockets belong to one thread), which sends it. No pool
+either way: the Ray path parked one of Ray's threads on every request waiting in a queue.
 
 A withdrawal (``cancel``) takes the request out of its queue if it is still there; the gateway
 sends one when it gives up on a call (its deadline, a route that moved, a client that left). A
@@ -48,6 +50,13 @@ class Handler(Protocol):
     def cancel(self, request_id: str) -> bool: ...
 
 
+class Runner(Protocol):
+    """A handler that runs what it queued when told (the agent): its ``submit_infer`` takes
+    ``wake=False``, and ``run_queued`` follows each read of the socket."""
+
+    def run_queued(self) -> None: ...
+
+
 class DataPlaneServer:
     """Serves ``handler`` on ``tcp://host:<a free port>`` (:attr:`endpoint` once started)."""
 
@@ -62,6 +71,10 @@ class DataPlaneServer:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._serve, name="dataplane", daemon=True)
+        self._router: zmq.Socket[Any] | None = None  # its own thread replies on it directly
+        runner = getattr(handler, "run_queued", None)
+        self._run_queued: Runner | None = handler if callable(runner) else None  # type: ignore[assignment]
+        self._submit_kw: dict[str, Any] = {} if self._run_queued is None else {"wake": False}
 
     def start(self, timeout_s: float = 10.0) -> str:
         """Bind and start serving; the endpoint gateways connect to."""
@@ -92,6 +105,7 @@ class DataPlaneServer:
             replies.close(0)
             self._ready.set()
             return
+        self._router = router
         self._ready.set()
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
@@ -112,11 +126,16 @@ class DataPlaneServer:
             try:
                 message = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
             try:
                 self._handle(message)
             except Exception as exc:  # a malformed message: never stop serving for it
                 log.warning("data plane: dropped a message: %s", exc)
+        if self._run_queued is not None:
+            try:
+                self._run_queued.run_queued()
+            except Exception:  # a queue's fault is its requests' (answered by it), never the socket's
+                log.exception("data plane: running the queued requests failed")
 
     def _forward(self, replies: zmq.Socket[Any], router: zmq.Socket[Any]) -> None:
         while True:
@@ -151,6 +170,7 @@ class DataPlaneServer:
                 None if rid is None else str(rid),
                 head.get("sent_at"),
                 head.get("meta"),
+                **self._submit_kw,
             )
         except Exception as exc:  # refused at once: admission, no such model, bad input
             self._reply([identity, frames.dump({"seq": seq, "ok": False, **frames.error_fields(exc)})])
@@ -168,6 +188,9 @@ class DataPlaneServer:
         self._reply(reply)
 
     def _reply(self, message: list[Any]) -> None:
+        if self._router is not None and threading.current_thread() is self._thread:
+            self._router.send_multipart(message, copy=False)  # answered in this thread: no hand-off
+            return
         push = getattr(self._local, "push", None)
         if push is None:
             push = self._local.push = self._context.socket(zmq.PUSH)

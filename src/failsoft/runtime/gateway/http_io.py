@@ -11,11 +11,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable
 from typing import TypeVar
 
-import anyio
 from fastapi import Request
 
 from failsoft.errors import FailsoftError, InvalidRequestError, OverloadedError, http_status
@@ -58,23 +58,36 @@ def retry_after(exc: FailsoftError) -> dict[str, str] | None:
 
 async def unless_the_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
     """``work``'s result, or None when the client disconnected first: the work is then cancelled
-    (a dispatch withdraws its calls from the servers' queues: nobody would read the answer)."""
-    result: T | None = None
-    error: Exception | None = None
-    async with anyio.create_task_group() as tasks:
+    (a dispatch withdraws its calls from the servers' queues: nobody would read the answer).
 
-        async def watch() -> None:
-            # the body is read: the next message is the disconnect (or comes after the response)
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
-            tasks.cancel_scope.cancel()
+    The work runs in the caller's task; one plain task watches the connection and cancels the
+    caller's task when the client leaves (a task group per request cost more than the rest of the
+    gateway's own work on a small model)."""
+    task = asyncio.current_task()
+    assert task is not None, "called outside a task"
+    left = False
 
-        tasks.start_soon(watch)
-        try:
-            result = await work
-        except Exception as exc:  # raised past the group, not wrapped in an ExceptionGroup
-            error = exc
-        tasks.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return result
+    def client_left(watch: asyncio.Future[None]) -> None:
+        nonlocal left
+        if not watch.cancelled() and watch.exception() is None:
+            left = True
+            task.cancel()
+
+    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(client_left)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if left and task.uncancel() == 0:  # our own cancellation, no other pending: the client left
+            return None
+        raise
+    finally:
+        watcher.remove_done_callback(client_left)
+        watcher.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects: the body is read, so the next message is the
+    disconnect (or comes after the response)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -43,6 +43,7 @@ from failsoft.runtime.gateway.dispatch import Answer
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MTTR_BUCKETS = (0.001, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 RECOVERY_LOG_SIZE = 1000
+MAX_CACHED_CHILDREN = 4096
 
 
 class _ControllerSteps(Collector):
@@ -127,6 +128,10 @@ class GatewayMetrics:
         # detection time of the last recovery (per app) and failure (per server) counted
         self._recovered: dict[str, float] = {}
         self._failed: dict[str, float] = {}
+        # observe's metric children by their labels (prometheus_client's labels() validates and
+        # locks on every call)
+        self._counted: dict[tuple[str, str, int], Any] = {}
+        self._timed: dict[tuple[str, str], Any] = {}
 
     def watch_apps(self, read: Callable[[], Mapping[str, tuple[int, int]]]) -> None:
         """Export ``read()``'s (replicas, ongoing requests) per app at every scrape."""
@@ -134,10 +139,10 @@ class GatewayMetrics:
 
     def observe(self, app: str, code: int, seconds: float, answer: Answer | None) -> None:
         variant = answer.variant if answer else "-"
-        self.requests.labels(app, variant, str(code)).inc()
+        _child(self._counted, (app, variant, code), self.requests, (app, variant, str(code))).inc()
         if answer is None:
             return
-        self.latency.labels(app, variant).observe(seconds)
+        _child(self._timed, (app, variant), self.latency, (app, variant)).observe(seconds)
         if answer.attempts > 1:
             self.retries.labels(app).inc()
         if answer.detected_at is not None and answer.detected_at > self._recovered.get(app, -math.inf):
@@ -185,6 +190,15 @@ class GatewayMetrics:
         if controller_stats is not None:
             self.steps.stats = controller_stats
         return generate_latest(self.registry)
+
+
+def _child(cache: dict[Any, Any], key: Any, metric: Any, labels: tuple[str, ...]) -> Any:
+    child = cache.get(key)
+    if child is None:
+        child = metric.labels(*labels)
+        if len(cache) < MAX_CACHED_CHILDREN:  # bounded whatever the labels
+            cache[key] = child
+    return child
 
 
 def first_recoveries(log: list[dict[str, Any]], since: float) -> dict[str, dict[str, Any]]:

@@ -112,6 +112,7 @@ class RouteMirror:
         self._made: dict[str, float | None] = {}  # server -> its failure stamp when its connection was made
         self._made_early: set[str] = set()  # connections made before the first table: its stamps count
         self._changed = asyncio.Event()
+        self._update: asyncio.Future[None] | None = None  # done at the next update (next_update)
 
     def route(self, app: str) -> Route | None:
         return self.routes.get(app)
@@ -165,6 +166,9 @@ class RouteMirror:
     def _wake(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
+        update, self._update = self._update, None
+        if update is not None and not update.done():
+            update.set_result(None)
 
     # the connection's end: the next route before the controller's --------------------------------
     def connection_lost(self, server: str) -> None:
@@ -249,6 +253,14 @@ class RouteMirror:
             if left <= 0:
                 return False
             await self.wait_change(left)
+
+    def next_update(self) -> asyncio.Future[None]:
+        """A future done at the next table update, shared by every caller until then: what a call
+        in flight races its answer against (no task or timer per call). Never cancel it."""
+        loop = asyncio.get_running_loop()
+        if self._update is None or self._update.done() or self._update.get_loop() is not loop:
+            self._update = loop.create_future()
+        return self._update
 
     async def wait_change(self, timeout_s: float) -> bool:
         """Wait for the next table update; False when ``timeout_s`` passed first."""

@@ -37,6 +37,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from failsoft.clock import MonotonicClock
 from failsoft.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -194,15 +195,10 @@ async def _call(
     except ServerUnavailableError as exc:  # being replaced: wait for a newer route
         return CallResult(CallStatus.MOVED, error=exc)
     fence = context.routes.fence(target.server)
-    extra: dict[str, Any] = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
-    call = asyncio.ensure_future(
-        agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id, **extra)
-    )
-    watcher = asyncio.ensure_future(_until_moved(context, watch, deadline))
+    call = _send(agent, target, batch, left, call_id, meta)
     try:
-        await asyncio.wait({call, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await _race(context, call, watch, deadline)
     finally:
-        watcher.cancel()
         ended = call.done()
         if not ended:  # the deadline, a move, or the caller's cancellation came first
             call.cancel()
@@ -255,6 +251,55 @@ def _settled(
         return CallResult(CallStatus.MOVED, error=fenced)
     context.outcome(target.server, True, "")
     return CallResult(CallStatus.ANSWERED, outputs=outputs)
+
+
+def _send(
+    agent: Any, target: Target, batch: Any, left: float, call_id: str, meta: dict[str, str]
+) -> asyncio.Future[Any]:
+    """The call under way: sent at once over an open data-plane connection (the reply's future,
+    no task), else a task that awaits ``agent.infer`` (it connects first, or calls over Ray)."""
+    extra: dict[str, Any] = {"meta": meta} if meta else {}  # nothing to carry when tracing is off
+    start = getattr(agent, "infer_started", None)
+    if start is not None:
+        try:
+            sent = start(target.key, target.variant, batch, left, call_id, **extra)
+        except FailsoftError as exc:  # the connection is lost: settled as a call that failed
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        if sent is not None:
+            return sent
+    return asyncio.ensure_future(
+        agent.infer(target.key, target.variant, batch, timeout_s=left, request_id=call_id, **extra)
+    )
+
+
+async def _race(
+    context: DispatchContext, call: asyncio.Future[Any], watch: Watch | None, deadline: float
+) -> None:
+    """Return once ``call`` is done, ``watch`` no longer holds, or ``deadline`` passed.
+
+    On the runtime's clock (the event loop's own, ``time.monotonic``) the call is raced against the
+    mirror's next update and a timer, with no task of its own: per request, tasks were a large
+    share of the gateway's work on a small model. Any other clock (a test's) times the race with
+    its own sleeps, in a watcher task."""
+    clock, routes = context.clock, context.routes
+    if type(clock) is not MonotonicClock:
+        watcher = asyncio.ensure_future(_until_moved(context, watch, deadline))
+        try:
+            await asyncio.wait({call, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        return
+    while not call.done():
+        left = deadline - clock.now()
+        if left <= 0 or (watch is not None and watch.moved_in(routes)):
+            return
+        if watch is None:
+            await asyncio.wait((call,), timeout=left)
+        else:
+            update = routes.next_update()
+            await asyncio.wait((call, update), timeout=left, return_when=asyncio.FIRST_COMPLETED)
 
 
 async def _until_moved(context: DispatchContext, watch: Watch | None, deadline: float) -> bool:
