@@ -173,3 +173,16 @@ def test_a_worker_with_no_room_anywhere_waits_and_is_tried_again():
     assert not [c for c in llm(h, out) if isinstance(c, StartLlmWorker)]
     assert record(h, "w0").phase is LlmPhase.FAILED and not record(h, "w0").holds_memory
     assert h.core.next_wakeup() is not None
+
+
+def test_a_worker_in_its_first_start_is_judged_by_that_start_not_by_its_servers_silence():
+    h = Harness(cluster())
+    h.take(h.core.place_llm(group(), 0.0))
+    h.take(h.core.llm_started("chat", "w1", 0, "serving", 0.01))
+    h.take(h.core.llm_started("chat", "w2", 0, "serving", 0.01))
+    out = h.fail_s0()  # w0's server goes silent while w0 still loads
+    assert not llm(h, out) and not h.events("llm-worker-failed")
+    out = h.take(h.core.llm_start_failed("chat", "w0", 0, "its server died", 0.2))
+    assert llm(h, out) == [StopLlmWorker("chat", "w0", 0)]
+    out = h.take(h.core.advance(0.2 + RETRY_S))  # placed again, on a live server
+    assert llm(h, out) == [StartLlmWorker("chat", "w0", "s2", 1)]

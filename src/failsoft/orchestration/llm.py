@@ -151,9 +151,11 @@ class LlmWorkers:
 
     def servers_failed(self, failed: set[str], now: float) -> None:
         """The detector failed ``failed``: their workers fail with them and restart elsewhere; their
-        standbys are gone and are started again on an up server."""
+        standbys are gone and are started again on an up server. A worker still in its first start
+        is judged by that start's outcome (a worker is a process of its own: a server whose agent
+        was not heard from in time, at deployment, may run it well; a dead one fails its start)."""
         for rec in list(self.records.workers.values()):
-            if rec.server in failed and rec.holds_memory:
+            if rec.server in failed and rec.holds_memory and rec.phase is not LlmPhase.STARTING:
                 self._fail(rec, f"server {rec.server} failed", now)
         for service, servers in self.records.standbys.items():
             lost = [s for s in servers if s in failed]
