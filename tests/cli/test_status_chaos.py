@@ -8,7 +8,7 @@ from datetime import datetime
 from rich.console import Console
 
 from failsoft.cli.chaos import describe
-from failsoft.cli.status import _contract, app_table, local_time, server_table
+from failsoft.cli.status import _contract, app_table, llm_table, local_time, server_table
 
 NOW = time.time()
 
@@ -67,6 +67,20 @@ def test_status_json_carries_the_history_fields():
     assert doc["apps"][0]["last_failover"]["server"] == "c2"
     bare = _contract(_body(with_history=False))
     assert bare["servers"][0]["restarts"] is None and bare["apps"][0]["last_failover"] is None
+
+
+def test_status_lists_llm_workers_as_the_core_places_them():
+    body = _body(with_history=False) | {
+        "llm_workers": [
+            {"service": "bytes", "worker": "w0", "server": "a1", "phase": "serving",
+             "incarnation": 0, "memory_mb": 12.5, "restarts": 0},
+            {"service": "bytes", "worker": "w1", "server": "c2", "phase": "draft",
+             "incarnation": 2, "memory_mb": 12.5, "restarts": 1},
+        ]
+    }  # fmt: skip
+    assert _row(_text(llm_table(body)), "bytes")[:4] == ["bytes", "w0", "a1", "serving"]
+    assert _contract(body)["llm_workers"][1]["phase"] == "draft"
+    assert _contract(_body(with_history=False))["llm_workers"] == []
 
 
 def test_local_time_is_dated_unless_today():

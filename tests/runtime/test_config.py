@@ -165,6 +165,34 @@ def test_an_llm_service_is_validated_at_the_edge(service, named):
         config_from_dict(_llm_config(**service))
 
 
+def _stored_lm(where: Path, weights_bytes: int, load_ms: float | None) -> None:
+    """A built model's files as the footprint reads them (config and profile; no weights needed)."""
+    import json
+
+    where.mkdir(parents=True)
+    arch = {"num_attention_heads": 4, "hidden_size": 64, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    config = {"architecture": arch, "weights": {"file": "model.safetensors", "bytes": weights_bytes}}
+    (where / "config.json").write_text(json.dumps(config))
+    if load_ms is not None:
+        (where / "profile.json").write_text(json.dumps({"load_ms": load_ms}))
+
+
+def test_an_llm_workers_memory_is_its_weights_and_kv_budget_and_its_restart_its_profile(tmp_path):
+    _stored_lm(tmp_path / "llm" / "tiny-target", 3 * 2**20, 800.0)
+    _stored_lm(tmp_path / "llm" / "tiny-draft", 2**20, None)
+    service = {"model": {"root": str(tmp_path)}, "workers": 2, "spares": 1, "restart_delay_ms": 200}
+    service["engine"] = {"kv_pages": 64, "page_size": 16}
+    (llm,) = config_from_dict(_llm_config(**service)).llm
+    group = llm.group(progressive=True)
+    # KV: 2 (K, V) x 2 layers x 2 KV heads x 16 (64 / 4 heads) x 4 bytes = 512 B a token, 1024 tokens
+    assert group.memory_mb == 3 + 1 + 0.5
+    assert (group.workers, group.homes, group.standbys) == (("w0", "w1"), ("s1", "s1"), ("s1",))
+    assert group.draft_first and group.target_load_s == pytest.approx(1.0)  # profile + delay
+    assert group.draft_load_s == pytest.approx(1 / 500)  # no profile: its weights read at 500 MB/s
+    plain = llm.group(progressive=False)
+    assert plain.memory_mb == 3.5 and not plain.draft_first
+
+
 def test_a_config_that_serves_nothing_is_refused():
     with pytest.raises(ConfigError, match="serves nothing"):
         config_from_dict({"servers": [{"name": "s1", "site": "a", "memory_mb": 64}]})

@@ -90,6 +90,7 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
             }
             for a in body["apps"]
         ],
+        "llm_workers": body.get("llm_workers", []),
     }
 
 
@@ -109,6 +110,8 @@ def _print_tables(body: dict[str, Any]) -> None:
     console = Console() if sys.stdout.isatty() else Console(width=160)  # piped: no wrapped cells
     console.print(server_table(body))
     console.print(app_table(body))
+    if body.get("llm_workers"):
+        console.print(llm_table(body))
 
 
 def server_table(body: dict[str, Any]) -> Any:
@@ -164,6 +167,27 @@ def app_table(body: dict[str, Any]) -> Any:
             a["kind"] or "-",
             warm,
             last_failover(a.get("last_failover")),
+        )
+    return table
+
+
+def llm_table(body: dict[str, Any]) -> Any:
+    """LLM workers (member apps of their llm service): server, phase, process, memory, restarts."""
+    from rich.table import Table
+
+    colour = {"serving": "green", "draft": "yellow", "failed": "red", "starting": "cyan"}
+    table = Table(title="llm workers")
+    for col in ("service", "worker", "server", "phase", "incarnation", "memory", "restarts"):
+        table.add_column(col)
+    for w in body["llm_workers"]:
+        table.add_row(
+            w["service"],
+            w["worker"],
+            w["server"],
+            f"[{colour.get(w['phase'], 'white')}]{w['phase']}[/]",
+            str(w["incarnation"]),
+            f"{w['memory_mb']:.1f} MB",
+            str(w["restarts"]),
         )
     return table
 

@@ -8,6 +8,8 @@
   :mod:`~failsoft.orchestration.copies`: collaborators the orchestrator holds, each owning its state:
   the per-app operations (recover, upgrade, return home, repair), the warm-backup re-planning, and
   the copies a mechanism pins (a Jellyfish rung, a HAMS backup);
+* :mod:`~failsoft.orchestration.llm` (records in :mod:`~failsoft.orchestration.llm_state`): an
+  ``llm`` service's workers as member apps: placed with their memory counted, failed, restarted;
 * :mod:`~failsoft.orchestration.effects`: what all three do to the cluster (loads, routes, timers,
   the commands out), the one layer they share;
 * :mod:`~failsoft.orchestration.loads`: per-server load slots by priority;

@@ -17,6 +17,17 @@ command             the driver does                             and then calls
 :class:`Inspect`    ask a server what it holds                  ``Orchestrator.inspected(server, ...)``
 ==================  ==========================================  ==========================================
 
+An ``llm`` service's workers (member apps: :mod:`~failsoft.orchestration.llm`) have five more,
+carried out by the service's worker executor (the runtime's ``LlmFleet``, the simulator's twin):
+
+* :class:`StartLlmWorker`: start a worker on a server (a standby there adopts it when the core
+  counted one), its draft first when it says so; then ``Orchestrator.llm_started(...)`` (phase
+  ``draft`` or ``serving``) or ``llm_start_failed(...)``;
+* :class:`SwitchLlmTarget`: let a drafting worker serve its target once loaded; then
+  ``llm_started(..., "serving")`` or ``llm_start_failed``;
+* :class:`StopLlmWorker` (end a process: gone, or replaced), :class:`StartLlmStandby` (a standby
+  process), :class:`PublishLlm` (the service's worker table changed): nothing back.
+
 Times inside commands are on the core's clock (see :mod:`failsoft.orchestration.state`).
 """
 
@@ -104,4 +115,53 @@ class Inspect:
     purpose: InspectPurpose
 
 
-Command = Load | Unload | Publish | Emit | Planned | PlanFailover | PlanProactive | Inspect
+@dataclass(frozen=True, slots=True)
+class StartLlmWorker:
+    """Start ``worker`` of ``service`` on ``server`` as process ``incarnation``: a standby on that
+    server adopts it when there is one (``standby``: the core counted one there), else a new process.
+    ``draft_first``: load the draft, report phase ``draft``, and wait for :class:`SwitchLlmTarget`."""
+
+    service: str
+    worker: str
+    server: str
+    incarnation: int
+    draft_first: bool = False
+    standby: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchLlmTarget:
+    """LUMEN's progressive recovery, second half: the drafting ``worker`` serves its target once it
+    is loaded (the executor reports phase ``serving``)."""
+
+    service: str
+    worker: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopLlmWorker:
+    """End ``worker``'s process ``incarnation`` (gone already, or replaced): cancel its start."""
+
+    service: str
+    worker: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartLlmStandby:
+    """Start a standby process of ``service`` on ``server`` (imports done, no model)."""
+
+    service: str
+    server: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishLlm:
+    """``service``'s worker table changed (a placement, a phase, an incarnation)."""
+
+    service: str
+
+
+LlmCommand = StartLlmWorker | SwitchLlmTarget | StopLlmWorker | StartLlmStandby | PublishLlm
+Command = Load | Unload | Publish | Emit | Planned | PlanFailover | PlanProactive | Inspect | LlmCommand

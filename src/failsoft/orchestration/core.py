@@ -52,6 +52,8 @@ from failsoft.orchestration.copies import CopyRequest, MechanismCopies
 from failsoft.orchestration.deploy import DeployPlan, Desired, Running, apply_plan, plan_deploy
 from failsoft.orchestration.deploy_run import Deploys
 from failsoft.orchestration.effects import Effects
+from failsoft.orchestration.llm import RETRY_TIMER, LlmWorkers
+from failsoft.orchestration.llm_state import LlmGroup
 from failsoft.orchestration.operations import Group, Operations
 from failsoft.orchestration.replicas import Replicas
 from failsoft.orchestration.settings import OrchestrationSettings
@@ -106,6 +108,7 @@ class Orchestrator:
             self.fx, settings, routes_moved_home=self.warm.mark_dirty, home_ended=self._home_ended
         )
         self.deploys = Deploys(self.fx, self.operations, settings.drain_s, settings.retire_s)
+        self.llm = LlmWorkers(self.fx)
         self.failed_queue: dict[str, float] = {}  # server -> when it was detected
         self.last_heard: dict[str, float] = {}
         self.heard_again: dict[str, float] = {}
@@ -212,6 +215,41 @@ class Orchestrator:
         if self.copies.unpin(app, server, owner, now):
             self.warm.mark_dirty()
         return self._flush(now)
+
+    # inputs: llm services' workers (member apps; see orchestration/llm.py) -------------------
+    def place_llm(self, group: LlmGroup, now: float) -> list[Command]:
+        """Place an ``llm`` service's workers on their servers (and its standbys): their memory
+        is counted from now on. Raises CapacityError or UnknownNameError, changing nothing."""
+        self.llm.place(group, now)
+        return self._flush(now)
+
+    def llm_started(
+        self,
+        service: str,
+        worker: str,
+        incarnation: int,
+        phase: str,
+        now: float,
+        info: dict[str, Any] | None = None,
+    ) -> list[Command]:
+        """A worker's process serves its draft (``phase`` ``draft``) or its target (``serving``)."""
+        self.llm.started(service, worker, incarnation, phase, info or {}, now)
+        return self._flush(now)
+
+    def llm_start_failed(
+        self, service: str, worker: str, incarnation: int, error: str, now: float
+    ) -> list[Command]:
+        """A :class:`StartLlmWorker` or :class:`SwitchLlmTarget` could not be carried out."""
+        self.llm.start_failed(service, worker, incarnation, error, now)
+        return self._flush(now)
+
+    def llm_died(
+        self, service: str, worker: str, incarnation: int, reason: str, now: float
+    ) -> tuple[bool, list[Command]]:
+        """Proof that a worker's process is gone (its executor's probe, the gateway): whether a
+        restart began (False: a stale report), and the commands."""
+        began = self.llm.died(service, worker, incarnation, reason, now)
+        return began, self._flush(now)
 
     # inputs: replicas and autoscaling (see orchestration/replicas.py) -------------------------
     def observe_ongoing(self, app: str, ongoing: float, now: float) -> list[Command]:
@@ -416,6 +454,7 @@ class Orchestrator:
         for key in [k for k in self.state.warm if k[1] in failed]:
             del self.state.warm[key]
             self.warm.dirty = True
+        self.llm.servers_failed(failed, now)  # member apps of llm services fail with them
         hit: dict[str, list[tuple[str, Placement]]] = {s: [] for s in failed}
         touching = self.operations.working_with(failed)  # a few apps of many: the others skip the call
         for name, rec in self.state.apps.items():
@@ -780,6 +819,8 @@ class Orchestrator:
                 self.fx.changes += 1
             elif kind in ("deploy-retire", "deploy-step"):
                 self.deploys.timer(kind, payload, now)
+            elif kind == RETRY_TIMER:
+                self.llm.retry(payload, now)
 
     def next_wakeup(self) -> float | None:
         """When the core next needs :meth:`advance` (None: only when an input arrives)."""

@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Any
 
 from failsoft.domain import App, BackupState, Placement, Scenario, Server, ServerState, Variant, WarmBackup
+from failsoft.orchestration.llm_state import LlmRecords
 from failsoft.services import Service
 
 
@@ -135,6 +136,7 @@ class ClusterState:
         # replicas dropped by a scale-in, until their drain period ends: (app, server) -> variant;
         # the gateway sends them nothing new but lets the requests they hold finish (not persisted)
         self.draining: dict[tuple[str, str], str] = {}
+        self.llm = LlmRecords()  # llm services' workers: member apps the core places (llm_state.py)
         self.wall_offset = 0.0  # wall-clock seconds minus core seconds (see the module docstring)
         self._wall_synced = False
 
@@ -230,7 +232,8 @@ class ClusterState:
     def used_mb(self, server: str) -> float:
         """Memory the core counts on ``server``: what it holds and what it must keep or is loading."""
         models = self.servers[server].holdings | self.needed_on(server)
-        return sum(self.variant(a, v).memory_mb for a, v in models if a in self.apps)
+        held = sum(self.variant(a, v).memory_mb for a, v in models if a in self.apps)
+        return held + self.llm.used_mb(server) if self.llm.workers else held
 
     def pinned_of(self, app: str) -> list[WarmRecord]:
         return [w for w in self.warm_of(app) if w.backup.pinned]
@@ -259,6 +262,8 @@ class ClusterState:
         """
         apps = tuple(self._as_placed(r) for n, r in self.apps.items() if self.deployment.has_app(n))
         servers = self.deployment.servers
+        if self.llm.workers:  # LLM workers' memory is not the policies' to plan with
+            servers = _less_memory(servers, self.llm.taken())
         if not with_warm:
             servers = self._less_pinned(servers)
         if live_only:
@@ -374,6 +379,7 @@ class ClusterState:
         servers = []
         for name, rec in self.servers.items():
             used = sum(self.variant(a, v).memory_mb for a, v in rec.holdings if a in self.apps)
+            used += self.llm.used_mb(name)
             servers.append(
                 {
                     "name": name,
@@ -424,7 +430,7 @@ class ClusterState:
                     "last_failover": _shift_at(rec.last_failover, self.wall_offset),
                 }
             )
-        return {"servers": servers, "apps": apps}
+        return {"servers": servers, "apps": apps, "llm_workers": self.llm.status()}
 
     # persistence -----------------------------------------------------------------------------
     def to_docs(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -444,6 +450,7 @@ class ClusterState:
                 for (a, s), w in self.warm.items()
             },
             "scale": {a: {"replicas": n} for a, n in self.scale.items()},
+            "llm": self.llm.to_docs(),
         }
 
     def load_docs(self, docs: dict[str, dict[str, dict[str, Any]]]) -> None:
@@ -469,6 +476,14 @@ class ClusterState:
         for name, doc in docs.get("scale", {}).items():
             if name in self.scale:
                 self.scale[name] = int(doc["replicas"])
+        self.llm.load_docs(docs.get("llm", {}), set(self.servers))
+
+
+def _less_memory(servers: tuple[Server, ...], taken: dict[str, float]) -> tuple[Server, ...]:
+    return tuple(
+        dataclasses.replace(s, memory_mb=max(s.memory_mb - taken[s.name], 0.0)) if taken.get(s.name) else s
+        for s in servers
+    )
 
 
 def _shift(t: float | None, by: float) -> float | None:

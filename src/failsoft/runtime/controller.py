@@ -36,7 +36,7 @@ from typing import Any
 
 from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import Scenario
-from failsoft.errors import StoreError
+from failsoft.errors import FailsoftError, StoreError
 from failsoft.orchestration import ClusterState, CopyRequest, OrchestrationSettings, Orchestrator
 from failsoft.orchestration.deploy import Desired, plan_deploy
 from failsoft.runtime import cluster, eventlog
@@ -118,7 +118,14 @@ class Controller:
         self.policy = config.policy  # the failover policy served now (a deploy may change it)
         self.planner = Planner(config.policy)
         self.driver = CoreDriver(
-            self.core, self.planner, self._agent, self._publish, self._emit, self.clock, self._forget_agent
+            self.core,
+            self.planner,
+            self._agent,
+            self._publish,
+            self._emit,
+            self.clock,
+            self._forget_agent,
+            self._llm_command,
         )
         self.tasks: set[asyncio.Task[Any]] = set()
         self._agents: dict[str, cluster.AgentRef] = {}
@@ -127,7 +134,13 @@ class Controller:
         self._last_check = self.clock.now()
         self.late_ticks = 0
         self.receiver = HeartbeatReceiver(heartbeat, set(self.state.servers))
-        self.fleets = {s.name: LlmFleet(s, self.clock, self._emit) for s in config.llm}  # llm services
+        # llm services: their workers are the core's member apps, each fleet carries its commands out
+        reports = _LlmReports(self)
+        self.fleets = {
+            s.name: LlmFleet(s, self.clock, reports, functools.partial(self.state.llm.of, s.name))
+            for s in config.llm
+        }
+        self.llm_refused: dict[str, FailsoftError] = {}  # an llm service the core could not place
         gc.freeze()  # keep full collections (hundreds of ms over Ray's and numpy's objects) off the loop
         _raise_priority()
         spawn(self._main(), "controller-main", self.tasks)
@@ -289,21 +302,51 @@ class Controller:
         return self.core.deploys.to_dict(self.state.wall_offset)
 
     async def wait_ready(self, timeout_s: float) -> bool:
-        """Whether every app is deployed and every llm service's workers serve, by ``timeout_s``."""
-        waits = [self._ready.wait(), *(f.ready.wait() for f in self.fleets.values())]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*waits), timeout_s)
-        return self.core.ready and all(f.ready.is_set() for f in self.fleets.values())
+        """Whether every app is deployed and every llm service's workers serve, by ``timeout_s``;
+        an llm service the core refused to place (CapacityError, naming the server) raises."""
+        deadline = self.clock.now() + timeout_s
+        while True:
+            for exc in self.llm_refused.values():
+                raise exc
+            if self.core.ready and all(f.ready.is_set() for f in self.fleets.values()):
+                return True
+            if self.clock.now() >= deadline:
+                return False
+            await self.clock.sleep(0.02)
 
-    # llm services (runtime/llm_fleet.py) ----------------------------------------------------------
+    # llm services: placed by the core, carried out by runtime/llm_fleet.py -------------------------
+    async def _place_llm(self, fleet: LlmFleet) -> None:
+        """Build the service's model if needed (retried every second while that fails), then have
+        the core place its workers; a refusal (no room, an unknown server) is final and said once."""
+        while True:
+            try:
+                group = await fleet.prepare()
+                break
+            except Exception:
+                log.exception("llm service %s could not be prepared; retrying in 1 s", fleet.name)
+                await self.clock.sleep(1.0)
+        try:
+            self._feed(self.core.place_llm(group, self.clock.now()))
+        except FailsoftError as exc:
+            log.error("llm service %s cannot be placed: %s", fleet.name, exc)
+            self.llm_refused[fleet.name] = exc
+            self._emit("llm-service-refused", {"service": fleet.name, "reason": str(exc)})
+
+    def _llm_command(self, command: Any) -> None:
+        self.fleets[command.service].execute(command)
+
     async def wait_llm(self, service: str, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
         """An llm service's worker table once newer than ``(epoch, version)`` (the gateway's
         dispatcher long-polls it)."""
         return await self._fleet(service).table.wait_newer(epoch, version, timeout_s)
 
     async def llm_failed(self, service: str, worker: str, incarnation: int, reason: str) -> bool:
-        """The gateway saw ``worker`` die under a request: restart it now (True: a restart began)."""
-        return self._fleet(service).report_failed(worker, incarnation, reason)
+        """The gateway saw ``worker`` die under a request: the core restarts it now (True: a
+        restart began; False: a stale report)."""
+        self._fleet(service)
+        began, commands = self.core.llm_died(service, worker, incarnation, reason, self.clock.now())
+        self._feed(commands)
+        return began
 
     def _fleet(self, service: str) -> LlmFleet:
         from failsoft.errors import UnknownNameError
@@ -357,6 +400,7 @@ class Controller:
         spawn(self._persist_loop(), "controller-persist", self.tasks)
         for name, fleet in self.fleets.items():
             spawn(fleet.run(), f"llm-fleet-{name}", self.tasks)
+            spawn(self._place_llm(fleet), f"llm-place-{name}", self.tasks)
         while True:
             await self.steps.run("health", self._check_health, slow_s=self.config.heartbeat.interval_s)
             await self.clock.sleep(self.tick_s)
@@ -454,6 +498,27 @@ class Controller:
         if delay is not None:
             self.core.settings = dataclasses.replace(self.core.settings, replan_delay_s=float(delay))
             self.core.operations.settings = self.core.settings
+
+
+class _LlmReports:
+    """What the fleets report, fed to the core at the controller clock's now."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    def started(self, service: str, worker: str, incarnation: int, phase: str, info: dict[str, Any]) -> None:
+        c = self.c
+        c._feed(c.core.llm_started(service, worker, incarnation, phase, c.clock.now(), info))
+
+    def start_failed(self, service: str, worker: str, incarnation: int, error: str) -> None:
+        c = self.c
+        c._feed(c.core.llm_start_failed(service, worker, incarnation, error, c.clock.now()))
+
+    def died(self, service: str, worker: str, incarnation: int, reason: str) -> bool:
+        c = self.c
+        began, commands = c.core.llm_died(service, worker, incarnation, reason, c.clock.now())
+        c._feed(commands)
+        return began
 
 
 def _raise_priority(nice: int = CONTROLLER_NICE) -> None:

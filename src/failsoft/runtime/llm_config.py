@@ -15,8 +15,10 @@ LLM workers (processes running :mod:`failsoft.llm`'s engine), not apps of the mo
         params: {checkpoint_budget_mb: 64, draft_tokens: 3}
         engine: {kv_pages: 128, page_size: 16, max_batch: 8, torch_threads: 1}
 
-Everything is validated here, at the edge, into a frozen :class:`LlmServing`; the controller's
-:class:`~failsoft.runtime.llm_fleet.LlmFleet` starts and restarts the workers from it, and the
+Everything is validated here, at the edge, into a frozen :class:`LlmServing`; its
+:meth:`LlmServing.group` is the service as the orchestration core places it (each worker's memory
+and load times, from the model's files), the controller's
+:class:`~failsoft.runtime.llm_fleet.LlmFleet` carries out the core's starts and restarts, and the
 gateway's ``llm`` dispatcher serves it.
 """
 
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from failsoft.bounds import describe_validation_error
 from failsoft.errors import ConfigError
+from failsoft.orchestration.llm_state import LlmGroup
 from failsoft.runtime.devices import DEVICE_PATTERN, MAX_GPUS, Placement, check_placement
 from failsoft.services import LlmParams, Service, ServiceMode
 
@@ -129,6 +132,36 @@ class LlmServing:
 
             build_pair(self.root, self.model.size, self.device)
 
+    def group(self, progressive: bool) -> LlmGroup:
+        """The service as the orchestration core places it (built first: :meth:`build`): each
+        worker's memory is its weights (its draft's too under ``progressive`` recovery) plus its KV
+        budget (``kv_pages * page_size`` tokens), and the load times a restart takes (measured in the
+        model's ``profile.json`` where it has one, else its weights read at :data:`READ_MB_PER_S`)."""
+        draft = self.draft_name() if progressive else None
+        target = _footprint(self._model_dir(self.target_name()), self.model.dtype)
+        kv_mb = self.engine.kv_pages * self.engine.page_size * target.kv_bytes_per_token / 2**20
+        memory = target.weights_mb + kv_mb
+        draft_load_s = 0.0
+        if draft is not None:
+            d = _footprint(self._model_dir(draft), self.model.dtype)
+            memory += d.weights_mb
+            draft_load_s = d.load_s
+        return LlmGroup(
+            self.name,
+            self.service.members,
+            self.servers,
+            self.spare_servers,
+            round(memory, 3),
+            draft_first=draft is not None,
+            target_load_s=target.load_s + self.restart_delay_ms / 1000.0,
+            draft_load_s=draft_load_s,
+        )
+
+    def _model_dir(self, name: str) -> Path:
+        if self.hf:
+            return Path(name) if name != self.target_name() else self.root
+        return self.root / "llm" / name
+
     def tokenizer(self) -> Any:
         """The model's tokenizer, for the gateway (it tokenizes; workers see token ids only)."""
         if not self.hf:
@@ -185,6 +218,52 @@ def llm_serving(spec: LlmServiceModel, where: str, servers: tuple[str, ...], bas
         draft,
         spec.restart_delay_ms,
     )
+
+
+READ_MB_PER_S = 500.0  # a model's load time where it has no measured profile: its weights read
+
+
+@dataclass(frozen=True, slots=True)
+class _Footprint:
+    weights_mb: float
+    kv_bytes_per_token: int
+    load_s: float
+
+
+def _footprint(where: Path, dtype: str) -> _Footprint:
+    """A stored model's weight bytes, KV bytes per token and load time, from its files: the byte
+    pair's ``config.json`` (architecture and weights) or a Hugging Face directory's."""
+    import contextlib
+    import json
+
+    from failsoft.llm.realsize import DTYPE_BYTES, kv_bytes_per_token
+
+    try:
+        config = json.loads((where / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"llm model {str(where)!r}: its config.json cannot be read: {exc}") from exc
+    arch = config.get("architecture", config)  # the byte pair nests the transformers config
+    try:
+        heads = int(arch["num_attention_heads"])
+        head_dim = int(arch.get("head_dim") or int(arch["hidden_size"]) // heads)
+        kv_heads = int(arch.get("num_key_value_heads") or heads)
+        layers = int(arch["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"llm model {str(where)!r}: config.json lacks the attention shape ({exc})"
+        ) from None
+    if "weights" in config:  # the byte pair: float32, its weights' size recorded
+        nbytes, element = int(config["weights"]["bytes"]), 4
+    else:
+        nbytes = sum(p.stat().st_size for p in where.glob("*.safetensors"))
+        element = DTYPE_BYTES.get(dtype if dtype != "auto" else str(arch.get("torch_dtype", "float32")), 4)
+    weights_mb = nbytes / 2**20
+    load_s = weights_mb / READ_MB_PER_S
+    profile = where / "profile.json"
+    if profile.is_file():
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # unreadable: the estimate
+            load_s = float(json.loads(profile.read_text())["load_ms"]) / 1000.0
+    return _Footprint(weights_mb, kv_bytes_per_token(layers, kv_heads, head_dim, element), load_s)
 
 
 def is_llm_entry(value: Any) -> bool:

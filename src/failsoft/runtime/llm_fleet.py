@@ -1,29 +1,32 @@
-"""The workers of an ``llm`` service, kept alive by the controller (LUMEN's restart, in production).
+"""The worker executor of an ``llm`` service: the core's commands for its workers, carried out with Ray.
 
-One :class:`LlmFleet` per ``llm`` service runs on the controller's event loop and owns its worker
-actors (:class:`~failsoft.runtime.llm_worker.LlmWorker`):
+The orchestration core places an ``llm`` service's workers as member apps, counts their memory,
+fails them and decides every restart (:mod:`failsoft.orchestration.llm`). One :class:`LlmFleet`
+per service, on the controller's event loop, does what it is told and reports back; it decides
+nothing:
 
-* **start**: it builds the byte-level pair if needed, spawns one worker per member on its server
-  (the node offering the server's resource) and ``spares`` *standbys* (process started, imports
-  done, no model), and publishes the worker table once every worker serves;
-* **detection**: every ``probe_s`` it asks each worker for its ``info``; a worker whose actor is
-  gone (its process died, or its server was killed) is failed at once. The gateway's dispatcher,
-  which sees a worker die under a request first, reports it (:meth:`LlmFleet.report_failed`) so
-  that the restart does not wait for the next probe. A slow answer is not a failure;
-* **restart**: a standby adopts the failed worker's name and loads its model (no process start, no
-  imports), and a new standby is started in its place; with none left, a fresh process starts.
-  Under a policy with progressive recovery (``lumen``) and a draft, the standby loads the draft
-  first: the table then shows the worker in phase ``draft`` (the dispatcher has it draft for the
-  most loaded survivor) until its target is back (phase ``serving``).
+* :class:`~failsoft.orchestration.commands.StartLlmWorker`: with ``standby``, a standby on that
+  server adopts the worker's name (no process start, no imports; the draft first when the command
+  says so), else a new process starts there (a restart's: a standby process, which then adopts, so
+  that the draft-first path and the emulated reload delay are the same); reported
+  with ``started(..., phase)`` (``draft`` or ``serving``) or ``start_failed``;
+* :class:`~failsoft.orchestration.commands.SwitchLlmTarget`: waits until the drafting worker's
+  target is loaded (it then serves it), reported as ``started(..., "serving")``;
+* :class:`~failsoft.orchestration.commands.StopLlmWorker`: cancels that incarnation's start and
+  ends its actor; :class:`~failsoft.orchestration.commands.StartLlmStandby`: a standby process
+  (imports done, no model); :class:`~failsoft.orchestration.commands.PublishLlm`: the worker table.
 
-Failures, draft switches and recoveries are events (``llm-worker-failed``, ``llm-worker-draft``,
-``llm-worker-recovered``) on the controller's event log, hence on the gateway's ``/v2/events``.
-The table (:attr:`LlmFleet.table`, a versioned value the gateway long-polls) names each worker's
-actor, server, phase, process and incarnation, and the standbys' servers and processes (chaos
-kills a server's LLM processes with its agent).
+It also gives the core the proof that a worker is gone: every ``probe_s`` it asks each serving
+worker for its ``info``, and an actor that is gone (its process died, or its server was killed) is
+reported at once (``died``); a slow answer is not a failure. The gateway's dispatcher, which sees a
+worker die under a request first, reports to the core the same way (the controller's
+``llm_failed``).
 
-A controller that dies takes its fleets' actors with it (Ray kills the actors an owner leaves); the
-restarted controller starts them again.
+The table (:attr:`LlmFleet.table`, a versioned value the gateway long-polls) is the core's records
+(server, phase, incarnation) with this executor's actors and processes: each worker's actor, server,
+phase, process and incarnation, and the standbys' servers and processes (chaos kills a server's LLM
+processes with its agent). A controller that dies takes its fleets' actors with it (Ray kills the
+actors an owner leaves); the restarted controller places the service again.
 """
 
 from __future__ import annotations
@@ -33,11 +36,19 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from failsoft.clock import AsyncClock
 from failsoft.errors import DeadlineExceededError, FailsoftError, ServerUnavailableError
+from failsoft.orchestration.commands import (
+    LlmCommand,
+    PublishLlm,
+    StartLlmStandby,
+    StartLlmWorker,
+    StopLlmWorker,
+    SwitchLlmTarget,
+)
+from failsoft.orchestration.llm_state import LlmGroup, LlmPhase, LlmWorkerRecord
 from failsoft.runtime import cluster
 from failsoft.runtime.llm_config import LlmServing
 from failsoft.runtime.longpoll import VersionedValue
@@ -49,24 +60,23 @@ PROBE_TIMEOUT_S = 5.0
 START_TIMEOUT_S = 600.0
 
 
-class WorkerPhase(StrEnum):
-    """A worker's life cycle: starting, serving its target, failed (restart under way), drafting
-    (a restarted worker with only its draft loaded), serving again."""
+class LlmReports(Protocol):
+    """What the executor tells the core (the controller feeds each to the core at its clock's now)."""
 
-    STARTING = "starting"
-    SERVING = "serving"
-    FAILED = "failed"
-    DRAFT = "draft"
+    def started(
+        self, service: str, worker: str, incarnation: int, phase: str, info: dict[str, Any]
+    ) -> None: ...
+
+    def start_failed(self, service: str, worker: str, incarnation: int, error: str) -> None: ...
+
+    def died(self, service: str, worker: str, incarnation: int, reason: str) -> bool: ...
 
 
 @dataclass(slots=True)
-class _Worker:
-    name: str
+class _Proc:
+    ref: cluster.LlmWorkerRef
     server: str
-    ref: cluster.LlmWorkerRef | None = None
-    phase: WorkerPhase = WorkerPhase.STARTING
     pid: int | None = None
-    incarnation: int = 0
     acceptance: float | None = None
 
 
@@ -78,31 +88,32 @@ class _Spare:
 
 
 class LlmFleet:
-    """Starts, watches and restarts the workers of one ``llm`` service (see the module)."""
+    """Carries out the core's commands for one ``llm`` service's workers (see the module)."""
 
     def __init__(
         self,
         serving: LlmServing,
         clock: AsyncClock,
-        emit: Callable[[str, dict[str, Any]], None],
+        reports: LlmReports,
+        records: Callable[[], list[LlmWorkerRecord]],
         probe_s: float = PROBE_S,
         spawn: Callable[[str, str, Any], Any] | None = None,
         build: bool = True,
     ) -> None:
-        """``spawn(name, server, spec)`` starts a worker actor (spec None: a standby) and returns
-        its ref (default: a Ray actor; tests give fakes); ``build``: build the byte pair if needed."""
+        """``records()``: the core's records of this service's workers; ``spawn(name, server,
+        spec)`` starts a worker actor (spec None: a standby) and returns its ref (default: a Ray
+        actor; tests give fakes); ``build``: build the byte pair if needed."""
         from failsoft.policies import registry
 
         self.serving = serving
         self.clock = clock
-        self.emit = emit
+        self.reports = reports
+        self.records = records
         self.probe_s = probe_s
         self.progressive = (
             registry.make("llm_recovery", serving.policy, serving.params).progressive is not None
         )
-        self.workers = {
-            w: _Worker(w, s) for w, s in zip(serving.service.members, serving.servers, strict=True)
-        }
+        self.procs: dict[tuple[str, int], _Proc] = {}  # (worker, incarnation)
         self.spares: list[_Spare] = []
         self.model: dict[str, Any] = {}
         self.table = VersionedValue(self._snapshot())
@@ -110,44 +121,197 @@ class LlmFleet:
         self.steps = StepRunner(slow_s=PROBE_TIMEOUT_S)
         self._spawn = spawn or self._spawn_actor
         self._build = build
-        self._restarts: dict[str, asyncio.Task[None]] = {}
-        self._spare_turn = 0
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def name(self) -> str:
+        return self.serving.name
 
     # the table --------------------------------------------------------------------------------
     def _snapshot(self) -> dict[str, Any]:
+        workers = {}
+        for rec in self.records():
+            proc = self.procs.get((rec.worker, rec.incarnation))
+            workers[rec.worker] = {
+                "ref": None if proc is None else proc.ref,
+                "server": rec.server,
+                "phase": rec.phase.value,
+                "pid": None if proc is None else proc.pid,
+                "incarnation": rec.incarnation,
+                "acceptance": None if proc is None else proc.acceptance,
+            }
         return {
             "model": dict(self.model),
-            "workers": {
-                w.name: {
-                    "ref": w.ref,
-                    "server": w.server,
-                    "phase": w.phase.value,
-                    "pid": w.pid,
-                    "incarnation": w.incarnation,
-                    "acceptance": w.acceptance,
-                }
-                for w in self.workers.values()
-            },
+            "workers": workers,
             "spares": [{"server": s.server, "pid": s.pid} for s in self.spares],
         }
 
-    def _publish(self) -> None:
-        self.table.publish(self._snapshot())
+    def publish(self) -> None:
+        snap = self._snapshot()
+        self.table.publish(snap)
+        phases = [w["phase"] for w in snap["workers"].values()]
+        if phases and all(p == LlmPhase.SERVING.value for p in phases):
+            self.ready.set()
 
-    # start ------------------------------------------------------------------------------------
+    # start: what the core places -----------------------------------------------------------------
+    async def prepare(self) -> LlmGroup:
+        """Build the byte pair if needed (seconds for ``tiny``), then the service as the core places
+        it (each worker's memory from the model's files)."""
+        if self._build:
+            await asyncio.to_thread(self.serving.build)
+        return await asyncio.to_thread(self.serving.group, self.progressive)
+
     async def run(self) -> None:
-        """Start the workers (again after a second while that fails), then watch them until
-        cancelled; a failed probe is logged and counted, and the loop goes on."""
-        while not self.ready.is_set():
-            try:
-                await self._start()
-            except Exception:
-                log.exception("llm service %s could not start; retrying in 1 s", self.serving.name)
-                await self.clock.sleep(1.0)
+        """Probe the workers until cancelled; a failed probe is logged and counted, the loop goes on."""
         while True:
             await self.steps.run("llm-probe", self._probe)
             await self.clock.sleep(self.probe_s)
 
+    # commands -------------------------------------------------------------------------------------
+    def execute(self, command: LlmCommand) -> None:
+        """Carry out one of the core's commands for this service (returns at once)."""
+        if isinstance(command, StartLlmWorker):
+            self._task(f"{command.worker}#{command.incarnation}", self._start(command))
+        elif isinstance(command, SwitchLlmTarget):
+            self._task(f"{command.worker}#{command.incarnation}", self._switch(command))
+        elif isinstance(command, StopLlmWorker):
+            self._stop(command)
+        elif isinstance(command, StartLlmStandby):
+            self._spawn_spare(command.server)
+        elif isinstance(command, PublishLlm):
+            self.publish()
+
+    def _task(self, key: str, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks[key] = task
+        task.add_done_callback(lambda t: self._tasks.pop(key, None) if self._tasks.get(key) is t else None)
+
+    async def _start(self, cmd: StartLlmWorker) -> None:
+        spec = self._spec(cmd.worker)
+        draft = self.serving.draft_name() if cmd.draft_first else None
+        spare = self._take_spare(cmd.server) if cmd.standby else None  # the one the core counted
+        ref: cluster.LlmWorkerRef | None = None
+        try:
+            if spare is None and draft is None and cmd.incarnation == 0:
+                ref = self._spawn(cmd.worker, cmd.server, spec)  # a first start: the model at once
+                first: dict[str, Any] = {}
+            else:
+                ref = spare.ref if spare is not None else self._spawn("spare", cmd.server, None)
+                delay = self.serving.restart_delay_ms
+                first = await ref.adopt(spec, draft, delay, timeout_s=START_TIMEOUT_S)
+            info = await self._info(ref, START_TIMEOUT_S)
+        except asyncio.CancelledError:
+            if ref is not None:
+                ref.kill()
+            raise
+        except FailsoftError as exc:
+            if ref is not None:
+                ref.kill()
+            self.reports.start_failed(self.name, cmd.worker, cmd.incarnation, str(exc))
+            return
+        proc = _Proc(ref, cmd.server, int(info["pid"]), first.get("acceptance"))
+        self.procs[(cmd.worker, cmd.incarnation)] = proc
+        self._note_model(info)
+        phase = LlmPhase.DRAFT if draft is not None else LlmPhase.SERVING
+        self.reports.started(
+            self.name, cmd.worker, cmd.incarnation, phase.value, {"load_ms": info.get("load_ms")}
+        )
+
+    async def _switch(self, cmd: SwitchLlmTarget) -> None:
+        proc = self.procs.get((cmd.worker, cmd.incarnation))
+        try:
+            if proc is None:
+                raise ServerUnavailableError(f"llm worker {cmd.worker!r} #{cmd.incarnation}: no process")
+            await proc.ref.wait_target(START_TIMEOUT_S)
+            info = await self._info(proc.ref, 10.0)
+        except FailsoftError as exc:
+            self.reports.start_failed(self.name, cmd.worker, cmd.incarnation, str(exc))
+            return
+        self.reports.started(
+            self.name, cmd.worker, cmd.incarnation, "serving", {"load_ms": info.get("load_ms")}
+        )
+
+    def _stop(self, cmd: StopLlmWorker) -> None:
+        task = self._tasks.pop(f"{cmd.worker}#{cmd.incarnation}", None)
+        if task is not None:
+            task.cancel()
+        proc = self.procs.pop((cmd.worker, cmd.incarnation), None)
+        if proc is not None:
+            proc.ref.kill()  # gone already, or replaced: it must not serve on
+
+    def _note_model(self, info: dict[str, Any]) -> None:
+        if not self.model and "context" in info:
+            self.model = {
+                "name": info["model"],
+                "context": int(info["context"]),
+                "kv_mb_per_token": float(info["kv_mb_per_token"]),
+                "fingerprint": info["fingerprint"],
+            }
+
+    # standbys -------------------------------------------------------------------------------------
+    def _spawn_spare(self, server: str) -> None:
+        """A standby (returns at once: its process starts and imports meanwhile)."""
+        spare = _Spare(server, self._spawn("spare", server, None))
+        self.spares.append(spare)
+        self._task(f"spare-{id(spare)}", self._note_spare(spare))
+
+    async def _note_spare(self, spare: _Spare) -> None:
+        """A standby's process, once it is up (chaos kills it with its server)."""
+        try:
+            spare.pid = int((await self._info(spare.ref, START_TIMEOUT_S))["pid"])
+        except FailsoftError as exc:
+            log.warning("llm standby on %s did not start: %s", spare.server, exc)
+            with contextlib.suppress(ValueError):
+                self.spares.remove(spare)
+        self.publish()
+
+    def _take_spare(self, server: str) -> _Spare | None:
+        for spare in self.spares:
+            if spare.server == server:
+                self.spares.remove(spare)
+                return spare
+        return None
+
+    # detection ------------------------------------------------------------------------------------
+    async def _probe(self) -> None:
+        # a record without a process of this executor's is a stored one (a resumed controller's)
+        watched = [
+            (r, p)
+            for r in self.records()
+            if r.phase in (LlmPhase.SERVING, LlmPhase.DRAFT)
+            and (p := self.procs.get((r.worker, r.incarnation))) is not None
+        ]
+        results = await asyncio.gather(
+            *(self._info(p.ref, PROBE_TIMEOUT_S) for _, p in watched), return_exceptions=True
+        )
+        for (rec, _), result in zip(watched, results, strict=True):
+            if isinstance(result, ServerUnavailableError):
+                self.reports.died(self.name, rec.worker, rec.incarnation, str(result))
+            elif isinstance(result, DeadlineExceededError):
+                log.info("llm worker %s answers slowly: %s", rec.worker, result)
+        await self._probe_spares()
+
+    async def _probe_spares(self) -> None:
+        """A standby that died (with its server, mostly) leaves the pool: a start that the core
+        sends to its server starts a new process instead."""
+        up = [s for s in self.spares if s.pid is not None]
+        results = await asyncio.gather(
+            *(self._info(s.ref, PROBE_TIMEOUT_S) for s in up), return_exceptions=True
+        )
+        dead = [s for s, r in zip(up, results, strict=True) if isinstance(r, ServerUnavailableError)]
+        for spare in dead:
+            with contextlib.suppress(ValueError):  # taken by a start meanwhile
+                self.spares.remove(spare)
+        if dead:
+            self.publish()
+
+    @staticmethod
+    async def _info(ref: cluster.LlmWorkerRef | None, timeout_s: float) -> dict[str, Any]:
+        if ref is None:
+            raise ServerUnavailableError("no worker")
+        return await ref.info(timeout_s=timeout_s)
+
+    # actors -----------------------------------------------------------------------------------------
     def _spec(self, worker: str) -> Any:
         from failsoft.runtime.llm_worker import LlmWorkerSpec
 
@@ -173,164 +337,9 @@ class LlmFleet:
             LlmWorker, self.serving.name, name, spec, threads, server=server, placement=self.serving.placement
         )
 
-    async def _start(self) -> None:
-        if self._build:
-            await asyncio.to_thread(self.serving.build)
-        for w in self.workers.values():
-            w.ref = self._spawn(w.name, w.server, self._spec(w.name))
-        for server in self.serving.spare_servers:
-            self._spawn_spare(server)
-        infos = await asyncio.gather(*(self._info(w.ref, START_TIMEOUT_S) for w in self.workers.values()))
-        for w, info in zip(self.workers.values(), infos, strict=True):
-            w.phase, w.pid = WorkerPhase.SERVING, int(info["pid"])
-        first = infos[0]
-        self.model = {
-            "name": first["model"],
-            "context": int(first["context"]),
-            "kv_mb_per_token": float(first["kv_mb_per_token"]),
-            "fingerprint": first["fingerprint"],
-        }
-        self._publish()
-        self.ready.set()
-        self.emit("llm-service-ready", {"service": self.serving.name, "workers": list(self.workers)})
-
-    def _spawn_spare(self, server: str | None = None) -> None:
-        """A standby (returns at once: its process starts and imports meanwhile)."""
-        if server is None:
-            servers = self.serving.spare_servers or self.serving.servers
-            server = servers[self._spare_turn % len(servers)]
-            self._spare_turn += 1
-        spare = _Spare(server, self._spawn("spare", server, None))
-        self.spares.append(spare)
-        task = asyncio.get_running_loop().create_task(self._note_spare(spare))
-        self._restarts[f"spare-{id(spare)}"] = task
-        task.add_done_callback(lambda _: self._restarts.pop(f"spare-{id(spare)}", None))
-
-    async def _note_spare(self, spare: _Spare) -> None:
-        """A standby's process, once it is up (chaos kills it with its server)."""
-        with contextlib.suppress(FailsoftError):  # a dead standby is replaced when used
-            spare.pid = int((await self._info(spare.ref, START_TIMEOUT_S))["pid"])
-            self._publish()
-
-    @staticmethod
-    async def _info(ref: cluster.LlmWorkerRef | None, timeout_s: float) -> dict[str, Any]:
-        if ref is None:
-            raise ServerUnavailableError("no worker")
-        return await ref.info(timeout_s=timeout_s)
-
-    # detection ----------------------------------------------------------------------------------
-    async def _probe(self) -> None:
-        watched = [w for w in self.workers.values() if w.phase in (WorkerPhase.SERVING, WorkerPhase.DRAFT)]
-        results = await asyncio.gather(
-            *(self._info(w.ref, PROBE_TIMEOUT_S) for w in watched), return_exceptions=True
-        )
-        for w, result in zip(watched, results, strict=True):
-            if isinstance(result, ServerUnavailableError):
-                self.report_failed(w.name, w.incarnation, str(result))
-            elif isinstance(result, DeadlineExceededError):
-                log.info("llm worker %s answers slowly: %s", w.name, result)
-
-    def report_failed(self, worker: str, incarnation: int, reason: str) -> bool:
-        """``worker`` (in ``incarnation``) is dead: restart it, unless that is already under way
-        (or it is another incarnation). True when this starts a restart."""
-        w = self.workers.get(worker)
-        if w is None or w.incarnation != incarnation or w.phase in (WorkerPhase.FAILED, WorkerPhase.STARTING):
-            return False
-        if w.phase is WorkerPhase.DRAFT:
-            return False  # the adopting standby is checked when its target is awaited
-        w.phase = WorkerPhase.FAILED
-        self._publish()
-        self.emit(
-            "llm-worker-failed",
-            {"service": self.serving.name, "worker": worker, "server": w.server, "reason": reason},
-        )
-        task = asyncio.get_running_loop().create_task(self._restart(w))
-        self._restarts[worker] = task
-        task.add_done_callback(lambda _: self._restarts.pop(worker, None))
-        return True
-
-    def forget_server(self, server: str) -> None:
-        """Standbys on a dead server are gone too (found when one is asked to adopt, at the latest)."""
-        self.spares = [s for s in self.spares if s.server != server]
-
-    # restart ------------------------------------------------------------------------------------
-    async def _restart(self, w: _Worker) -> None:
-        while True:  # never silent, never given up
-            try:
-                await self._restart_once(w)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("restart of llm worker %s failed; retrying in 1 s", w.name)
-                await self.clock.sleep(1.0)
-
-    async def _restart_once(self, w: _Worker) -> None:
-        failed_at = self.clock.now()
-        spec = self._spec(w.name)
-        draft = self.serving.draft_name() if self.progressive else None
-        delay = self.serving.restart_delay_ms
-        while True:
-            try:
-                ref, server = await self._adopt(spec, draft, delay, w, failed_at)
-                break
-            except FailsoftError as exc:  # nothing could start: try again shortly
-                log.warning("restart of llm worker %s failed: %s; retrying", w.name, exc)
-                await self.clock.sleep(1.0)
-        info = await self._info(ref, 10.0)
-        w.ref, w.server, w.phase, w.pid = ref, server, WorkerPhase.SERVING, int(info["pid"])
-        self._publish()
-        self.emit(
-            "llm-worker-recovered",
-            {
-                "service": self.serving.name,
-                "worker": w.name,
-                "server": server,
-                "restart_ms": round((self.clock.now() - failed_at) * 1000.0, 1),
-                "load_ms": info.get("load_ms"),
-                "draft_first": draft is not None,
-            },
-        )
-
-    async def _adopt(
-        self, spec: Any, draft: str | None, delay: float, w: _Worker, failed_at: float
-    ) -> tuple[cluster.LlmWorkerRef, str]:
-        """A standby takes the worker's name (draft first under progressive recovery), else a fresh
-        process; the actor and its server once its target serves."""
-        while self.spares:
-            spare = self.spares.pop(0)
-            self._spawn_spare()
-            try:
-                first = await spare.ref.adopt(spec, draft, delay, timeout_s=START_TIMEOUT_S)
-                if draft is not None:
-                    w.incarnation += 1
-                    w.ref, w.server, w.phase = spare.ref, spare.server, WorkerPhase.DRAFT
-                    w.acceptance = first.get("acceptance")
-                    self._publish()
-                    self.emit(
-                        "llm-worker-draft",
-                        {
-                            "service": self.serving.name,
-                            "worker": w.name,
-                            "server": spare.server,
-                            "draft_ms": round((self.clock.now() - failed_at) * 1000.0, 1),
-                        },
-                    )
-                    await spare.ref.wait_target(START_TIMEOUT_S)
-                else:
-                    w.incarnation += 1
-                return spare.ref, spare.server
-            except ServerUnavailableError as exc:  # the standby died too: the next one
-                log.warning("standby for %s unavailable: %s", w.name, exc)
-        server = next((s for s in self.serving.servers if s != w.server), w.server)
-        ref = self._spawn(w.name, server, spec)
-        await self._info(ref, START_TIMEOUT_S)
-        w.incarnation += 1
-        return ref, server
-
     async def close(self) -> None:
-        for task in list(self._restarts.values()):
+        for task in list(self._tasks.values()):
             task.cancel()
 
 
-__all__ = ["LlmFleet", "WorkerPhase"]
+__all__ = ["LlmFleet", "LlmReports"]

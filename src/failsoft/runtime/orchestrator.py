@@ -12,7 +12,10 @@ event loop, and feeds each outcome back:
   inline for small clusters, the ILP in a child process);
 * ``Inspect``: ``AgentRef.holdings``;
 * ``Publish`` / ``Emit``: the controller's long-poll values (routes, events). Event times leave the
-  core in core time (monotonic seconds) and are turned into wall-clock time here.
+  core in core time (monotonic seconds) and are turned into wall-clock time here;
+* the ``llm`` services' worker commands (``StartLlmWorker``, ``SwitchLlmTarget``, ``StopLlmWorker``,
+  ``StartLlmStandby``, ``PublishLlm``): handed to the service's executor
+  (:class:`~failsoft.runtime.llm_fleet.LlmFleet`), which reports back to the core.
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ from failsoft.orchestration import (
     Publish,
     Unload,
 )
+from failsoft.orchestration.commands import (
+    LlmCommand,
+    PublishLlm,
+    StartLlmStandby,
+    StartLlmWorker,
+    StopLlmWorker,
+    SwitchLlmTarget,
+)
 from failsoft.runtime.cluster import AgentRef
 from failsoft.runtime.loop import spawn
 from failsoft.runtime.planner import Planner
@@ -44,6 +55,7 @@ log = logging.getLogger(__name__)
 UNLOAD_TIMEOUT_S = 5.0
 INSPECT_TIMEOUT_S = 5.0
 INTERNAL_EVENTS = frozenset({"detected"})  # the core's own bookkeeping, not for clients
+LLM_COMMANDS = (StartLlmWorker, SwitchLlmTarget, StopLlmWorker, StartLlmStandby, PublishLlm)
 
 
 class CoreDriver:
@@ -58,10 +70,12 @@ class CoreDriver:
         emit: Callable[[str, dict[str, Any]], None],
         clock: AsyncClock,
         on_detected: Callable[[str], None] = lambda server: None,
+        llm: Callable[[LlmCommand], None] = lambda command: None,
     ) -> None:
         self.core, self.planner, self.agent = core, planner, agent
         self.publish, self.emit, self.clock = publish, emit, clock
         self.on_detected = on_detected
+        self.llm = llm  # an llm service's worker commands, to its executor
         self.tasks: set[asyncio.Task[Any]] = set()
         self._unloading: dict[str, set[asyncio.Task[Any]]] = {}
 
@@ -83,6 +97,8 @@ class CoreDriver:
                 spawn(self._inspect(command), f"inspect:{command.server}", self.tasks)
             elif isinstance(command, Planned):
                 log.info("failover plan applied: %s", command.plan.to_dict())
+            elif isinstance(command, LLM_COMMANDS):
+                self.llm(command)
 
     # commands ---------------------------------------------------------------------------------
     async def _load(self, cmd: Load) -> None:

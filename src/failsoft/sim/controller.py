@@ -15,7 +15,13 @@ carries its commands out on simulated servers and feeds the outcomes back:
   with ``charge_plan_time``);
 * a ``Publish`` switches each changed app's serving instance (the request core), and, where the
   app moved to another server, tells its client after ``notify_ms`` (FailLite 5.8: ~10 ms);
-* the core's timers (suspect waits, drains, back-offs) become SimPy timeouts.
+* the core's timers (suspect waits, drains, back-offs) become SimPy timeouts;
+* an ``llm`` service's worker commands are the runtime ``LlmFleet``'s twin: a ``StartLlmWorker``
+  takes the worker's measured load time (the draft's under progressive recovery, else the target's,
+  from :class:`~failsoft.orchestration.llm_state.LlmGroup`), a ``SwitchLlmTarget`` the target's
+  after that, and each is reported to the core as the fleet reports it (``llm_started``; a server
+  that crashed meanwhile: ``llm_start_failed``). Every LLM command is kept, with its time, in
+  :attr:`SimController.llm_commands` (``bench fidelity``-style comparisons read it).
 
 What the simulator does not do (the runtime does): servers coming back (restores), re-planning warm
 backups after a failure, and the periodic inspection of what servers hold. The event ends when the
@@ -45,6 +51,8 @@ from failsoft.orchestration import (
     Publish,
     Unload,
 )
+from failsoft.orchestration.commands import LlmCommand, StartLlmWorker, SwitchLlmTarget
+from failsoft.orchestration.llm_state import LlmGroup
 from failsoft.orchestration.loads import INFERENCE_NICE
 from failsoft.policies.failover.interface import FailoverPolicy
 from failsoft.sim.agent import SimAgent
@@ -102,6 +110,8 @@ class SimController:
         self._changed = env.event()
         self._end_at = float("inf")
         self._tail = False  # the heartbeats' end is scheduled
+        self.llm_commands: list[tuple[float, LlmCommand]] = []  # (time, command), in order
+        self.llm_events: list[dict[str, Any]] = []  # the llm-* events, with their time (``at_s``)
 
     # heartbeats and health ------------------------------------------------------------------------
     def heartbeat(self, server: str, now: float) -> None:
@@ -187,6 +197,39 @@ class SimController:
     def unpin(self, app: str, server: str, owner: str) -> None:
         self._run(self.core.unpin(app, server, owner, self.env.now))
 
+    # llm services' workers (the runtime's fleet reports; here their simulated twins) -------------
+    def place_llm(self, group: LlmGroup) -> None:
+        """Place an ``llm`` service's workers as the runtime's controller does at start."""
+        self._run(self.core.place_llm(group, self.env.now))
+
+    def llm_worker_died(self, service: str, worker: str, reason: str = "killed") -> bool:
+        """A worker's process dies (its server lives): the proof the runtime's probe gives."""
+        incarnation = self.state.llm.workers[(service, worker)].incarnation
+        began, commands = self.core.llm_died(service, worker, incarnation, reason, self.env.now)
+        self._run(commands)
+        return began
+
+    def _llm(self, cmd: LlmCommand) -> None:
+        self.llm_commands.append((self.env.now, cmd))
+        if isinstance(cmd, StartLlmWorker | SwitchLlmTarget):
+            self.inflight += 1
+            self.env.process(self._llm_load(cmd))
+
+    def _llm_load(self, cmd: StartLlmWorker | SwitchLlmTarget) -> Process:
+        group = self.state.llm.groups[cmd.service]
+        draft = isinstance(cmd, StartLlmWorker) and cmd.draft_first
+        yield self.env.timeout(group.draft_load_s if draft else group.target_load_s)
+        self.inflight -= 1
+        server = self.state.llm.workers[(cmd.service, cmd.worker)].server
+        now = self.env.now
+        if server in self.agents and not self.agents[server].alive:
+            error = f"server {server} crashed"
+            self._run(self.core.llm_start_failed(cmd.service, cmd.worker, cmd.incarnation, error, now))
+        else:
+            phase = "draft" if draft else "serving"
+            info = {"load_ms": round((group.draft_load_s if draft else group.target_load_s) * 1000.0, 3)}
+            self._run(self.core.llm_started(cmd.service, cmd.worker, cmd.incarnation, phase, now, info))
+
     # carrying out commands ---------------------------------------------------------------------------
     def _run(self, commands: list[Command]) -> None:
         queue = list(commands)
@@ -212,6 +255,8 @@ class SimController:
             elif isinstance(command, Inspect):
                 report = {"models": sorted(self.agents[command.server].models)}
                 queue.extend(self.core.inspected(command.server, command.purpose, report, self.env.now))
+            else:
+                self._llm(command)
         self._schedule_wake()
         self._changed.succeed()
         self._changed = self.env.event()
@@ -299,6 +344,8 @@ class SimController:
 
     def _record(self, cmd: Emit) -> None:
         f = cmd.fields
+        if cmd.type.startswith("llm-"):
+            self.llm_events.append({"type": cmd.type, "at_s": self.env.now, **f})
         if cmd.type == "detected":
             self.recorder.detected(f["server"], f["detected_at"])
             self.undetected.discard(f["server"])

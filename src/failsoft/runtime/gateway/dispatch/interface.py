@@ -95,9 +95,10 @@ class CopyControl(Protocol):
 
 
 class FleetControl(Protocol):
-    """How the ``llm`` dispatcher follows the workers the controller keeps alive
-    (:class:`~failsoft.runtime.llm_fleet.LlmFleet`): the worker table by long-poll, and a worker it
-    saw die under a request, reported so that its restart begins at once (``ControllerRef``)."""
+    """How the ``llm`` dispatcher follows the workers the orchestration core keeps alive (through
+    the controller's :class:`~failsoft.runtime.llm_fleet.LlmFleet`): the worker table by long-poll,
+    and a worker it saw die under a request, reported so that its restart begins at once
+    (``ControllerRef``)."""
 
     async def wait_llm(self, service: str, epoch: str, version: int, timeout_s: float) -> dict[str, Any]: ...
 
