@@ -39,7 +39,8 @@ from failsoft.errors import ConfigError, CorruptModelError, FailsoftError, Model
 from failsoft.zoo.formats.hf import check_directory, read_task
 from failsoft.zoo.formats.images import PROCESSOR_FILE, image_input
 from failsoft.zoo.formats.interface import NUMPY_DTYPES, Signature, TensorSpec, fields, records
-from failsoft.zoo.formats.model import SAMPLE_FILE, HandlerModel, load_handler_model
+from failsoft.zoo.formats.loader import load_handler_model
+from failsoft.zoo.formats.model import SAMPLE_FILE, HandlerModel
 from failsoft.zoo.formats.registry import ARTEFACTS, USER_FORMATS
 from failsoft.zoo.formats.stateful_handler import StatefulHandlerModel, check_round_trip
 from failsoft.zoo.layout import CONFIG_FILE, Accuracy, ModelFormat, VariantConfig, check_name, write_json

@@ -28,7 +28,7 @@ from failsoft.bounds import describe_validation_error
 from failsoft.domain import Family, Variant
 from failsoft.errors import ConfigError, CorruptModelError, ModelNotFoundError
 from failsoft.versions import split_version, versioned
-from failsoft.zoo.formats.model import load_handler_model
+from failsoft.zoo.formats.loader import load_handler_model
 from failsoft.zoo.layout import (
     CONFIG_FILE,
     NAME_PATTERN,

@@ -25,7 +25,6 @@ from failsoft.zoo.formats.interface import (
     Handler,
     Signature,
     TensorSpec,
-    is_stateful,
     record_dtype,
     records,
 )
@@ -124,34 +123,6 @@ def _cast(arr: np.ndarray, spec: TensorSpec) -> np.ndarray:
     if arr.dtype.kind not in "fiub":
         raise ConfigError(f"input {spec.name!r} takes {spec.datatype}, got dtype {arr.dtype}")
     return np.ascontiguousarray(arr, dtype=NUMPY_DTYPES[spec.datatype])
-
-
-def load_handler_model(variant_dir: Path, config: VariantConfig, device: str) -> HandlerModel:
-    """Load a user's variant through its format's handler; its declared signature must still hold.
-
-    A stateful handler (one that defines ``state()`` and ``apply_state()``) loads as a
-    :class:`~failsoft.zoo.formats.stateful_handler.StatefulHandlerModel`; a variant whose
-    ``config.json`` says ``stateful`` must still have one."""
-    from failsoft.zoo.formats.stateful_handler import StatefulHandlerModel  # a HandlerModel itself
-
-    handler = open_handler(config.model_format, variant_dir / config.weights_file, config.handler)
-    stateful = is_stateful(type(handler))
-    if config.stateful and not stateful:
-        raise CorruptModelError(
-            f"{config.family}/{config.variant}: config.json says stateful, but its handler "
-            f"{config.handler.get('class', config.model_format)!r} defines no state() and apply_state()"
-        )
-    signature = handler.load(device)
-    declared = Signature(config.inputs, config.outputs) if config.inputs and config.outputs else None
-    if declared is not None and (why := declared.mismatch(signature)) is not None:
-        handler.close()
-        raise CorruptModelError(f"{config.family}/{config.variant} no longer matches its config.json: {why}")
-    kind = StatefulHandlerModel if stateful else HandlerModel
-    try:
-        return kind(config, device, handler, signature, read_sample(variant_dir))
-    except BaseException:
-        handler.close()
-        raise
 
 
 def read_sample(variant_dir: Path) -> np.ndarray | None:
