@@ -1,4 +1,6 @@
-"""``failsoft status``: servers, sites, apps, routes and backups of a running failsoft.
+"""``failsoft status``: servers, sites, apps, routes and backups of a running failsoft, and the
+workers of its ``llm`` services (server, state, model, requests in flight, as the gateway's
+repository index reports them).
 
 Agents restart by themselves after a crash, so a server that is ``up`` may have failed a minute
 ago: the server table says how often each was restarted and when it last failed, the app table when
@@ -50,11 +52,13 @@ def status(
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
 ) -> None:
-    """Show every server's state and every app's primary, current route, variant and warm backups."""
+    """Show every server's state, every app's primary, current route, variant and warm backups,
+    and every LLM worker's server, state, model and requests in flight."""
     from failsoft.runtime.discovery import find_admin
 
     with find_admin(admin_url, token, config, state_dir).client(timeout=10.0) as client:
         body = client.status()
+        body["llm"] = llm_index(client)
     if as_json:
         typer.echo(json.dumps(_contract(body), indent=2))
         return
@@ -64,9 +68,47 @@ def status(
 _SERVER_KEYS = ("name", "site", "state", "memory_mb", "used_mb", "models", "restarts", "last_failure")
 
 
+def llm_index(client: Any) -> list[dict[str, Any]] | None:
+    """The ``llm`` services of the gateway's repository index (None when it cannot be read: the
+    servers and apps are still shown)."""
+    from failsoft.errors import FailsoftError
+
+    if not client.url:
+        return None
+    try:
+        return [e for e in client.repository_index() if e.get("mode") == "llm"]
+    except FailsoftError:
+        return None
+
+
+def llm_workers(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """One row per LLM worker: service, worker, server, state (its phase: ``serving``, ``failed``,
+    ``draft`` while a restarted worker has only its draft, ``starting``), model, policy and the
+    requests the gateway has in flight on it; None when the gateway's index was not read."""
+    index = body.get("llm")
+    if index is None:
+        return None
+    rows = []
+    for entry in index:
+        in_flight = entry.get("in_flight") or {}
+        for name, w in sorted((entry.get("workers") or {}).items()):
+            rows.append(
+                {
+                    "service": entry["name"],
+                    "worker": name,
+                    "server": w.get("server"),
+                    "state": w.get("phase"),
+                    "model": entry.get("model"),
+                    "policy": entry.get("policy"),
+                    "active_requests": in_flight.get(name, 0),
+                }
+            )
+    return rows
+
+
 def _contract(body: dict[str, Any]) -> dict[str, Any]:
-    """The status object: servers (name, site, state, memory, failures) and apps with their routes,
-    backups and last failover (``null`` where the gateway does not report them)."""
+    """The status object: servers (name, site, state, memory, failures), apps with their routes,
+    backups and last failover, and LLM workers (``null`` where the gateway does not report them)."""
     return {
         "cluster": body.get("cluster"),
         "policy": body.get("policy"),
@@ -90,6 +132,7 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
             }
             for a in body["apps"]
         ],
+        "llm_workers": llm_workers(body),
     }
 
 
@@ -109,6 +152,8 @@ def _print_tables(body: dict[str, Any]) -> None:
     console = Console() if sys.stdout.isatty() else Console(width=160)  # piped: no wrapped cells
     console.print(server_table(body))
     console.print(app_table(body))
+    if llm_workers(body):
+        console.print(llm_table(body))
 
 
 def server_table(body: dict[str, Any]) -> Any:
@@ -164,6 +209,28 @@ def app_table(body: dict[str, Any]) -> Any:
             a["kind"] or "-",
             warm,
             last_failover(a.get("last_failover")),
+        )
+    return table
+
+
+def llm_table(body: dict[str, Any]) -> Any:
+    """LLM workers: server, state, model and requests in flight, per ``llm`` service."""
+    from rich.table import Table
+
+    colour = {"serving": "green", "draft": "cyan", "failed": "red", "starting": "yellow"}
+    table = Table(title="llm workers")
+    for col in ("service", "worker", "server", "state", "model", "policy", "active requests"):
+        table.add_column(col)
+    for r in llm_workers(body) or []:
+        state = r["state"] or "-"
+        table.add_row(
+            r["service"],
+            r["worker"],
+            r["server"] or "-",
+            f"[{colour.get(state, 'white')}]{state}[/]",
+            r["model"] or "-",
+            r["policy"] or "-",
+            str(r["active_requests"]),
         )
     return table
 
