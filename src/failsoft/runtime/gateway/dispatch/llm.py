@@ -448,6 +448,13 @@ class LlmDispatcher(Dispatcher):
             chunk = await self.workers[worker].export_kv(rid, upto, placed)
         except ServerUnavailableError:
             return  # the worker died: the next poll sees it and recovers the request
+        except FailsoftError as exc:
+            # no answer in time: the worker may have exported pages the holder never got, so the
+            # checkpoint is dropped and the next ship places it again from its first page
+            log.info("checkpoint of %s dropped: export: %s", rid, exc)
+            self.ledger.release(rid)
+            await self._drop_checkpoint_on(entry.holder, rid)
+            return
         if chunk is None:
             return
         try:
