@@ -8,7 +8,7 @@ from datetime import datetime
 from rich.console import Console
 
 from failsoft.cli.chaos import describe
-from failsoft.cli.status import _contract, app_table, llm_table, local_time, server_table
+from failsoft.cli.status import _contract, app_table, llm_table, llm_workers, local_time, server_table
 
 NOW = time.time()
 
@@ -79,8 +79,74 @@ def test_status_lists_llm_workers_as_the_core_places_them():
         ]
     }  # fmt: skip
     assert _row(_text(llm_table(body)), "bytes")[:4] == ["bytes", "w0", "a1", "serving"]
-    assert _contract(body)["llm_workers"][1]["phase"] == "draft"
-    assert _contract(_body(with_history=False))["llm_workers"] == []
+    assert _contract(body)["llm_workers"][1]["state"] == "draft"
+    assert _contract(_body(with_history=False))["llm_workers"] is None
+
+
+def _llm_entry() -> dict:
+    """An ``llm`` service's entry of the repository index (``LlmDispatcher.describe``): w1 died
+    and its standby drafts while the target reloads; requests in flight per worker."""
+    return {
+        "name": "coder",
+        "mode": "llm",
+        "state": "READY",
+        "workers": {
+            "w0": {"server": "s1", "phase": "serving"},
+            "w1": {"server": "s3", "phase": "draft"},
+        },
+        "dead": ["w1"],
+        "model": "target",
+        "policy": "lumen",
+        "in_flight": {"w0": 5, "w1": 0},
+    }
+
+
+def test_status_lists_llm_workers_with_server_state_model_and_active_requests():
+    body = _body(with_history=True) | {"llm": [_llm_entry()]}
+    text = _text(llm_table(body))
+    assert _row(text, "coder")[:2] == ["coder", "w0"]
+    rows = [_row_cells(line) for line in text.splitlines() if line.startswith("│ coder")]
+    assert rows == [
+        ["coder", "w0", "s1", "serving", "target", "lumen", "-", "-", "-", "5"],
+        ["coder", "w1", "s3", "draft", "target", "lumen", "-", "-", "-", "0"],
+    ]
+    doc = _contract(body)
+    assert doc["llm_workers"][1] == {
+        "service": "coder",
+        "worker": "w1",
+        "server": "s3",
+        "state": "draft",
+        "model": "target",
+        "policy": "lumen",
+        "incarnation": None,
+        "memory_mb": None,
+        "restarts": None,
+        "active_requests": 0,
+    }
+
+
+def test_status_joins_the_cores_records_with_the_gateways_view_of_each_worker():
+    placed = [
+        {"service": "coder", "worker": "w0", "server": "s1", "phase": "serving",
+         "incarnation": 0, "memory_mb": 40.0, "restarts": 0},
+        {"service": "coder", "worker": "w1", "server": "s3", "phase": "draft",
+         "incarnation": 1, "memory_mb": 40.0, "restarts": 1},
+    ]  # fmt: skip
+    rows = llm_workers(_body(with_history=True) | {"llm_workers": placed, "llm": [_llm_entry()]})
+    assert rows is not None
+    assert [(r["worker"], r["state"], r["restarts"], r["model"], r["active_requests"]) for r in rows] == [
+        ("w0", "serving", 0, "target", 5),
+        ("w1", "draft", 1, "target", 0),
+    ]
+
+
+def test_status_without_the_gateways_index_has_no_llm_rows():
+    assert _contract(_body(with_history=False))["llm_workers"] is None
+    assert llm_workers({"llm": []}) == []
+
+
+def _row_cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.strip("│").split("│")]
 
 
 def test_local_time_is_dated_unless_today():

@@ -75,3 +75,51 @@ def test_assist_stops_when_a_round_costs_more_than_it_gains() -> None:
     # one measured round (30 ms against 1 ms steps: 30 steps for at most 4 tokens), then idle
     assert d.stats.assist_rounds == 1
     assert fakes["drafter"].calls == 1
+
+
+class _SlowExporter:
+    """A worker whose export answers too late (a saturated machine), then answers."""
+
+    def __init__(self) -> None:
+        self.from_start: list[bool] = []
+
+    async def export_kv(self, rid: str, upto: int | None, from_start: bool = False) -> bytes | None:
+        from failsoft.errors import DeadlineExceededError
+
+        self.from_start.append(from_start)
+        if len(self.from_start) == 2:
+            raise DeadlineExceededError("llm worker 'w0'.export_kv: no answer within 5000 ms")
+        return None  # nothing new to ship
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.dropped: list[str] = []
+
+    async def drop_checkpoint(self, rid: str) -> bool:
+        self.dropped.append(rid)
+        return True
+
+
+def test_an_export_without_answer_drops_the_checkpoint_and_the_next_ship_starts_it_again() -> None:
+    """Pages the worker may have exported without the holder getting them would make every later
+    chunk refused (out of order): the checkpoint is dropped and placed again from its first page."""
+    spec = LlmServiceModel(name="bytes", mode="llm", workers=2, model={"root": "unused"})
+    serving = llm_serving(spec, "test", ("s1",), Path("."))
+    context = DispatchContext(None, lambda s: None, MonotonicClock(), llm={"bytes": serving})  # type: ignore[arg-type]
+    d = LlmDispatcher(serving.service, context)
+    d.model = {"name": "m", "context": 256, "kv_mb_per_token": 0.001, "fingerprint": "x"}
+    from failsoft.policies.llm_recovery import CheckpointLedger
+
+    d.ledger = CheckpointLedger(0.001, 64)
+    worker, holder = _SlowExporter(), _Holder()
+    d.workers.update(w0=worker, w1=holder)
+    d.dead = set()
+
+    async def ships() -> None:
+        for tokens in (20, 40, 60):
+            await d._ship("r", "w0", tokens)
+
+    asyncio.run(ships())
+    assert worker.from_start == [True, False, True]  # placed, timed out, placed again from page 0
+    assert holder.dropped == ["r"] and d.ledger.get("r") is not None

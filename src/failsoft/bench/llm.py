@@ -18,13 +18,24 @@ the most loaded survivor until its target is back (``draft_ready_ms``, ``assist_
 ``drafts_proposed`` / ``drafts_accepted``); ``reload_window`` is the TTFT of the requests sent
 between the kill and the target's return.
 
-Per policy: ``ttft_ms`` and ``tpot_ms`` (mean, p99, client side), ``recovery_ms`` (the kill to the
-later of the restarted worker serving and the last interrupted stream's next token; ``restart_ms``
-is the first alone, ``streams_ms`` the second, ``recovery_bound_by`` which one it was),
+Per policy: ``ttft_ms`` and ``tpot_ms`` (mean, p99, client side), the review's failure-impact
+metrics (:mod:`failsoft.bench.llm_impact`): ``impact_ttft_ms`` (the mean TTFT of the requests sent
+after the kill and the interrupted ones' replays) and ``cluster_recovery_ms`` (the kill to the last
+answer a user saw degraded against the no-failure run); ``recovery_ms`` (the kill to the later of
+the restarted worker serving and the last interrupted stream's next token; ``restart_ms`` is the
+first alone, ``streams_ms`` the second, ``recovery_bound_by`` which one it was),
 ``recomputed_tokens`` (tokens prefilled again on a survivor), ``restored_requests`` (resumed from a
 checkpoint), ``identical_outputs`` (greedy texts equal to the no-failure run's),
-``failed_requests``. Worker steps are slowed by ``slow_ms`` (the chaos of a slower machine) so that
-a tiny model's requests last long enough to be interrupted at all.
+``failed_requests``; and where the time went: ``detected_ms``, ``draft_ready_ms``, the restarted
+worker's own ``draft_load_ms`` and ``target_load_ms``, ``restored_next_token_ms`` and
+``recomputed_next_token_ms`` (the kill to the next token of the requests resumed each way). Worker
+steps are slowed by ``slow_ms`` (the chaos of a slower machine) so that a tiny model's requests
+last long enough to be interrupted at all.
+
+``rounds`` repeats a reference and every policy, the policies' order rotated from one round to the
+next (a shared machine's load then falls on each alike); ``summary`` has each policy's mean over the
+rounds and its change against Stop-and-Restart and Fixed-Checkpointing in percent, beside LUMEN's
+targets (impact TTFT -44%, recovery -50% against Stop-and-Restart).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ class LlmBenchSettings:
     slow_ms: float = 10.0
     seed: int = 0
     reload_ms: float = 0.0
+    rounds: int = 1
 
 
 @dataclass(slots=True)
@@ -189,45 +201,83 @@ def _run_one(
 
     with Session(_session_config(config, serving, policy, settings)) as session:
         d = session.gateway.served[serving.name].dispatcher
-        _wait(lambda: d.ready() and len(d.workers) == len(serving.service.members), 120)
-        _wait(lambda: all(s.get("pid") for s in d._spares) and len(d._spares) >= 1, 120)  # standbys up
+        _wait(lambda: d.ready() and len(d.workers) == len(serving.service.members), 300)
+        _wait(lambda: all(s.get("pid") for s in d._spares) and len(d._spares) >= 1, 300)  # standbys up
         for w in d.workers.values():
             w.set_slow_sync(settings.slow_ms)
 
-        async def drive() -> tuple[list[_Outcome], float | None]:
+        async def drive() -> tuple[list[_Outcome], float | None, str | None]:
             t0 = time.monotonic()
-            tasks = [asyncio.ensure_future(_one(session.url, serving.name, a, t0, p, m)) for a, p, m in reqs]
-            killed_at = None
+            tasks: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(_one(session.url, serving.name, a, t0, p, m)) for a, p, m in reqs
+            ]
+            killed_at, victim = None, None
             if policy is not None:
                 await asyncio.sleep(settings.kill_at_s)
                 in_flight = d.describe()["in_flight"]
                 victim = max(in_flight, key=lambda w: (in_flight[w], w))
                 killed_at = time.monotonic()
+                incarnation = int(d._table[victim]["incarnation"])
                 os.kill(int(d._table[victim]["pid"]), signal.SIGKILL)
-            return list(await asyncio.gather(*tasks)), killed_at
+                tasks.append(asyncio.ensure_future(_slow_restarted(d, victim, incarnation, settings.slow_ms)))
+            done = await asyncio.gather(*tasks)
+            return [o for o in done if isinstance(o, _Outcome)], killed_at, victim
 
-        outcomes, killed_at = asyncio.run(drive())
+        outcomes, killed_at, victim = asyncio.run(drive())
         if killed_at is not None:  # the controller's restart, as the gateway saw it
             _wait(lambda: bool(d.stats.restarts) and d.stats.restarts[-1]["serving"] is not None, 600)
-        stats = d.stats
-        last = stats.restarts[-1] if stats.restarts else {}
-        draft_ready, restarted = last.get("draft"), last.get("serving")
-        extra = {
-            "draft_ready_ms": round((draft_ready - killed_at) * 1000, 1)
-            if draft_ready and killed_at
-            else None,
-            "assist_rounds": stats.assist_rounds,
-            "drafts_proposed": stats.drafts_proposed,
-            "drafts_accepted": stats.drafts_accepted,
-            "recomputed_tokens": stats.recomputed_tokens,
-            "restored_requests": stats.restored,
-            "recovered_requests": stats.recovered,
-            "checkpoint_bytes_shipped": stats.shipped_bytes,
-            "killed_at": killed_at,
-            "restart_ms": round((restarted - killed_at) * 1000, 1) if restarted and killed_at else None,
-            "restarted_at": restarted,
-        }
+        extra = _breakdown(d, killed_at, victim)
     return outcomes, extra
+
+
+async def _slow_restarted(d: Any, victim: str, incarnation: int, slow_ms: float) -> None:
+    """The restarted worker (a standby adopting ``victim``'s name) runs as slowly as the others:
+    as soon as it is in the table, drafting or serving."""
+    for _ in range(6000):  # 10 minutes at most
+        w = d._table.get(victim, {})
+        if w.get("incarnation", 0) > incarnation and w.get("ref") is not None:
+            await asyncio.to_thread(w["ref"].set_slow_sync, slow_ms)
+            return
+        await asyncio.sleep(0.1)
+
+
+def _ms(at: float | None, since: float | None) -> float | None:
+    return round((at - since) * 1000, 1) if at is not None and since is not None else None
+
+
+def _breakdown(d: Any, killed_at: float | None, victim: str | None) -> dict[str, Any]:
+    """Where a policy run's recovery time went: detection, the draft's and the target's loads in
+    the restarted worker, and each recovered request's next token, restored or recomputed."""
+    stats = d.stats
+    last = stats.restarts[-1] if stats.restarts else {}
+    loads: dict[str, Any] = {}
+    if victim is not None and victim in d.workers:
+        try:
+            info = d.workers[victim].info_sync(30.0)
+            loads = {"target_load_ms": info.get("load_ms"), "draft_load_ms": info.get("draft_ms")}
+        except Exception as exc:  # a figure missing, not a failed run
+            loads = {"loads_error": str(exc)}
+    by_kind: dict[str, list[float]] = {"restored": [], "recomputed": []}
+    for r in stats.recoveries:
+        if (gap := _ms(r.get("next_token_at"), killed_at)) is not None:
+            by_kind["restored" if r["restored"] else "recomputed"].append(gap)
+    return {
+        "detected_ms": _ms(last.get("failed"), killed_at),
+        "draft_ready_ms": _ms(last.get("draft"), killed_at),
+        **{k: None if v is None else round(float(v), 1) for k, v in loads.items() if k != "loads_error"},
+        "restored_next_token_ms": _stat(by_kind["restored"])["mean"],
+        "recomputed_next_token_ms": _stat(by_kind["recomputed"])["mean"],
+        "assist_rounds": stats.assist_rounds,
+        "drafts_proposed": stats.drafts_proposed,
+        "drafts_accepted": stats.drafts_accepted,
+        "recomputed_tokens": stats.recomputed_tokens,
+        "restored_requests": stats.restored,
+        "recovered_requests": stats.recovered,
+        "checkpoint_bytes_shipped": stats.shipped_bytes,
+        "killed_at": killed_at,
+        "restart_ms": _ms(last.get("serving"), killed_at),
+        "restarted_at": last.get("serving"),
+    }
 
 
 def _llm_service(config: Any) -> Any:
@@ -250,20 +300,81 @@ def _context(serving: Any) -> int:
     return load_lm(serving.root, serving.target_name(), "cpu").context
 
 
+def _client_ttfts(outcomes: list[_Outcome]) -> list[float]:
+    return [(o.times[0] - o.sent) * 1000 for o in outcomes if o.times]
+
+
+def _policy_row(outcomes: list[_Outcome], reference: list[_Outcome], extra: dict[str, Any]) -> dict[str, Any]:
+    from failsoft.bench.llm_impact import cluster_recovery, impact_ttft
+
+    killed_at = extra.pop("killed_at")
+    restarted_at = extra.pop("restarted_at")
+    during = [
+        o.ttft_ms
+        for o in outcomes
+        if o.ttft_ms is not None
+        and killed_at is not None
+        and restarted_at is not None
+        and killed_at <= o.sent <= restarted_at
+    ]
+    impact = {} if killed_at is None else {
+        **impact_ttft(outcomes, killed_at), **cluster_recovery(outcomes, reference, killed_at)
+    }  # fmt: skip
+    return {
+        "ttft_ms": _stat([o.ttft_ms for o in outcomes if o.ttft_ms is not None]),
+        "tpot_ms": _stat([o.tpot_ms for o in outcomes if o.tpot_ms is not None]),
+        **impact,
+        **recovery(outcomes, killed_at, extra["restart_ms"]),
+        "kill_to_next_token_ms": next_tokens(outcomes, killed_at),
+        "reload_window": {"requests": len(during), "ttft_ms": _stat(during)},
+        "identical_outputs": sum(
+            o.error is None and o.text == r.text for o, r in zip(outcomes, reference, strict=True)
+        ),
+        "failed_requests": sum(o.error is not None for o in outcomes),
+        **extra,
+    }
+
+
+SUMMARY_KEYS = ("impact_ttft_ms", "cluster_recovery_ms", "restart_ms", "recomputed_tokens")
+
+
+def summarize(rounds: list[dict[str, Any]], policies: tuple[str, ...]) -> dict[str, Any]:
+    """Per policy the mean over rounds of the summary figures, and the change against
+    Stop-and-Restart and against Fixed-Checkpointing (percent), as LUMEN's targets are stated."""
+    from failsoft.bench.llm_impact import vs_baseline
+
+    means: dict[str, dict[str, Any]] = {}
+    for policy in policies:
+        rows = [r["policies"][policy] for r in rounds if policy in r["policies"]]
+        means[policy] = {}
+        for key in SUMMARY_KEYS:
+            vals = [float(row[key]) for row in rows if row.get(key) is not None]
+            means[policy][key] = round(sum(vals) / len(vals), 1) if vals else None
+    return {
+        "mean_over_rounds": means,
+        "vs_stop_and_restart_pct": vs_baseline(means, "stop-and-restart", SUMMARY_KEYS),
+        "vs_fixed_checkpointing_pct": vs_baseline(means, "fixed-checkpointing", SUMMARY_KEYS),
+        "targets": {"lumen_vs_stop_and_restart_pct": {"impact_ttft_ms": -44.0, "cluster_recovery_ms": -50.0}},
+    }
+
+
 def run(
     config_path: Any, settings: LlmBenchSettings, progress: Callable[[str], None] = print
 ) -> dict[str, Any]:
+    """``rounds`` rounds, each a no-failure reference and then every policy (their order rotated
+    from round to round, so that a machine's load changes fall on every policy alike)."""
+    import os
+
     from failsoft.runtime.config import load_config
 
     config = load_config(config_path)
     serving = _llm_service(config)
     serving.build()
     reqs = trace(settings.requests, settings.rate_rps, _context(serving), settings.seed)
-    progress(f"no-failure reference: {len(reqs)} requests")
-    reference, _ = _run_one(config, serving, None, settings, reqs)
     results: dict[str, Any] = {
         "config": str(config_path),
         "model": serving.target_name(),
+        "draft": serving.draft_name(),
         "workers": len(serving.service.members),
         "settings": {
             "requests": settings.requests,
@@ -272,37 +383,36 @@ def run(
             "slow_ms": settings.slow_ms,
             "seed": settings.seed,
             "reload_ms": settings.reload_ms,
+            "rounds": settings.rounds,
         },
-        "no-failure": {
-            "ttft_ms": _stat([o.ttft_ms for o in reference if o.ttft_ms is not None]),
-            "tpot_ms": _stat([o.tpot_ms for o in reference if o.tpot_ms is not None]),
-            "failed_requests": sum(o.error is not None for o in reference),
-        },
-        "policies": {},
+        "rounds": [],
     }
-    for policy in settings.policies:
-        progress(f"policy {policy}: kill the busiest worker at {settings.kill_at_s} s")
-        outcomes, extra = _run_one(config, serving, policy, settings, reqs)
-        killed_at = extra.pop("killed_at")
-        restarted_at = extra.pop("restarted_at")
-        during = [
-            o.ttft_ms
-            for o in outcomes
-            if o.ttft_ms is not None
-            and killed_at is not None
-            and restarted_at is not None
-            and killed_at <= o.sent <= restarted_at
-        ]
-        results["policies"][policy] = {
-            "ttft_ms": _stat([o.ttft_ms for o in outcomes if o.ttft_ms is not None]),
-            "tpot_ms": _stat([o.tpot_ms for o in outcomes if o.tpot_ms is not None]),
-            **recovery(outcomes, killed_at, extra["restart_ms"]),
-            "kill_to_next_token_ms": next_tokens(outcomes, killed_at),
-            "reload_window": {"requests": len(during), "ttft_ms": _stat(during)},
-            "identical_outputs": sum(
-                o.error is None and o.text == r.text for o, r in zip(outcomes, reference, strict=True)
-            ),
-            "failed_requests": sum(o.error is not None for o in outcomes),
-            **extra,
+    for i in range(settings.rounds):
+        k = i % len(settings.policies)
+        order = settings.policies[k:] + settings.policies[:k]
+        load = [round(os.getloadavg()[0], 2)]
+        progress(f"round {i + 1}: no-failure reference, {len(reqs)} requests")
+        reference, _ = _run_one(config, serving, None, settings, reqs)
+        ref_ttft = _client_ttfts(reference)
+        one: dict[str, Any] = {
+            "order": list(order),
+            "no-failure": {
+                "ttft_ms": _stat([o.ttft_ms for o in reference if o.ttft_ms is not None]),
+                "client_ttft_ms": _stat(ref_ttft),
+                "tpot_ms": _stat([o.tpot_ms for o in reference if o.tpot_ms is not None]),
+                "failed_requests": sum(o.error is not None for o in reference),
+            },
+            "policies": {},
         }
+        for policy in order:
+            progress(f"round {i + 1}: policy {policy}: kill the busiest worker at {settings.kill_at_s} s")
+            outcomes, extra = _run_one(config, serving, policy, settings, reqs)
+            one["policies"][policy] = _policy_row(outcomes, reference, extra)
+            load.append(round(os.getloadavg()[0], 2))
+        one["load_average_1m"] = load
+        results["rounds"].append(one)
+    results["summary"] = summarize(results["rounds"], settings.policies)
+    if settings.rounds == 1:  # the earlier layout too: one reference and one row per policy
+        results["no-failure"] = results["rounds"][0]["no-failure"]
+        results["policies"] = results["rounds"][0]["policies"]
     return results

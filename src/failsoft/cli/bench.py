@@ -255,13 +255,16 @@ def llm(
             help="Added to the restarted worker's target load (a larger model's: see failsoft llm real-size)",
         ),
     ] = 0.0,
+    rounds: Annotated[
+        int, typer.Option(min=1, max=100, help="Rounds of a reference and every policy (order rotated)")
+    ] = 1,
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
     """LUMEN vs Fixed-Checkpointing vs Stop-and-Restart on a real llm service, one worker killed."""
     from failsoft.bench.llm import POLICIES, LlmBenchSettings, run
 
     settings = LlmBenchSettings(
-        tuple(policy or POLICIES), requests, rate_rps, kill_at_s, slow_ms, seed, reload_ms
+        tuple(policy or POLICIES), requests, rate_rps, kill_at_s, slow_ms, seed, reload_ms, rounds
     )
     _emit(run(config, settings, progress=_progress), out)
 

@@ -35,6 +35,41 @@ def build(root: RootArg = None, size: SizeOpt = "small", device: DeviceOpt = Non
     typer.echo(json.dumps(build_pair(root, size, device), indent=2))
 
 
+@app.command("build-hf")
+def build_hf(
+    out: Annotated[Path, typer.Argument(help="Directory to write target/ and draft/ into")],
+    arch: Annotated[str, typer.Option(help="llama or qwen2")] = "llama",
+    hidden: Annotated[int, typer.Option(min=16, max=16384)] = 512,
+    layers: Annotated[int, typer.Option(min=2, max=256)] = 16,
+    heads: Annotated[int, typer.Option(min=1, max=256)] = 8,
+    kv_heads: Annotated[int, typer.Option(min=1, max=256)] = 4,
+    intermediate: Annotated[int, typer.Option(min=16, max=65536)] = 1536,
+    vocab: Annotated[int, typer.Option(min=300, max=262144, help="BPE tokens trained on the corpus")] = 4096,
+    context: Annotated[int, typer.Option(min=16, max=131072)] = 256,
+    draft_layers: Annotated[int, typer.Option(min=1, max=255, help="The draft's depth")] = 2,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """A local Hugging Face causal LM (random weights, a BPE tokenizer trained here, a chat
+    template) of a chosen size, and its draft with the same tokenizer (docs/lumen.md); JSON."""
+    from typing import Any, cast
+
+    from failsoft.llm.hfbuild import HfBuild, build_hf_pair
+
+    build = HfBuild(
+        cast(Any, arch),
+        hidden,
+        layers,
+        heads,
+        kv_heads,
+        intermediate,
+        vocab,
+        context,
+        draft_layers,
+        seed=seed,
+    )  # arch is checked by HfBuild.check
+    typer.echo(json.dumps(build_hf_pair(out, build), indent=2))
+
+
 @app.command("real-size")
 def real_size(
     shape: Annotated[

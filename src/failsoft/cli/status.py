@@ -1,4 +1,6 @@
-"""``failsoft status``: servers, sites, apps, routes and backups of a running failsoft.
+"""``failsoft status``: servers, sites, apps, routes and backups of a running failsoft, and the
+workers of its ``llm`` services (server, state, model, requests in flight, as the gateway's
+repository index reports them).
 
 Agents restart by themselves after a crash, so a server that is ``up`` may have failed a minute
 ago: the server table says how often each was restarted and when it last failed, the app table when
@@ -50,11 +52,13 @@ def status(
     config: ConfigOpt = None,
     state_dir: StateOpt = None,
 ) -> None:
-    """Show every server's state and every app's primary, current route, variant and warm backups."""
+    """Show every server's state, every app's primary, current route, variant and warm backups,
+    and every LLM worker's server, state, model and requests in flight."""
     from failsoft.runtime.discovery import find_admin
 
     with find_admin(admin_url, token, config, state_dir).client(timeout=10.0) as client:
         body = client.status()
+        body["llm"] = llm_index(client)
     if as_json:
         typer.echo(json.dumps(_contract(body), indent=2))
         return
@@ -64,9 +68,70 @@ def status(
 _SERVER_KEYS = ("name", "site", "state", "memory_mb", "used_mb", "models", "restarts", "last_failure")
 
 
+def llm_index(client: Any) -> list[dict[str, Any]] | None:
+    """The ``llm`` services of the gateway's repository index (None when it cannot be read: the
+    servers and apps are still shown)."""
+    from failsoft.errors import FailsoftError
+
+    if not client.url:
+        return None
+    try:
+        return [e for e in client.repository_index() if e.get("mode") == "llm"]
+    except FailsoftError:
+        return None
+
+
+def llm_workers(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """One row per LLM worker: service, worker, server, state (its phase: ``serving``, ``failed``,
+    ``draft`` while a restarted worker has only its draft, ``starting``), incarnation, memory and
+    restarts from the core's records (``llm_workers`` of the controller's status), joined with the
+    gateway's index (model, policy, requests in flight); a figure neither gives is None. None when
+    the body has neither (a controller and gateway that do not report LLM workers)."""
+    placed = body.get("llm_workers")
+    index = body.get("llm")
+    if placed is None and index is None:
+        return None
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for entry in index or []:
+        in_flight = entry.get("in_flight") or {}
+        for name, w in (entry.get("workers") or {}).items():
+            seen[(entry["name"], name)] = {
+                "server": w.get("server"),
+                "state": w.get("phase"),
+                "model": entry.get("model"),
+                "policy": entry.get("policy"),
+                "active_requests": in_flight.get(name, 0),
+            }
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for w in placed or []:
+        key = (w["service"], w["worker"])
+        gateway = seen.get(key, {})
+        rows[key] = {
+            "service": w["service"],
+            "worker": w["worker"],
+            "server": w.get("server"),
+            "state": w.get("phase"),
+            "model": gateway.get("model"),
+            "policy": gateway.get("policy"),
+            "incarnation": w.get("incarnation"),
+            "memory_mb": w.get("memory_mb"),
+            "restarts": w.get("restarts"),
+            "active_requests": gateway.get("active_requests"),
+        }
+    for key, g in seen.items():
+        if key not in rows:  # the gateway knows a worker the core's records do not (yet)
+            rows[key] = {"service": key[0], "worker": key[1], "incarnation": None, "memory_mb": None,
+                         "restarts": None} | g  # fmt: skip
+    return [rows[k] for k in sorted(rows)]
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
 def _contract(body: dict[str, Any]) -> dict[str, Any]:
-    """The status object: servers (name, site, state, memory, failures) and apps with their routes,
-    backups and last failover (``null`` where the gateway does not report them)."""
+    """The status object: servers (name, site, state, memory, failures), apps with their routes,
+    backups and last failover, and LLM workers (``null`` where the gateway does not report them)."""
     return {
         "cluster": body.get("cluster"),
         "policy": body.get("policy"),
@@ -90,7 +155,7 @@ def _contract(body: dict[str, Any]) -> dict[str, Any]:
             }
             for a in body["apps"]
         ],
-        "llm_workers": body.get("llm_workers", []),
+        "llm_workers": llm_workers(body),
     }
 
 
@@ -110,7 +175,7 @@ def _print_tables(body: dict[str, Any]) -> None:
     console = Console() if sys.stdout.isatty() else Console(width=160)  # piped: no wrapped cells
     console.print(server_table(body))
     console.print(app_table(body))
-    if body.get("llm_workers"):
+    if llm_workers(body):
         console.print(llm_table(body))
 
 
@@ -172,22 +237,28 @@ def app_table(body: dict[str, Any]) -> Any:
 
 
 def llm_table(body: dict[str, Any]) -> Any:
-    """LLM workers (member apps of their llm service): server, phase, process, memory, restarts."""
+    """LLM workers: where the core placed them (phase, incarnation, memory, restarts) and what the
+    gateway sees of them (model, policy, requests in flight), per ``llm`` service."""
     from rich.table import Table
 
-    colour = {"serving": "green", "draft": "yellow", "failed": "red", "starting": "cyan"}
+    colour = {"serving": "green", "draft": "cyan", "failed": "red", "starting": "yellow"}
     table = Table(title="llm workers")
-    for col in ("service", "worker", "server", "phase", "incarnation", "memory", "restarts"):
+    columns = ("service", "worker", "server", "state", "model", "policy", "incarnation", "memory", "restarts")
+    for col in (*columns, "active requests"):
         table.add_column(col)
-    for w in body["llm_workers"]:
+    for r in llm_workers(body) or []:
+        state = r["state"] or "-"
         table.add_row(
-            w["service"],
-            w["worker"],
-            w["server"],
-            f"[{colour.get(w['phase'], 'white')}]{w['phase']}[/]",
-            str(w["incarnation"]),
-            f"{w['memory_mb']:.1f} MB",
-            str(w["restarts"]),
+            r["service"],
+            r["worker"],
+            r["server"] or "-",
+            f"[{colour.get(state, 'white')}]{state}[/]",
+            r["model"] or "-",
+            r["policy"] or "-",
+            _or_dash(r["incarnation"]),
+            "-" if r["memory_mb"] is None else f"{r['memory_mb']:.1f} MB",
+            _or_dash(r["restarts"]),
+            _or_dash(r["active_requests"]),
         )
     return table
 

@@ -218,7 +218,8 @@ def add(
     ] = None,
     handler: Annotated[str | None, typer.Option(help="python format: package.module:Class")] = None,
     task: Annotated[
-        str | None, typer.Option(help="hf format: image-classification or text-classification")
+        str | None,
+        typer.Option(help="hf format: image-classification, text-classification or text-generation"),
     ] = None,
     labels: Annotated[
         Path | None, typer.Option(help="Class names, one per line (default: the model's own, if any)")
@@ -239,6 +240,11 @@ def add(
     family, sep, variant = target.partition("/")
     if not sep:
         raise ConfigError(f"give the target as FAMILY/VARIANT, got {target!r}")
+    from failsoft.zoo.llm_add import add_llm, is_causal_lm, summary
+
+    if model_format in (None, "hf") and is_causal_lm(path, task):  # an LLM: recorded, not profiled
+        typer.echo(summary(add_llm(_root(out), family, variant, path, device)))
+        return
     request = AddRequest(
         family, variant, path, model_format, accuracy, eval_file, sample, handler, task, labels,
         image_processor,

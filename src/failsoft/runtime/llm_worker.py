@@ -41,6 +41,9 @@ POLL_MAX_S = 30.0
 KEEP_FINISHED = 1024  # finished streams kept for late polls
 KEEP_METRICS = 4096
 ASSIST_LEASE_S = 0.3  # a request verified for a drafting peer is decoded here again after this
+# a draft step's share of a target step under injected slowness (set_slow): Llama-2-7B at TP 1
+# over Llama-2-70B at TP 4, the ratio the simulator uses (docs/lumen.md)
+DRAFT_STEP_SHARE = 0.386
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +142,7 @@ class LlmWorker:
         self._proposed = self._accepted = 0
         self._step_ms: float | None = None  # a busy step, moving average (a drafting peer's gain)
         self._assisted: dict[str, float] = {}  # request id -> last verification of a peer's drafts
+        self._slow_s = 0.0  # injected per step (set_slow); kept when a standby adopts a name
         if spec is not None:
             self._serve(spec)
             self._target_ready.set()
@@ -148,8 +152,9 @@ class LlmWorker:
     ) -> dict[str, Any]:
         """A standby becomes worker ``spec.name``; its :meth:`info`. Without ``draft`` it loads the
         target and serves. With ``draft`` (a draft model's name, LUMEN's progressive restart) it
-        loads the draft, returns at once (phase ``draft``: it drafts for peers, :meth:`draft_for`)
-        and loads the target in the background (:meth:`wait_target`). ``target_delay_ms`` delays
+        starts loading the target in the background (:meth:`wait_target`), loads the draft
+        meanwhile and returns once the draft is up (phase ``draft``: it drafts for peers,
+        :meth:`draft_for`). ``target_delay_ms`` delays
         the target's load (a larger model's reload, emulated). Refused (InvalidRequestError) on a
         worker that already serves or adopted."""
         with self._cond:
@@ -166,14 +171,18 @@ class LlmWorker:
             return self.info()
         from failsoft.llm import Engine
 
-        started = time.perf_counter()
-        lm = spec.load(draft)
-        self.draft_ms = (time.perf_counter() - started) * 1000.0
-        self.drafter = Engine(lm, spec.kv_pages, spec.page_size, spec.max_batch)
-        self.draft_acceptance = None if spec.hf else _recorded_acceptance(spec.root, draft)
+        # the target's load starts now, beside the draft's: the restart is then the longer of the
+        # two loads, not their sum (on a GPU host both read their own shards; the draft is small)
         threading.Thread(
             target=self._load_target, args=(spec, target_delay_ms), name=f"load-{spec.name}", daemon=True
         ).start()
+        started = time.perf_counter()
+        lm = spec.load(draft)
+        self.draft_ms = (time.perf_counter() - started) * 1000.0
+        with self._dlock:
+            if not self._target_ready.is_set():  # a target already back needs no draft
+                self.drafter = Engine(lm, spec.kv_pages, spec.page_size, spec.max_batch)
+        self.draft_acceptance = None if spec.hf else _recorded_acceptance(spec.root, draft)
         return self.info()
 
     def _load_target(self, spec: LlmWorkerSpec, delay_ms: float) -> None:
@@ -182,9 +191,9 @@ class LlmWorker:
         with self._cond:
             self._serve(spec)
         with self._dlock:  # plain decoding once the target is back: the draft is evicted
+            self._target_ready.set()
             self.drafter = None
             self._drafting.clear()
-        self._target_ready.set()
 
     def wait_target(self, timeout_s: float = 120.0) -> dict[str, Any]:
         """Block until the target model serves; :meth:`info`."""
@@ -211,7 +220,6 @@ class LlmWorker:
         self._ttft: list[float] = []
         self._tpot: list[float] = []
         self._stopped = False
-        self._slow_s = 0.0
         self._cancelled = 0
         self._metrics = LlmWorkerMetrics(spec.name, spec.model, self._metrics_snapshot)
         self._serving = True
@@ -404,7 +412,9 @@ class LlmWorker:
                     left = max_new
                 if left >= 1:
                     out[rid] = drafter.propose(rid, k)
-            return out
+        if self._slow_s > 0 and out:  # injected slowness: k draft steps, each a share of a step
+            time.sleep(k * DRAFT_STEP_SHARE * self._slow_s)
+        return out
 
     def verify_drafts(self, items: list[tuple[str, int, list[int]]]) -> dict[str, dict[str, Any]]:
         """Verify a drafting peer's ``(request_id, base, drafts)``: ``drafts`` continue the first

@@ -87,6 +87,9 @@ class LlmStats:
     drafts_accepted: int = 0
     # per restart seen in the worker table, on the dispatcher's clock: failed, draft, serving
     restarts: list[dict[str, Any]] = field(default_factory=list)
+    # per recovered request: restored or recomputed, and on the clock when it was routed
+    # (``routed_at``) and when its next token came (``next_token_at``): where a replay's time goes
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
 
 
 class LlmDispatcher(Dispatcher):
@@ -340,6 +343,7 @@ class LlmDispatcher(Dispatcher):
         received: list[int] = []
         times: list[float] = []
         recoveries = 0
+        resumed: dict[str, Any] | None = None  # the last recovery, until its next token comes
         finished = False
         while True:  # a worker that died before anyone noticed: the next shortest queue
             worker = await self.pick(started + 60.0)
@@ -362,6 +366,7 @@ class LlmDispatcher(Dispatcher):
                     self.stats.recovered += 1
                     await self._shipped(rid)
                     old, worker = worker, await self._recover(rid, worker, tokens, received, fields)
+                    resumed = next((r for r in reversed(self.stats.recoveries) if r["request"] == rid), None)
                     self._outstanding[old] -= 1
                     self._outstanding[worker] += 1
                     self._live[rid] = (worker, tokens, received, max_tokens, greedy)
@@ -371,6 +376,8 @@ class LlmDispatcher(Dispatcher):
                     now = clock.now()
                     received.extend(new)
                     times.extend([now] * len(new))
+                    if resumed is not None:
+                        resumed["next_token_at"], resumed = now, None
                     yield {"tokens": new}
                 if got["finished"]:
                     finished = True
@@ -441,6 +448,13 @@ class LlmDispatcher(Dispatcher):
             chunk = await self.workers[worker].export_kv(rid, upto, placed)
         except ServerUnavailableError:
             return  # the worker died: the next poll sees it and recovers the request
+        except FailsoftError as exc:
+            # no answer in time: the worker may have exported pages the holder never got, so the
+            # checkpoint is dropped and the next ship places it again from its first page
+            log.info("checkpoint of %s dropped: export: %s", rid, exc)
+            self.ledger.release(rid)
+            await self._drop_checkpoint_on(entry.holder, rid)
+            return
         if chunk is None:
             return
         try:
@@ -530,6 +544,15 @@ class LlmDispatcher(Dispatcher):
         return target
 
     def _recovered(self, rid: str, failed: str, worker: str, restored: bool, recomputed: int) -> None:
+        self.stats.recoveries.append(
+            {
+                "request": rid,
+                "restored": restored,
+                "recomputed_tokens": recomputed,
+                "routed_at": self.context.clock.now(),
+                "next_token_at": None,
+            }
+        )
         self.context.event(
             {
                 "type": "llm-request-recovered",
@@ -560,6 +583,7 @@ class LlmDispatcher(Dispatcher):
                 n: {"server": w.get("server"), "phase": w.get("phase")} for n, w in self._table.items()
             },
             "dead": sorted(self.dead),
+            "model": self.model.get("name"),
             "policy": self.policy_name,
             "in_flight": dict(self._outstanding),
         }
