@@ -23,7 +23,7 @@ from failsoft.orchestration import (
     Orchestrator,
 )
 from failsoft.policies.registry import get_failover_policy
-from failsoft.runtime.orchestrator import CoreDriver
+from failsoft.runtime.core_driver import CoreDriver
 
 SMALL = Variant("small", 100, 0.70, 200, 5)
 BIG = Variant("big", 300, 0.80, 1000, 10)
@@ -150,7 +150,7 @@ def test_a_load_waits_for_the_unloads_sent_to_its_server_before_it():
 
 
 def test_a_hung_unload_holds_back_only_its_own_servers_loads_and_those_only_for_the_unload_timeout():
-    from failsoft.runtime.orchestrator import UNLOAD_TIMEOUT_S
+    from failsoft.runtime.core_driver import UNLOAD_TIMEOUT_S
 
     async def main() -> None:
         rig = Rig(scenario(released_on_s2=True), unload_s=3600.0)  # s2 never finishes an unload

@@ -16,7 +16,7 @@
 * :mod:`~failsoft.orchestration.settings`: :class:`OrchestrationSettings`.
 
 Nothing here imports Ray, SimPy, FastAPI or torch, reads a clock or touches the network: a test
-checks the import boundary. The drivers are :mod:`failsoft.runtime.orchestrator` (asyncio, Ray) and
+checks the import boundary. The drivers are :mod:`failsoft.runtime.core_driver` (asyncio, Ray) and
 :mod:`failsoft.sim.controller` (SimPy).
 """
 

@@ -7,7 +7,7 @@ inputs (heartbeats, health checks, finished loads, finished plans, inspection re
 of time) and returns :mod:`~failsoft.orchestration.commands` for its driver to carry out. Two
 drivers exist:
 
-* the runtime's (:mod:`failsoft.runtime.orchestrator`): asyncio on the controller actor, Ray calls
+* the runtime's (:mod:`failsoft.runtime.core_driver`): asyncio on the controller actor, Ray calls
   to the agents, the policies run inline or in a planner process;
 * the simulator's (:mod:`failsoft.sim.controller`): SimPy processes, loads that take their profiled
   time, plans computed at once.

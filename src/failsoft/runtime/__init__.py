@@ -18,7 +18,7 @@ Modules: :mod:`~failsoft.runtime.config` (YAML) and :mod:`~failsoft.runtime.llm_
 :mod:`~failsoft.runtime.deployment` (primaries), :mod:`~failsoft.runtime.cluster` (the only module
 that imports Ray), :mod:`~failsoft.runtime.agent` with :mod:`~failsoft.runtime.serving` (queues)
 and :mod:`~failsoft.runtime.dataplane`, :mod:`~failsoft.runtime.controller` with
-:mod:`~failsoft.runtime.orchestrator` (the core's driver), :mod:`~failsoft.runtime.llm_fleet` and
+:mod:`~failsoft.runtime.core_driver` (the core's driver), :mod:`~failsoft.runtime.llm_fleet` and
 :mod:`~failsoft.runtime.llm_worker`, :mod:`~failsoft.runtime.redeploy` (``failsoft deploy``),
 :mod:`~failsoft.runtime.store`, :mod:`~failsoft.runtime.gateway`, :mod:`~failsoft.runtime.chaos`,
 :mod:`~failsoft.runtime.telemetry` and :mod:`~failsoft.runtime.logs`, :mod:`~failsoft.runtime.netns`

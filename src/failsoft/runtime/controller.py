@@ -2,7 +2,7 @@
 
 Its decisions are the orchestration core's (:class:`~failsoft.orchestration.Orchestrator`, shared
 with the simulator); the controller gives the core its inputs and carries out its commands through a
-:class:`~failsoft.runtime.orchestrator.CoreDriver`:
+:class:`~failsoft.runtime.core_driver.CoreDriver`:
 
 * heartbeats: UDP datagrams stamped on arrival by the kernel (:mod:`failsoft.runtime.heartbeat`),
   drained every few milliseconds into :meth:`Orchestrator.heartbeat`, then
@@ -41,11 +41,11 @@ from failsoft.orchestration import ClusterState, CopyRequest, OrchestrationSetti
 from failsoft.orchestration.deploy import Desired, plan_deploy
 from failsoft.runtime import cluster, eventlog
 from failsoft.runtime.config import RuntimeConfig
+from failsoft.runtime.core_driver import CoreDriver
 from failsoft.runtime.heartbeat import Beat, HeartbeatEndpoint, HeartbeatReceiver
 from failsoft.runtime.llm_fleet import LlmFleet
 from failsoft.runtime.longpoll import EventLog, VersionedValue
 from failsoft.runtime.loop import StepRunner, spawn
-from failsoft.runtime.orchestrator import CoreDriver
 from failsoft.runtime.planner import Planner
 from failsoft.runtime.store import Store, open_store
 from failsoft.scenario import scenario_from_dict, scenario_to_dict

@@ -21,7 +21,7 @@ import numpy as np
 from failsoft.clock import ManualClock
 from failsoft.errors import DeadlineExceededError, ModelNotLoadedError, ServerUnavailableError
 from failsoft.runtime.gateway.dispatch import DispatchContext, GraphDispatcher, Request
-from failsoft.runtime.gateway.dispatch.hams import state_seq
+from failsoft.runtime.gateway.dispatch.graph_replication import state_seq
 from failsoft.services import GraphNode, GraphParams, Service, ServiceMode
 from tests.runtime.gateway.fakes import mirrored, route_entry, sync
 
@@ -372,7 +372,7 @@ def test_a_state_shipped_again_while_its_first_apply_waits_to_start_is_applied_t
     state (one ``seq``) twice; its bytes must go with each ``ApplyState`` as it is commanded, or the
     first apply throws the second's away and the node's state is never durable again."""
     from failsoft.policies.replication.interface import ApplyState
-    from failsoft.runtime.gateway.dispatch.hams import Copy
+    from failsoft.runtime.gateway.dispatch.graph_replication import Copy
 
     async def go() -> None:
         clock = ManualClock(1000.0)

@@ -17,10 +17,10 @@
   :func:`~failsoft.errors.http_status`), its message naming the service and the node; the requests
   around it are unaffected (they neither wait for it nor share its outputs).
 
-* A stateful node runs on a primary and a backup copy (:mod:`.hams`): its state is shipped to the
+* A stateful node runs on a primary and a backup copy (:mod:`.graph_replication`): its state is shipped to the
   backup without stopping the pipeline (the ``nspb`` protocol), and a failed primary's backup is
   promoted, the node's logged inputs since its last durable state replayed on it, and the graph
-  goes on. What is not carried out yet is in :mod:`.hams`'s docstring and docs/hams.md.
+  goes on. What is not carried out yet is in :mod:`.graph_replication`'s docstring and docs/hams.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 
 from failsoft.errors import FailsoftError
 from failsoft.policies.replication.interface import Topology
-from failsoft.runtime.gateway.dispatch.hams import Replication
+from failsoft.runtime.gateway.dispatch.graph_replication import Replication
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.dispatch.single import SingleDispatcher
 from failsoft.services import GraphParams, Service, ServiceMode
