@@ -60,7 +60,7 @@ def test_a_full_stderr_pipe_never_blocks_the_logger_and_drops_are_reported(monke
     log.info("after the flood")
     for handler in list(log.handlers):
         log.removeHandler(handler)
-    logs._flush_at_exit()  # the writer drains its queue as a process exit would
+    writer.stop()  # the writer drains its queue as a process exit would
     pipe.close()
     reader.join(timeout=30)
 

@@ -127,6 +127,16 @@ class _DroppingQueueHandler(logging.handlers.QueueHandler):
                 self.dropped += 1
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever ``sys.stderr`` is when the record is written, not when it was made:
+    the writer thread outlives a stream that was swapped and closed (a test's capture, a daemon's
+    redirection)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 class _Writer:
     """The writer thread of one :func:`configure` call and the handler that feeds it."""
 
@@ -187,7 +197,7 @@ def configure(fmt: str, component: str, level: int = logging.INFO, logger: str =
     ``FAILSOFT_LOG_FORMAT`` first) through the writer thread, in place of the handler an earlier
     call added: a process configures once, at its start. Handlers others attached (an
     application's, pytest's) stay."""
-    stream = logging.StreamHandler(sys.stderr)
+    stream = _Stderr(sys.stderr)
     stream.setFormatter(formatter(log_format(fmt), component))
     writer = _Writer(stream)
     setattr(writer.handler, _OURS, True)
