@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from failsoft.runtime import eventlog
-from failsoft.runtime.config import config_from_dict
 from tests.runtime.conftest import serving, wait_for
+from tests.runtime.dataplane.conftest import critical_app_on_s1
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
@@ -39,28 +39,7 @@ def record(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster(tiny_zoo, tmp_path_factory, record):
-    family = {f.name: f for f in tiny_zoo.families()}["digits_mlp"]
-    memory = round(3 * family.variant("mlp_l").memory_mb, 3)
-    config = config_from_dict(
-        {
-            "name": "crash-signal-test",
-            "repository": str(tiny_zoo.root),
-            "servers": [{"name": n, "site": "a", "memory_mb": memory, "compute": 4.0} for n in ("s1", "s2")],
-            "apps": [
-                {
-                    "name": "crit",
-                    "family": "digits_mlp",
-                    "critical": True,
-                    "primary": {"server": "s1", "variant": "mlp_l"},
-                }
-            ],
-            "gateway": {"port": 0},
-            "agents": {"restart": False},
-            "state_dir": str(tmp_path_factory.mktemp("state")),
-            "store": "sqlite",
-        },
-        source="test",
-    )
+    config = critical_app_on_s1(tiny_zoo, tmp_path_factory.mktemp("state"), "crash-signal-test")
     with serving(config) as running:
         yield running
 
