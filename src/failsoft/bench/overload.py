@@ -93,16 +93,10 @@ def run(
     config_path: str | Path, settings: OverloadSettings, progress: Progress | None = None
 ) -> dict[str, Any]:
     """The benchmark's JSON (module docstring)."""
-    from failsoft.bench.cluster import private_state
-    from failsoft.bench.models import ensure_families
-    from failsoft.bench.serving import _app
-    from failsoft.runtime.config import load_config
+    from failsoft.bench.serving import one_app_served
 
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    base = load_config(config_path)
-    app = _app(base, settings.app)
-    ensure_families(base.replace(apps=(app,)), say)
-    with private_state(base, "failsoft-bench-overload-state-") as cfg:
+    with one_app_served(config_path, settings.app, "failsoft-bench-overload-state-", say) as (cfg, app):
         return _run(cfg, app.name, app.family, settings, say)
 
 

@@ -85,15 +85,10 @@ class ServingSettings:
 def run(
     config_path: str | Path, settings: ServingSettings, progress: Progress | None = None
 ) -> dict[str, Any]:
-    from failsoft.bench.cluster import private_state
-    from failsoft.bench.models import ensure_families
     from failsoft.runtime.session import prepare
 
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    base = load_config(config_path)
-    app = _app(base, settings.app)
-    ensure_families(base.replace(apps=(app,)), say)
-    with private_state(base, "failsoft-bench-serving-state-") as cfg:
+    with one_app_served(config_path, settings.app, "failsoft-bench-serving-state-", say) as (cfg, app):
         primary = next(a.primary for a in prepare(cfg).deployment.apps if a.name == app.name)
         assert primary is not None
         return _run(cfg, app.name, app.family, primary.variant, settings, say)
@@ -507,6 +502,22 @@ def _environ(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = before
+
+
+@contextlib.contextmanager
+def one_app_served(
+    config_path: str | Path, app_name: str | None, state_prefix: str, say: Progress
+) -> Iterator[tuple[RuntimeConfig, Any]]:
+    """The config a benchmark of one app serves (its families built on first use, a throwaway
+    state directory) and that app (``app_name``, or the config's first)."""
+    from failsoft.bench.cluster import private_state
+    from failsoft.bench.models import ensure_families
+
+    base = load_config(config_path)
+    app = _app(base, app_name)
+    ensure_families(base.replace(apps=(app,)), say)
+    with private_state(base, state_prefix) as cfg:
+        yield cfg, app
 
 
 def _app(config: RuntimeConfig, name: str | None) -> Any:
