@@ -168,11 +168,11 @@ def _failsoft(
     with _environ(ENV, transport), Session(cfg) as session:
         client = session.client(timeout=30.0)  # both planes: wait_home reads the admin status
         wait_home(client, 300.0)
-        host, port = _host_port(session.url)
+        host, port = host_port(session.url)
         result: dict[str, Any] = {"transport": transport}
         for encoding, body in bodies.items():
             say(f"[{name}] {encoding}")
-            result[encoding] = levels(Target(host, port, app, body, settings, _own_processes), rate)
+            result[encoding] = levels(Target(host, port, app, body, settings, own_processes), rate)
             rate = rate or result[encoding]["open"]["rate_rps"]  # every system's open loop at one rate
             if encoding == "json":
                 result["phases"] = phases(session, host, port, app, body, settings)
@@ -312,7 +312,7 @@ def _no_processes() -> list[int]:
     return []
 
 
-def _own_processes() -> list[int]:
+def own_processes() -> list[int]:
     """This process (the gateway runs in it) and every process it started (Ray's, the agents')."""
     return _pids_of(os.getpid())()
 
@@ -568,7 +568,8 @@ def request_body(encoding: str, shape: tuple[int, ...], timeout_s: float | None 
     return Body(head + raw, len(head))
 
 
-def _host_port(url: str) -> tuple[str, int]:
+def host_port(url: str) -> tuple[str, int]:
+    """The host and port of a gateway URL (``http://HOST:PORT``)."""
     host, port = url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
     return host, int(port)
 
