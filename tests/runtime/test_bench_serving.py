@@ -47,6 +47,7 @@ def test_the_serving_benchmark_measures_every_system_side_by_side(tiny_zoo, tmp_
     assert out["app"] == "ocr" and out["model"] == "digits_mlp/mlp_s"
     systems = out["systems"]
     assert systems["inprocess"]["rps"] > 0 and systems["inprocess"]["p50_ms"] > 0
+    assert systems["inprocess"]["cold_p50_ms"] > 0  # predict after the caches were swept
     assert "status" in systems["ray-serve"]
     for name in ("failsoft", "failsoft-ray", "fastapi"):
         for encoding in ("json", "binary"):

@@ -102,7 +102,7 @@ def run(
 
 def _run(cfg: Any, app: str, family: str, settings: OverloadSettings, say: Progress) -> dict[str, Any]:
     from failsoft.bench.cluster import wait_home
-    from failsoft.bench.serving import ServingSettings, Target, _host_port, _own_processes, request_body
+    from failsoft.bench.serving import ServingSettings, Target, host_port, own_processes, request_body
     from failsoft.runtime.session import Session
 
     load = _load()
@@ -112,14 +112,14 @@ def _run(cfg: Any, app: str, family: str, settings: OverloadSettings, say: Progr
         assert session.prepared is not None  # started
         shape = tuple(session.prepared.models[family].input_shape)
         body = request_body(settings.encoding, shape, settings.deadline_s)
-        host, port = _host_port(session.url)
+        host, port = host_port(session.url)
         if settings.slow_ms:
             client.admin("slow", server=route["server"], ms=settings.slow_ms)
         phases = {}
         for name, clients, seconds in _schedule(settings):
             say(f"[overload] {name}: {clients} clients for {seconds:g} s (+{settings.warmup_s:g} s warm-up)")
             level = ServingSettings(duration_s=seconds, warmup_s=settings.warmup_s)
-            target = Target(host, port, app, body, level, _own_processes)
+            target = Target(host, port, app, body, level, own_processes)
             phases[name] = _phase(session, client, target, clients, settings)
         end = next(a for a in client.status()["apps"] if a["name"] == app)["route"]
         servers = {s["name"]: s["state"] for s in client.status()["servers"]}

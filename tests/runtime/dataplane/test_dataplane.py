@@ -157,6 +157,28 @@ def test_answers_and_typed_errors(served: tuple[Queues, DataPlaneServer]) -> Non
     run(main())
 
 
+def test_replies_arriving_while_others_are_sent_are_all_read(served: tuple[Queues, DataPlaneServer]) -> None:
+    """The client reads replies off the socket's fd, which ZeroMQ signals on an edge: a send that
+    takes the signal of a reply already there must not leave that reply unread (its call would
+    wait until the next reply's signal, or its deadline when none comes)."""
+    _, server = served
+
+    async def main() -> None:
+        client = DataPlaneClient(server.endpoint or "", "server 's'")
+        x = np.random.default_rng(3).normal(size=(16, 4)).astype(np.float32)
+
+        async def caller(i: int) -> None:
+            for _ in range(60):  # each call sent as the previous one's reply is read
+                out = await asyncio.wait_for(client.infer("app", "m", x[i : i + 1], 5.0), 2.0)
+                assert np.allclose(out, x[i : i + 1] @ WEIGHTS, atol=1e-5), (out, x[i : i + 1] @ WEIGHTS)
+
+        await asyncio.gather(*(caller(i) for i in range(16)))
+        assert client.in_flight == 0
+        client.close()
+
+    run(main())
+
+
 class Runs(Queues):
     """The agent's side with ``run_queued``: the server queues without waking the worker, then asks
     the handler to run what it queued (a quick model, an idle worker: in the socket's thread)."""

@@ -98,8 +98,9 @@ def test_a_name_resolves_to_its_service_and_the_answer_says_how_it_was_served(ri
     assert codes(gateway) == {"200": 1, "404": 1}
 
 
-def test_an_overloaded_queue_is_a_503_with_its_retry_after(rig):
+def test_an_overloaded_queue_is_a_503_with_its_retry_after(rig, caplog):
     gateway, client, agents = rig
+    caplog.set_level(logging.DEBUG, logger="failsoft.runtime.gateway.app")
     agents["s1"].error = OverloadedError("server 's1': queue of big is full", retry_after_s=2.2)
     response = infer(client)
     assert response.status_code == 503 and response.headers["retry-after"] == "3"
@@ -107,6 +108,10 @@ def test_an_overloaded_queue_is_a_503_with_its_retry_after(rig):
     agents["s1"].error = DeadlineExceededError("no answer within 100 ms")
     assert infer(client).status_code == 504
     assert codes(gateway) == {"503": 1, "504": 1}
+    # shedding is counted, not shouted: a refusal at DEBUG, a failure at WARNING
+    ours = [r for r in caplog.records if r.name.endswith("gateway.app")]
+    logged = {(r.levelno, r.getMessage().split(":")[0]) for r in ours}
+    assert logged == {(logging.DEBUG, "request refused"), (logging.WARNING, "request failed")}
 
 
 @pytest.mark.parametrize("value", ["²".encode("latin-1"), b"-5", b"1e3", b"12 ", b"0x10", "١".encode()])

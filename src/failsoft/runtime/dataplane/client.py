@@ -1,8 +1,11 @@
 """The gateway's end of the data plane: one ZeroMQ DEALER socket per agent, on the gateway's loop.
 
 Requests are matched to replies by a sequence number of this connection; the request id travels
-too, for withdrawals. A reader task resolves the waiting futures; a monitor task watches the
-connection itself. The socket sends ZMTP heartbeats (``ZMQ_HEARTBEAT_IVL``) and gives up on a peer
+too, for withdrawals. Requests are sent and replies read without pyzmq's asyncio layer (a future
+per send and per receive, and a reader task woken for every reply): the loop watches the socket's
+file descriptor itself (``loop.add_reader``) and the callback reads every reply there is, without
+blocking, straight into the waiting futures; a monitor task watches the connection itself. The
+socket sends ZMTP heartbeats (``ZMQ_HEARTBEAT_IVL``) and gives up on a peer
 that has not answered them within ``ZMQ_HEARTBEAT_TIMEOUT``; libzmq's I/O thread answers them in
 the agent without Python's interpreter, so a busy agent keeps its connection.
 
@@ -22,14 +25,14 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
-from failsoft.errors import DeadlineExceededError, FailsoftError, ServerUnavailableError
+from failsoft.errors import DeadlineExceededError, FailsoftError, OverloadedError, ServerUnavailableError
 from failsoft.runtime.dataplane import frames
 
 log = logging.getLogger(__name__)
@@ -66,13 +69,14 @@ class DataPlaneClient:
         self._socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         self._socket.setsockopt(zmq.RECONNECT_IVL, -1)  # an ended connection is not retried
-        self._sync: zmq.Socket[Any] = zmq.Socket.shadow(self._socket.underlying)  # read with no future
+        # sent and read through this plain shadow: the asyncio socket serves only to make the monitor
+        self._sync: zmq.Socket[Any] = zmq.Socket.shadow(self._socket.underlying)
         self._monitor = self._socket.get_monitor_socket()
         self._socket.connect(endpoint)
-        self._tasks = [
-            asyncio.ensure_future(self._read()),
-            asyncio.ensure_future(self._watch()),
-        ]
+        self._loop = asyncio.get_running_loop()
+        self._fd = self._sync.FD
+        self._loop.add_reader(self._fd, self._read)
+        self._tasks = [asyncio.ensure_future(self._watch())]
 
     @property
     def in_flight(self) -> int:
@@ -126,30 +130,35 @@ class DataPlaneClient:
         }
         if meta:
             head["meta"] = meta
-        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        try:
+            self._sync.send_multipart(
+                [frames.dump(head), data], zmq.NOBLOCK, copy=len(data) < ZERO_COPY_BYTES
+            )
+        except zmq.Again:  # SNDHWM requests already wait to leave: the agent does not keep up
+            raise OverloadedError(f"{self.what}: the data plane's send queue is full", 0.05) from None
+        except zmq.ZMQError as exc:
+            raise ServerUnavailableError(f"{self.what}: data plane send failed: {exc}") from exc
+        finally:
+            self._sent()
+        future: asyncio.Future[np.ndarray] = self._loop.create_future()
         self._pending[seq] = future
         future.add_done_callback(lambda _: self._pending.pop(seq, None))  # answered, failed, given up
-        sent = cast(
-            "asyncio.Future[Any]",
-            self._socket.send_multipart([frames.dump(head), data], copy=len(data) < ZERO_COPY_BYTES),
-        )
-        if sent.done():  # sent at once (the usual case), or failed
-            self._sent(future, sent)
-        else:  # queued behind other sends: its failure fails the call
-            sent.add_done_callback(lambda done: self._sent(future, done))
         return future
-
-    def _sent(self, future: asyncio.Future[np.ndarray], sent: asyncio.Future[Any]) -> None:
-        error = None if sent.cancelled() else sent.exception()
-        if error is not None and not future.done():
-            future.set_exception(ServerUnavailableError(f"{self.what}: data plane send failed: {error}"))
 
     def cancel_nowait(self, request_id: str) -> None:
         """Withdraw ``request_id`` from the agent's queue; fire and forget."""
         if self.lost is not None:
             return
         with contextlib.suppress(zmq.ZMQError):
-            self._socket.send_multipart([frames.dump({"op": "cancel", "id": request_id})], zmq.NOBLOCK)
+            self._sync.send_multipart([frames.dump({"op": "cancel", "id": request_id})], zmq.NOBLOCK)
+        self._sent()
+
+    def _sent(self) -> None:
+        """After a send: a send may take the read signal of the socket's (edge-triggered) fd, so a
+        reply already there is read on the loop's next turn, as pyzmq's asyncio layer does."""
+        with contextlib.suppress(zmq.ZMQError):
+            if int(self._sync.get(zmq.EVENTS)) & zmq.POLLIN:
+                self._loop.call_soon(self._read)
 
     def close(self) -> None:
         """End the connection (no ``on_change``); waiting calls fail ServerUnavailableError."""
@@ -157,22 +166,17 @@ class DataPlaneClient:
             self._end("closed", report=False)
 
     # background ---------------------------------------------------------------------------------
-    async def _read(self) -> None:
+    def _read(self) -> None:
+        """Every reply there is, delivered (the socket's fd was signalled, or a send may have taken
+        the signal); reading until none is left re-arms the edge-triggered fd."""
+        if self.lost is not None:
+            return
         while True:
             try:
-                message: list[Any] | None = await self._socket.recv_multipart(copy=False)
-            except (zmq.ZMQError, asyncio.CancelledError):
+                message = self._sync.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:  # none left (Again), or the socket closed
                 return
-            while message is not None:  # and every reply that came with it, without a wake-up each
-                self._deliver(message)
-                message = self._next()
-
-    def _next(self) -> list[Any] | None:
-        """The next reply if one is there already (None: none, or the socket closed)."""
-        try:
-            return self._sync.recv_multipart(zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError:
-            return None
+            self._deliver(message)
 
     def _deliver(self, message: list[Any]) -> None:
         try:
@@ -213,6 +217,8 @@ class DataPlaneClient:
         for task in self._tasks:
             if task is not current:
                 task.cancel()
+        with contextlib.suppress(ValueError, OSError):  # the loop closed first
+            self._loop.remove_reader(self._fd)
         with contextlib.suppress(zmq.ZMQError):
             self._socket.disable_monitor()
         self._monitor.close(0)

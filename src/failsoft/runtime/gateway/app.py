@@ -51,6 +51,7 @@ from failsoft.domain import App, Family, Scenario
 from failsoft.errors import (
     FailsoftError,
     InvalidRequestError,
+    OverloadedError,
     ServerUnavailableError,
     UnknownNameError,
     http_status,
@@ -613,7 +614,9 @@ def _json(content: Any) -> Response:
 def _error_response(exc: FailsoftError) -> JSONResponse:
     status = http_status(exc)
     headers = retry_after(exc)
-    if status >= 500:
+    if isinstance(exc, OverloadedError):  # shedding, not a fault: counted by code in failsoft_requests_total
+        log.debug("request refused: %s", exc)
+    elif status >= 500:
         log.warning("request failed: %s", exc)
     return JSONResponse({"error": str(exc)}, status_code=status, headers=headers)
 

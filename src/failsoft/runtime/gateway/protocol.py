@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from failsoft.errors import InvalidRequestError
 from failsoft.runtime.gateway import named
@@ -225,6 +226,16 @@ def _binary_output(data: dict[str, Any], outputs: bool = True) -> bool:
     return wanted
 
 
+def _loads(body: bytes) -> Any:
+    """The body's JSON: orjson (a 3 MB tensor of floats in a sixth of the standard parser's CPU);
+    what orjson refuses is read again by the standard parser, so that every body is read, and every
+    error worded, as before (``NaN``, which it reads and the checks then refuse as not finite)."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return json.loads(body)
+
+
 def _decode(body: bytes, header_length: int | None) -> tuple[dict[str, Any], bytes]:
     """The JSON object of a request, and the binary tensor data that follows it (if any)."""
     binary = b""
@@ -235,7 +246,7 @@ def _decode(body: bytes, header_length: int | None) -> tuple[dict[str, Any], byt
             )
         body, binary = body[:header_length], body[header_length:]
     try:
-        data = json.loads(body)
+        data = _loads(body)
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(
             f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
