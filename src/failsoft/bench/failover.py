@@ -12,8 +12,11 @@ ImageNet-style apps during the warm-up (their baseline); then the chosen server(
 * ``rerouted_ms``: per affected app, the kill to the first answer on the app's new route as the
   gateway saw it: how long requests in flight at the kill took to be on their next route, plus
   that answer's inference (for a warm switch, nothing is loaded); ``connection_end_ms``, per
-  killed server, the kill to the gateway seeing its data-plane connection end (the dying process's
-  teardown: its kernel closes the socket once its memory is freed), and ``rerouted_after_end_ms``
+  killed server, the kill to the gateway seeing its data-plane connection end: at the word of the
+  agent's heartbeat sidecar, which looks for the death every 5 ms and tells the gateways watching
+  it, or at the socket's close, which the kernel does only at the end of the dying process's
+  teardown, once its memory is freed (``connection_end_by``: ``sidecar`` or ``socket``, whichever
+  came first), and ``rerouted_after_end_ms``
   per app, ``rerouted_ms`` less that: from the connection's end to the answer on the next route;
 * ``in_flight``: per request that met a killed server (in flight on it at the kill, or sent while
   its route still named it), the kill (or its later arrival) to its call on the next route
@@ -407,10 +410,11 @@ def measure(
         if e["type"] == "failure" and e.get("server") in kill_at and e["server"] not in detected:
             detected[e["server"]] = e["detected_at"]
             detected_by[e["server"]] = e.get("cause", "heartbeats")
-    ended = {}  # the gateway's connection_lost events: when it saw each killed agent's socket close
+    ended, ended_by = {}, {}  # the gateway's connection_lost events: when it saw each killed agent die
     for e in events:
         if e["type"] == "connection_lost" and e.get("server") in kill_at and e["server"] not in ended:
             ended[e["server"]] = e["timestamp"]
+            ended_by[e["server"]] = "sidecar" if "sidecar" in e.get("reason", "") else "socket"
     spurious = sorted(
         {e["server"] for e in events if e["type"] == "failure" and e.get("server") not in kill_at}
     )
@@ -433,6 +437,7 @@ def measure(
         "detection_ms": {s: (detected[s] - kill_at[s]) * 1000.0 for s in detected},
         "detected_by": detected_by,
         "connection_end_ms": {s: (ended[s] - kill_at[s]) * 1000.0 for s in ended},
+        "connection_end_by": ended_by,
         "apps": apps,
         "affected": affected,
         "in_flight": moved_requests(report.get("moves", []), kill_at, affected),
@@ -565,6 +570,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "connection_end_ms": _stats(
             [v for r in runs for v in r.get("connection_end_ms", {}).values()], ("p50", "max")
         ),
+        "connection_end_by": sorted({how for r in runs for how in r.get("connection_end_by", {}).values()}),
         "rerouted_after_end_ms": _stats(_values(recovered, "rerouted_after_end_ms"), ("p50", "max"))
         | {"per_app": _per_app(per_app, "rerouted_after_end_ms")},
         "in_flight": summarize_moves([m for r in runs for m in r.get("in_flight", [])]),
