@@ -118,18 +118,47 @@ def process_state(pid: int) -> str | None:
     """
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:
-            fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+            return _state_of(fh.read())
     except FileNotFoundError:
         return None
     except OSError:
         return _exists(pid)
+
+
+class StatusWatch:
+    """:func:`process_state` of one process, read from its ``/proc`` status file kept open: the
+    sidecar's check every few milliseconds costs one ``pread`` (about a fifth of opening the file
+    anew each time)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        try:
+            self._fd: int | None = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def state(self) -> str | None:
+        if self._fd is None:
+            return process_state(self.pid)
+        try:
+            return _state_of(os.pread(self._fd, 4096, 0))
+        except ProcessLookupError:  # reaped: the file outlives its process, unreadable
+            return None
+        except OSError:
+            return process_state(self.pid)
+
+
+def _state_of(status: bytes) -> str:
     pending = 0
-    for key in (b"SigPnd", b"ShdPnd"):
-        with contextlib.suppress(KeyError, ValueError):
-            pending |= int(fields[key].strip(), 16)
+    for key in (b"\nSigPnd:", b"\nShdPnd:"):
+        at = status.find(key)
+        if at >= 0:
+            with contextlib.suppress(ValueError):
+                pending |= int(status[at + len(key) : status.find(b"\n", at + 1)].strip(), 16)
     if pending & (1 << (SIGKILL - 1)):
         return "X"
-    state = fields.get(b"State", b"?").strip()
+    at = status.find(b"\nState:")
+    state = status[at + 8 : at + 16].strip() if at >= 0 else b""
     return state[:1].decode() if state else "?"
 
 
@@ -177,9 +206,10 @@ def run_sidecar(settings: dict) -> int:
         sock.connect(address)  # not to all interfaces as a first sendto would, and deaf to others
     watchers = Watchers(settings.get("watch_fd"))
     check = min(float(settings.get("check_s") or interval), interval)
+    status = StatusWatch(pid)
     seq, due, wedged = 0, time.monotonic(), False
     while True:
-        state = process_state(pid)
+        state = status.state()
         if state is None or state in "ZX" or os.getppid() != pid:
             watchers.tell_dead()  # first: the gateways move the requests in flight on it
             for _ in range(DEATH_NOTICES):  # proof of death, not a silence that might be lateness
