@@ -166,7 +166,10 @@ class DataPlaneClient:
         if self.lost is not None:
             return
         with contextlib.suppress(zmq.ZMQError):
-            self._socket.send_multipart([frames.dump({"op": "cancel", "id": request_id})], zmq.NOBLOCK)
+            sent = self._socket.send_multipart([frames.dump({"op": "cancel", "id": request_id})], zmq.NOBLOCK)
+            # an asyncio socket's send reports a full queue or a gone peer (zmq.Again) in its future:
+            # read it, or asyncio logs "Future exception was never retrieved" for each one
+            cast("asyncio.Future[Any]", sent).add_done_callback(_ignore_outcome)
 
     def close(self) -> None:
         """End the connection (no ``on_change``); waiting calls fail ServerUnavailableError."""
@@ -265,6 +268,11 @@ class DataPlaneClient:
             self.on_change(up, why)
         except Exception as exc:  # a listener's fault must not keep the calls from moving
             log.warning("%s: a connection listener failed: %s", self.what, exc)
+
+
+def _ignore_outcome(done: asyncio.Future[Any]) -> None:
+    if not done.cancelled():
+        done.exception()
 
 
 def _event_name(kind: int) -> str:
