@@ -12,14 +12,19 @@ ImageNet-style apps during the warm-up (their baseline); then the chosen server(
 * ``rerouted_ms``: per affected app, the kill to the first answer on the app's new route as the
   gateway saw it: how long requests in flight at the kill took to be on their next route, plus
   that answer's inference (for a warm switch, nothing is loaded); ``connection_end_ms``, per
-  killed server, the kill to the gateway seeing its data-plane connection end (the dying process's
-  teardown: its kernel closes the socket once its memory is freed), and ``rerouted_after_end_ms``
+  killed server, the kill to the gateway seeing its data-plane connection end: at the word of the
+  agent's heartbeat sidecar, which looks for the death every 5 ms and tells the gateways watching
+  it, or at the socket's close, which the kernel does only at the end of the dying process's
+  teardown, once its memory is freed (``connection_end_by``: ``sidecar`` or ``socket``, whichever
+  came first), and ``rerouted_after_end_ms``
   per app, ``rerouted_ms`` less that: from the connection's end to the answer on the next route;
 * ``in_flight``: per request that met a killed server (in flight on it at the kill, or sent while
-  its route still named it), the kill (or its later arrival) to its call on the next route
-  (``next_route_ms``, the issue's 10 ms target) and to that call's answer (``answer_ms``), with the
-  timeline of each step from the kill (connection end, call failed, the controller's route
-  published and seen, sent, answered) and how the next route was found (:mod:`.next_route`);
+  its route still named it; ``failsoft bench failover`` slows the servers to kill ``--hold-ms``, 300
+  ms by default, before the kill so that the steady load's requests are waiting there), the kill (or
+  its later arrival) to its call on the next route (``next_route_ms``, the issue's 10 ms target) and
+  to that call's answer (``answer_ms``), with the timeline of each step from the kill (connection
+  end, call failed, the controller's route published and seen, sent, answered) and how the next
+  route was found (:mod:`.next_route`);
 * ``mttr_ms``: per affected app, FailLite's MTTR (5.1): detection to the clients being told the new
   location (the route published to the gateway and the ``failover`` event), model loading included;
 * ``first_answer_ms``: per affected app, detection to the first answer on the new route as the
@@ -71,6 +76,7 @@ BUSY_WINDOW_S = 3.0  # the host's busy cores are measured over the last seconds 
 
 
 PAGE_CACHE_STATES = ("warm", "cold")
+HOLD_SLOW_MS = 10_000.0  # a held server's slowdown: longer than any hold, it dies first
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,10 @@ class BenchSettings:
     usual_requests: int = 3  # per affected app, alone, before the kill: its usual latency
     max_in_flight: int = 4  # per app, steady load
     timeout_s: float = 30.0  # per request: clients wait through a recovery
+    # the killed servers are slowed (chaos slow) this long before the kill, so that the steady
+    # load's requests to them are in flight there at the kill (``in_flight``); 0: killed as found
+    # (``failsoft bench failover`` holds 300 ms by default)
+    hold_ms: float = 0.0
     # the weights' page-cache state at the kill: "warm" (every variant of the config's families read
     # into memory before the cluster starts), "cold" (evicted once the cluster is up: failover loads
     # read the disk), None (as found)
@@ -310,6 +320,7 @@ def _fail_under_load(
     at_kill.wait_ready()
     loads_before = agents.loads_cpu_ms() if agents is not None else {}
     during = HostCpu()
+    _hold(client, failed, settings.hold_ms)
     kill_at = _kill(client, failed, settings.site)
     at_kill.go()
     _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
@@ -345,6 +356,17 @@ class AgentProbes:
 
     def loads_cpu_ms(self) -> dict[str, float]:
         return self._each(lambda agent: float(agent.holdings_sync()["loads_cpu_ms"]))
+
+
+def _hold(client: Any, failed: Sequence[str], hold_ms: float) -> None:
+    """Slow every server about to be killed so that requests wait there for ``hold_ms``: at a
+    few requests per second of millisecond models, hardly any is in flight at a random instant,
+    and the requests in flight at the kill are what ``in_flight`` measures."""
+    if hold_ms <= 0:
+        return
+    for name in failed:
+        client.admin("slow", server=name, ms=HOLD_SLOW_MS)
+    time.sleep(hold_ms / 1000.0)
 
 
 def _kill(client: Any, failed: Sequence[str], site: str | None) -> dict[str, float]:
@@ -407,10 +429,11 @@ def measure(
         if e["type"] == "failure" and e.get("server") in kill_at and e["server"] not in detected:
             detected[e["server"]] = e["detected_at"]
             detected_by[e["server"]] = e.get("cause", "heartbeats")
-    ended = {}  # the gateway's connection_lost events: when it saw each killed agent's socket close
+    ended, ended_by = {}, {}  # the gateway's connection_lost events: when it saw each killed agent die
     for e in events:
         if e["type"] == "connection_lost" and e.get("server") in kill_at and e["server"] not in ended:
             ended[e["server"]] = e["timestamp"]
+            ended_by[e["server"]] = "sidecar" if "sidecar" in e.get("reason", "") else "socket"
     spurious = sorted(
         {e["server"] for e in events if e["type"] == "failure" and e.get("server") not in kill_at}
     )
@@ -433,6 +456,7 @@ def measure(
         "detection_ms": {s: (detected[s] - kill_at[s]) * 1000.0 for s in detected},
         "detected_by": detected_by,
         "connection_end_ms": {s: (ended[s] - kill_at[s]) * 1000.0 for s in ended},
+        "connection_end_by": ended_by,
         "apps": apps,
         "affected": affected,
         "in_flight": moved_requests(report.get("moves", []), kill_at, affected),
@@ -565,6 +589,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "connection_end_ms": _stats(
             [v for r in runs for v in r.get("connection_end_ms", {}).values()], ("p50", "max")
         ),
+        "connection_end_by": sorted({how for r in runs for how in r.get("connection_end_by", {}).values()}),
         "rerouted_after_end_ms": _stats(_values(recovered, "rerouted_after_end_ms"), ("p50", "max"))
         | {"per_app": _per_app(per_app, "rerouted_after_end_ms")},
         "in_flight": summarize_moves([m for r in runs for m in r.get("in_flight", [])]),

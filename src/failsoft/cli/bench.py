@@ -36,6 +36,12 @@ def failover(
     site: Annotated[str | None, typer.Option(help="Kill every server of this site instead")] = None,
     repeats: Annotated[int, typer.Option(min=1, max=20, help="Fresh deployments per policy")] = 3,
     window_s: Annotated[float, typer.Option(min=1, max=600, help="Seconds apps get to recover")] = 30.0,
+    hold_ms: Annotated[
+        float,
+        typer.Option(
+            min=0, max=5000, help="Slow the servers to kill this long first: requests in flight at the kill"
+        ),
+    ] = 300.0,
 ) -> None:
     """Kill the same server(s) under each failover policy; detection, MTTR, outage, recovery, accuracy."""
     from failsoft.bench.failover import POLICIES, BenchSettings, run
@@ -46,6 +52,7 @@ def failover(
         site=site,
         repeats=repeats,
         window_s=window_s,
+        hold_ms=hold_ms,
     )
     typer.echo(json.dumps(run(config, settings), indent=2))
 

@@ -155,8 +155,9 @@ class Agent:
         self._data_plane, self._data_plane_error = self._serve_data_plane()
         hb = spec.heartbeat
         self._pulse = Pulse(
-            hb.host, hb.port, hb.key, spec.server.name, self.incarnation, spec.heartbeat_interval_s, WEDGE_S
-        ).start()
+            hb.host, hb.port, hb.key, spec.server.name, self.incarnation, spec.heartbeat_interval_s, WEDGE_S,
+            watch_host=self._data_plane.host if self._data_plane is not None else None,
+        ).start()  # fmt: skip
 
     def _warm_up(self) -> float:
         """Import torch and the families' modeling code now, before heartbeats start.
@@ -202,7 +203,12 @@ class Agent:
     def data_plane(self) -> dict[str, Any]:
         """Where this agent serves inference (the gateway asks once per connection)."""
         endpoint = None if self._data_plane is None else self._data_plane.endpoint
-        return {"endpoint": endpoint, "incarnation": self.incarnation, "error": self._data_plane_error}
+        return {
+            "endpoint": endpoint,
+            "incarnation": self.incarnation,
+            "error": self._data_plane_error,
+            "watch": self._pulse.watch,  # the sidecar's: it tells of this process's death at once
+        }
 
     def _init_cuda(self) -> float:
         """The CUDA context, now: its milliseconds (0 on the CPU, or when it fails: the first load

@@ -8,7 +8,8 @@ with the simulator); the controller gives the core its inputs and carries out it
   drained every few milliseconds into :meth:`Orchestrator.heartbeat`, then
   :meth:`Orchestrator.check_health` (the detector's verdicts, failovers, reconciliation, timers).
   Arrival times are the kernel's, so a stalled loop delays verdicts but never fakes a silence;
-* routes and events go out by long-poll (:mod:`failsoft.runtime.longpoll`), the state to the store
+* routes and events go out by long-poll (:mod:`failsoft.runtime.longpoll`), every table is also
+  pushed to the gateways at once (:mod:`failsoft.runtime.routepush`), the state goes to the store
   (SQLite or Redis) whenever it changed.
 
 At start the controller deploys (primaries, then warm backups from the proactive policy); when Ray
@@ -47,6 +48,7 @@ from failsoft.runtime.llm_fleet import LlmFleet
 from failsoft.runtime.longpoll import EventLog, VersionedValue
 from failsoft.runtime.loop import StepRunner, spawn
 from failsoft.runtime.planner import Planner
+from failsoft.runtime.routepush import RoutePublisher
 from failsoft.runtime.store import Store, open_store
 from failsoft.scenario import scenario_from_dict, scenario_to_dict
 
@@ -106,6 +108,7 @@ class Controller:
         self.core = Orchestrator(self.state, orchestration_settings(config), self.clock.now())
         self.tick_s = min(0.005, config.heartbeat.interval_s / 4)
         self.routes = VersionedValue(self.state.routes())
+        self.pusher = RoutePublisher(cluster.node_address())  # the tables' fast path to the gateways
         self.events = EventLog(epoch=self.routes.epoch)
         self.steps = StepRunner(slow_s=max(config.heartbeat.interval_s, 0.02))
         self.restarted = cluster.actor_was_restarted()
@@ -167,6 +170,7 @@ class Controller:
 
     def _publish(self) -> None:
         self.routes.publish(self.state.routes())
+        self.pusher.send(self._snapshot(self.routes.snapshot()))
         if self.core.ready:
             self._ready.set()
         self._dirty.set()
@@ -206,8 +210,12 @@ class Controller:
             if not self.core.ready:
                 return {"epoch": epoch, "version": version, "value": None, "ready": False}
         left = max(deadline - self.clock.now(), 0.0)
-        snap = await self.routes.wait_newer(epoch, version, left)
-        return {**snap, "ready": self.core.ready, "fences": self._fences()}
+        return self._snapshot(await self.routes.wait_newer(epoch, version, left))
+
+    def _snapshot(self, snap: dict[str, Any]) -> dict[str, Any]:
+        """A table as the gateways take it, by long-poll or push: with ``ready``, the failure
+        stamps (``fences``) and where the tables are pushed (``push``, :mod:`~failsoft.runtime.routepush`)."""
+        return {**snap, "ready": self.core.ready, "fences": self._fences(), "push": self.pusher.endpoint}
 
     def _fences(self) -> dict[str, float]:
         """Each server's last failure stamp, for the gateway's fence: read in the same step as the

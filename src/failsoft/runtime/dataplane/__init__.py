@@ -10,9 +10,11 @@ per agent on its event loop (:mod:`.client`), whose endpoint it asks the agent f
 is the output tensor or a failsoft error by class. Deadlines, withdrawals and request ids are
 those of the Ray call; ``$FAILSOFT_DATA_PLANE=ray`` goes back to it.
 
-The connection is also a second, independent failure signal: a killed agent's kernel closes it,
-so the gateway sees a crash within a millisecond, fails the calls waiting on it over to the next
-route and tells the controller, without waiting for missed heartbeats.
+The connection is also a second, independent failure signal: it ends when the agent's heartbeat
+sidecar says the agent died (it watches for that every few milliseconds and tells the gateway over
+a watch connection) or when the killed agent's kernel closes the socket, at the end of its
+teardown; the gateway then fails the calls waiting on it over to the next route and tells the
+controller, without waiting for missed heartbeats.
 """
 
 from failsoft.runtime.dataplane.client import DataPlaneClient

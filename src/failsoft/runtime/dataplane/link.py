@@ -139,7 +139,8 @@ class DataPlaneLink:
             if self.listener is not None:
                 self.listener(LinkChange(self.server, incarnation, up, why, time.monotonic()))
 
-        client = self._clients[loop] = DataPlaneClient(str(endpoint), self.what, changed)
+        watch = None if not info.get("watch") else str(info["watch"])
+        client = self._clients[loop] = DataPlaneClient(str(endpoint), self.what, changed, watch)
         for other in [other for other in self._clients if other.is_closed()]:
             del self._clients[other]  # a finished loop's connection went with it
         return client

@@ -157,6 +157,7 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
         body["gateway"] = {
             "route_version": gateway.mirror.version,
             "route_epoch": gateway.mirror.epoch,
+            "routes_taken": dict(gateway.mirror.taken),  # tables by the path that brought them first
             "connected": gateway.link.connected,
             "event_subscribers": gateway.hub.subscribers,
         }

@@ -1,8 +1,15 @@
-"""The gateway's mirror of the controller's routing table, kept fresh by long-poll.
+"""The gateway's mirror of the controller's routing table, kept fresh by push and long-poll.
 
 The controller publishes the table (app -> server and variant) under an epoch and a version; the
 mirror asks "wake me when you have something newer than what I hold" and updates the moment a route
-changes. An app with replicas has several active routes: its route, then its loaded replicas
+changes. The controller also pushes each table the moment it publishes it (ZeroMQ PUB/SUB,
+:mod:`failsoft.runtime.routepush`, to the endpoint its long-poll answers name): that is the fast
+path, the long-poll the reliable one. Whichever brings a table first, the mirror takes it only when
+it is newer (:meth:`RouteMirror.offer`): within one controller's epoch a greater version, and a new
+epoch (a restarted controller) only from the long-poll, so a duplicate, a table overtaken by a
+newer one or a dead controller's push still queued changes nothing.
+
+An app with replicas has several active routes: its route, then its loaded replicas
 (:meth:`RouteMirror.active`), among which the ``single`` dispatcher chooses per request.
 Dispatchers read member routes here and wait on :meth:`RouteMirror.wait_route_change` when a route
 is missing or moved. Every wait runs on the injected clock; the controller being away is
@@ -21,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from failsoft.clock import AsyncClock
 from failsoft.runtime.gateway.link import ControllerLink
 from failsoft.runtime.longpoll import wait_event
+from failsoft.runtime.routepush import RouteSubscriber
 
 if TYPE_CHECKING:
     from failsoft.runtime.cluster import ControllerRef
@@ -32,6 +40,7 @@ BACKUP_KIND = "backup"  # of an answer a warm backup gave before the controller 
 # controller that is away, or one that judged the report stale): then calls try it again.
 LOST_HOLD_S = 5.0
 STREAM = "route long-poll"
+PUSH, LONG_POLL = "push", "long-poll"  # the two paths a table comes by
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +116,8 @@ class RouteMirror:
         self.draining: dict[str, frozenset[str]] = {}  # servers of replicas dropped, still finishing
         self.backups: dict[str, tuple[Route, ...]] = {}  # each app's loaded warm backups (live servers)
         self.updated_at: float | None = None  # on the clock: when the last table came in
+        self.taken = {PUSH: 0, LONG_POLL: 0}  # tables taken, by the path that brought them first
+        self._push: RouteSubscriber | None = None
         # server -> (when its connection ended, on the clock; its failure stamp when it was made)
         self._lost: dict[str, tuple[float, float | None]] = {}
         self._made: dict[str, float | None] = {}  # server -> its failure stamp when its connection was made
@@ -135,9 +146,28 @@ class RouteMirror:
             return self.replicas.get(app, ())
         return (route, *(r for r in self.replicas.get(app, ()) if r.server != route.server))
 
+    def offer(self, snap: dict[str, Any], via: str = PUSH) -> bool:
+        """A table from either path (``via``): taken (True) when it is newer than the one held.
+
+        Newer: the same epoch and a greater version (or the same version turned ready); a new epoch
+        only by long-poll, which asks the live controller (a push still queued from a controller
+        that died must not undo its successor's table). A table with no value (a resuming
+        controller's "nothing yet") is never taken."""
+        if snap.get("value") is None:
+            return False
+        epoch, version, ready = snap["epoch"], int(snap["version"]), bool(snap.get("ready"))
+        if epoch == self.epoch:
+            if (version, ready) <= (self.version, self.ready):
+                return False
+        elif via != LONG_POLL:
+            return False
+        self.update(snap)
+        self.taken[via] = self.taken.get(via, 0) + 1
+        return True
+
     def update(self, snap: dict[str, Any]) -> None:
         """Take a snapshot ``{"epoch", "version", "ready", "value": {app: {"route": entry}},
-        "fences": {server: stamp}}``."""
+        "fences": {server: stamp}, "push": endpoint}`` (whatever the versions: :meth:`offer` checks)."""
         self.epoch, self.version, self.ready = snap["epoch"], snap["version"], bool(snap.get("ready"))
         self.fences = {str(k): float(v) for k, v in (snap.get("fences") or {}).items()}
         self.routes = {name: Route.from_entry(e["route"]) for name, e in snap["value"].items()}
@@ -161,7 +191,29 @@ class RouteMirror:
             self._made[server] = self.fences.get(server)
         self._made_early.clear()
         self.updated_at = self.clock.now()
+        self._subscribe(snap.get("push"))
         self._wake()
+
+    def _subscribe(self, endpoint: str | None) -> None:
+        """Take the controller's pushed tables from ``endpoint`` (a new one: a restarted controller)."""
+        if self._push is not None and self._push.endpoint == endpoint:
+            return
+        self.close()
+        if endpoint:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # a table given outside any loop (a test): nothing to read with
+                return
+            self._push = RouteSubscriber(endpoint, self._offered)
+
+    def _offered(self, snap: dict[str, Any]) -> None:
+        self.offer(snap, PUSH)
+
+    def close(self) -> None:
+        """Stop taking pushed tables (the long-poll's task is its caller's to cancel)."""
+        if self._push is not None:
+            self._push.close()
+            self._push = None
 
     def _wake(self) -> None:
         self._changed.set()
@@ -216,19 +268,21 @@ class RouteMirror:
         return max(options, key=lambda b: (b.accuracy, b.server), default=None)
 
     async def run(self) -> None:
-        """Long-poll forever; while the controller is away keep the last table (it may restart)."""
+        """Long-poll forever (and take pushed tables once a table names where they are pushed);
+        while the controller is away keep the last table (it may restart)."""
+        try:
+            await self._poll()
+        finally:
+            self.close()
+
+    async def _poll(self) -> None:
         while True:
             snap = await self.link.retry(
                 STREAM, lambda: self.controller.wait_routes(self.epoch, self.version, POLL_S), self.clock
             )
-            if snap.get("value") is None:
-                continue  # the controller is not ready yet (a restarted one resuming): keep our table
-            if (snap["epoch"], snap["version"], bool(snap.get("ready"))) != (
-                self.epoch,
-                self.version,
-                self.ready,
-            ):
-                self.update(snap)
+            # no value: the controller is not ready yet (a restarted one resuming): keep our table;
+            # no newer than ours: the push brought it first
+            self.offer(snap, LONG_POLL)
 
     def pinned_copy(self, app: str, server: str) -> PinnedCopy | None:
         """``app``'s pinned copy on ``server`` as last published (None: there is none)."""
