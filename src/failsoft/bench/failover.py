@@ -61,6 +61,7 @@ from failsoft.bench.next_route import moved_requests, summarize_moves
 from failsoft.errors import ConfigError, RepositoryError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.runtime.gateway.metrics import first_recoveries
+from failsoft.runtime.load_phases import timeline
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
 from failsoft.zoo.machine import HostCpu
 
@@ -469,6 +470,8 @@ def _app_result(
         # load slot, the calls and the controller
         "load_ms": None if failover is None else failover.get("load_ms"),
         "load_cpu_ms": None if failover is None else failover.get("load_cpu_ms"),  # the agent's thread
+        # the MTTR cut at its first load's stamps (runtime.load_phases.timeline)
+        "load_phases": _load_phases(failover),
         "first_answer_ms": None if answer is None else answer["first_answer_ms"],
         "rerouted_ms": None
         if answer is None
@@ -480,6 +483,13 @@ def _app_result(
         "accuracy_primary": accuracy_primary,
         "accuracy_served": _settled(events, app, "accuracy"),
     }
+
+
+def _load_phases(failover: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where the MTTR of a failover by a load went (None: a switch, or no stamps recorded)."""
+    if failover is None or not failover.get("load_phases") or failover.get("detected_at") is None:
+        return None
+    return timeline(failover["load_phases"], failover["detected_at"], failover["route_ms"])
 
 
 def _accuracy(status: dict[str, Any], app: str) -> float | None:

@@ -244,7 +244,9 @@ def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str
         return []
     scenario = _as_deployed(prepare(config).deployment, switches["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
-    sim_config = twin_config(config, {**observed, "host_cpu": switches["host_cpu"]}, host)
+    sim_config = twin_config(
+        config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **switches["host_cpu"]}}, host
+    )
     if switches.get("control_probe"):  # measured apart from the switches (never from themselves)
         sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
     return [
@@ -270,7 +272,9 @@ def control_probe_ms(config: RuntimeConfig, observed: dict[str, Any], host: str 
         return 0.0
     scenario = _as_deployed(prepare(config).deployment, probes["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
-    sim_config = twin_config(config, {**observed, "host_cpu": probes["host_cpu"]}, host)
+    sim_config = twin_config(
+        config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **probes["host_cpu"]}}, host
+    )
     compared = [
         fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
         for e in probes["events"]
@@ -354,6 +358,7 @@ def compare(
             "runtime_mttr_ms": _mean([a["mttr_ms"] for a in rt]),
             "runtime_load_ms": _mean([a.get("load_ms") for a in rt]),
             "runtime_load_cpu_ms": _mean([a.get("load_cpu_ms") for a in rt]),
+            "runtime_load_phases": mean_phases([a.get("load_phases") for a in rt]),
             "sim_mttr_ms": _mean(sim_mttr),
             "runtime_first_answer_ms": _mean([a["first_answer_ms"] for a in rt]),
             "sim_first_answer_ms": _mean(sim_first),
@@ -377,6 +382,24 @@ def compare(
         "failed_requests": sum(r["requests"]["failed"] for r in runs),
         "not_modelled": NOT_MODELLED,
     }
+
+
+def mean_phases(timelines: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The mean over runs of one app's MTTR segments and agent phases (``runtime.load_phases``
+    timelines; runs recorded before the phases existed are left out)."""
+    present = [t for t in timelines if t]
+    if not present:
+        return None
+    out: dict[str, Any] = {k: _mean([t.get(k) for t in present]) for k in present[0] if k.endswith("_ms")}
+    phases = dict.fromkeys(p for t in present for p in t.get("agent", {}))
+    out["agent"] = {
+        p: {
+            k: _mean([(t.get("agent", {}).get(p) or {}).get(k) for t in present])
+            for k in ("wall_ms", "cpu_ms", "runnable_ms", "blocked_ms")
+        }
+        for p in phases
+    }
+    return out
 
 
 def _overhead_ms(runs: list[dict[str, Any]], sims: list[dict[str, Any]]) -> float:
