@@ -116,8 +116,10 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
     # where the agents counted every load (upgrades too), that is what comes off
     counted = run | {"host_cpu": run["host_cpu"] | {"recovery": recovery | {"loads_cores": 0.7}}}
     assert host_twin(counted, 2.0, "recovery")["host_busy_cores"] == pytest.approx(0.3)
-    # the default: the loads' measured share of a core, the median over the servers
-    assert host_twin(run, 2.0) == host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}
+    # the loads' measured share of a core, the median over the servers
+    assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}
+    # the default: the steady busy cores
+    assert host_twin(run, 2.0) == host_twin(run, 2.0, "steady")
     # older outputs fall back to what they measured
     older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}
     assert host_twin(older, 2.0, "recovery") == host_twin(older, 2.0, "steady")

@@ -67,6 +67,13 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
+HOST_MODELS = ("probe", "steady", "recovery")
+# The steady busy cores: on the quiet machine's fidelity set (docs/results/fidelity-set-quiet-after.json,
+# replayed) the share of a core the heavy loads got (their CPU over their wall time) followed the
+# cluster's steady busy cores (1.3-1.65 busy: 0.23-0.41 of a core; 0.8-1.3 busy: 0.3-0.71), and the
+# agents' probe did not (its median 0.17-0.26 on every config: a Python spin that waits for the
+# agent's interpreter lock, which a load's torch kernels release)
+DEFAULT_HOST_MODEL = "steady"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
@@ -90,7 +97,7 @@ def run(
     sim_seeds: int = 20,
     progress: Progress | None = None,
     runs: list[dict[str, Any]] | None = None,
-    host: str = "probe",
+    host: str = DEFAULT_HOST_MODEL,
     page_cache: str = "warm",
 ) -> dict[str, Any]:
     """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
@@ -143,7 +150,7 @@ def _simulated(
     runs: list[dict[str, Any]],
     sim_seeds: int,
     say: Progress,
-    host: str = "probe",
+    host: str = DEFAULT_HOST_MODEL,
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
     sims = [simulate_run(base, r, failed, sim_seeds, host) for r in runs]
@@ -179,7 +186,11 @@ def replayed(*paths: str | Path) -> list[dict[str, Any]]:
 
 
 def simulate_run(
-    config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int, host: str = "probe"
+    config: RuntimeConfig,
+    observed: dict[str, Any],
+    failed: Sequence[str],
+    seeds: int,
+    host: str = DEFAULT_HOST_MODEL,
 ) -> dict:
     """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
@@ -207,7 +218,7 @@ def simulate_run(
     }
 
 
-def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> SimConfig:
+def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL) -> SimConfig:
     """The simulator's settings for a twin of ``config`` as one runtime run found the host."""
     from failsoft.sim import PageCache, RequestMode, SimConfig
 
@@ -231,7 +242,9 @@ def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "pr
     )
 
 
-def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> list[dict]:
+def simulate_switches(
+    config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL
+) -> list[dict]:
     """The simulated half of one runtime run's ladder switches (:mod:`.fidelity_switch`): each
     switch's request on the deployment as it was then, with the settings of the crash's twin and
     the load share probed just before the switches."""
@@ -255,7 +268,9 @@ def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str
     ]
 
 
-def control_probe_ms(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> float:
+def control_probe_ms(
+    config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL
+) -> float:
     """The control path's fixed cost the run's probe measured (:func:`fidelity_switch.probe`): its
     pins, simulated without that cost with the crash twin's settings, against the runtime. A run
     recorded without the probe falls back to its ladder switches (the same path; slo configs),
@@ -289,24 +304,22 @@ def run_page_cache(observed: dict[str, Any]) -> str:
     return observed.get("page_cache") or "warm"
 
 
-HOST_MODELS = ("probe", "steady", "recovery")
-
-
-def host_twin(observed: dict[str, Any], cores: float, model: str = "probe") -> dict[str, Any]:
+def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_MODEL) -> dict[str, Any]:
     """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
 
-    * ``probe`` (the default: the closest of the three on a quiet machine, README): the share
-      of a core a thread at the loads' priority got before the kill (the agents'
-      ``load_cpu_share``, their median), as equivalent competitors. It measures what a load gets
-      from a background that is mostly short bursts (the gateway, Ray, clients), which busy-core
-      counts cannot say;
-    * ``steady``: the busy cores of the cluster's own scheduling group and of each other group
-      over the last seconds of steady load before the kill, as always-runnable demand;
+    * ``steady`` (the default, :data:`DEFAULT_HOST_MODEL`): the busy cores of the cluster's own
+      scheduling group and of each other group over the last seconds of steady load before the
+      kill, as always-runnable demand;
+    * ``probe``: the share of a core a thread at the loads' priority got before the kill (the
+      agents' ``load_cpu_share``, their median), as equivalent competitors. The probe spins in
+      Python and waits for its agent's interpreter lock, which a load's torch kernels release: it
+      under-reads what a load gets where the agent serves;
     * ``recovery``: the busy cores of the cluster's own scheduling group from the kill until every
       affected app answered, less the CPU the agents' loads took meanwhile (the simulation runs
       them as work of its own; the agents count it), and each
       other group's: the gateway, controller, Ray and clients as they ran *during* the recovery
-      (when the failed server's traffic had stopped), other sessions' tenants beside.
+      (when the failed server's traffic had stopped), other sessions' tenants beside. Measured in
+      the run it twins: a check of the model, not a prediction.
 
     Runs recorded before a measurement existed fall back (``recovery`` or ``probe`` -> ``steady``
     -> the unsplit busy cores -> nothing)."""

@@ -70,10 +70,10 @@ def fidelity(
     host: Annotated[
         str,
         typer.Option(
-            help="What the twin is told of the host's other work: probe (a load's measured share "
-            "of a core), steady (busy cores before the kill) or recovery (during the recovery)"
+            help="What the twin is told of the host's other work: steady (busy cores before the "
+            "kill), probe (a load's measured share of a core) or recovery (during the recovery)"
         ),
-    ] = "probe",
+    ] = "steady",
     page_cache: Annotated[
         str,
         typer.Option(
