@@ -202,3 +202,6 @@ def test_the_twin_runs_heavy_loads_as_the_run_did_and_older_runs_in_every_slot()
     run = {"host_busy_cores": 0.5, "apps": {}}
     assert twin_config(config, run).heavy_load_slots is None  # recorded before heavy slots existed
     assert twin_config(config, run | {"heavy_load_slots": 1}).heavy_load_slots == 1
+    # ... per server, or on the whole host as the run recorded (older runs: per server)
+    assert twin_config(config, run).heavy_loads_per_host is False
+    assert twin_config(config, run | {"heavy_loads_per_host": True}).heavy_loads_per_host is True

@@ -130,7 +130,9 @@ def run(
         cfg = bench_config(base, base.policy)
         try:
             run = run_once(cfg, failed, settings, say, before_kill=partial(_before_kill, cfg, failed))
-            run["heavy_load_slots"] = orchestration_settings(cfg).heavy_load_slots  # the twin's too
+            settings_ = orchestration_settings(cfg)  # the twin takes the run's heavy-load limit
+            run["heavy_load_slots"] = settings_.heavy_load_slots
+            run["heavy_loads_per_host"] = settings_.heavy_loads_per_host
             runs.append(run)
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
@@ -231,6 +233,8 @@ def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = DEF
         load_slots=config.agents.max_parallel_loads,
         # as the run had it (runs recorded before heavy slots existed ran heavy loads in every slot)
         heavy_load_slots=observed.get("heavy_load_slots"),
+        # ... on the whole host or per server (runs recorded before the host-wide limit: per server)
+        heavy_loads_per_host=bool(observed.get("heavy_loads_per_host", False)),
         drain_ms=config.agents.drain_ms,
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,
