@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
-HOST_MODELS = ("probe", "steady", "recovery")
+HOST_MODELS = ("probe", "steady", "recovery", "pin")
 # The steady busy cores: on the quiet machine's fidelity set (docs/results/fidelity-set-quiet-after.json,
 # replayed) the share of a core the heavy loads got (their CPU over their wall time) followed the
 # cluster's steady busy cores (1.3-1.65 busy: 0.23-0.41 of a core; 0.8-1.3 busy: 0.3-0.71), and the
@@ -129,7 +129,10 @@ def run(
         say(f"[fidelity] runtime run {repeat + 1}/{repeats}: killing {', '.join(failed)} ...")
         cfg = bench_config(base, base.policy)
         try:
-            run = run_once(cfg, failed, settings, say, before_kill=partial(_before_kill, cfg, failed))
+            run = run_once(
+                cfg, failed, settings, say,
+                before_kill=partial(_before_kill, cfg, failed), under_load=partial(_under_load, cfg, failed),
+            )  # fmt: skip
             settings_ = orchestration_settings(cfg)  # the twin takes the run's heavy-load limit
             run["heavy_load_slots"] = settings_.heavy_load_slots
             run["heavy_loads_per_host"] = settings_.heavy_loads_per_host
@@ -140,9 +143,14 @@ def run(
 
 
 def _before_kill(cfg: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
-    """On the stable cluster: the control probe, and Jellyfish's ladder switches on an slo config."""
-    out = fidelity_switch.measure(cfg, failed, session, client) if fidelity_switch.slo_members(cfg) else {}
-    return out | {"control_probe": fidelity_switch.probe(cfg, failed, session, client)}
+    """On the stable cluster, before the steady load: Jellyfish's ladder switches on an slo config."""
+    return fidelity_switch.measure(cfg, failed, session, client) if fidelity_switch.slo_members(cfg) else {}
+
+
+def _under_load(cfg: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
+    """Under the steady load, before the host is measured: the control probe (the crash happens
+    under that load too: the gateway, the clients and the answers share the cores with it)."""
+    return {"control_probe": fidelity_switch.probe(cfg, failed, session, client)}
 
 
 def _simulated(
@@ -203,7 +211,11 @@ def simulate_run(
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = twin_config(config, observed, host)
-    sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
+    control = control_probe_ms(config, observed, host)
+    fitted = pinned_share(config, observed) if host == "pin" else None
+    if fitted is not None:  # the share a heavy load got under the steady load, and its control cost
+        sim_config, control = twin_config(config, _with_share(observed, fitted[0]), "probe"), fitted[1]
+    sim_config = dataclasses.replace(sim_config, control_ms=control)
     mttr: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
     for seed in range(seeds):
@@ -301,6 +313,64 @@ def control_probe_ms(
     return fidelity_switch.control_ms(compared)
 
 
+def pinned_share(config: RuntimeConfig, observed: dict[str, Any]) -> tuple[float, float] | None:
+    """The ``pin`` host model: the share of a core (``host_load_share``) with which the twin's heavy
+    probe (:func:`fidelity_switch.probe`: the config's lightest heavy variant pinned under the
+    steady load) takes as long as the runtime's did, and the control cost its small probes give at
+    that share; None when the run has no heavy probe (or its twin never ends)."""
+    from failsoft.policies.registry import get_failover_policy
+    from failsoft.runtime.session import prepare
+    from failsoft.sim import Deployment, simulate_pin
+
+    probes = (observed.get("before_kill") or {}).get("control_probe") or {}
+    heavy = [e for e in probes.get("events", ()) if e.get("heavy") and e.get("runtime_ms")]
+    if not heavy:
+        return None
+    target = float(heavy[0]["runtime_ms"])
+    scenario = _as_deployed(prepare(config).deployment, probes["warm"])
+    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+
+    def twin(share: float) -> tuple[float, float | None]:
+        base = twin_config(config, _with_share(observed, share), "probe")
+        small = [
+            fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), base))
+            for e in probes["events"]
+            if not e.get("heavy")
+        ]
+        control = fidelity_switch.control_ms(small)
+        request = fidelity_switch.request(heavy[0])
+        return control, simulate_pin(deployment, request, dataclasses.replace(base, control_ms=control))
+
+    return fit_share(twin, target)
+
+
+def fit_share(
+    twin: Callable[[float], tuple[float, float | None]], target_ms: float
+) -> tuple[float, float] | None:
+    """The share of a core (to 1/16000) at which ``twin(share)`` (control cost, milliseconds taken
+    or None) takes ``target_ms``, and the control cost there: the twin takes longer as the share
+    falls, so bisect; 1.0 where even a whole core is slower than measured, None where it never ends."""
+    control, took = twin(1.0)
+    if took is None:
+        return None
+    if took >= target_ms:  # as fast as a whole core allows, or faster
+        return 1.0, control
+    low, high = PIN_MIN_SHARE, 1.0
+    for _ in range(PIN_STEPS):
+        mid = (low + high) / 2
+        took = twin(mid)[1]
+        low, high = (mid, high) if took is None or took > target_ms else (low, mid)
+    return high, twin(high)[0]
+
+
+PIN_MIN_SHARE, PIN_STEPS = 0.01, 14  # the fitted share's range and bisection steps (1/16000 of a core)
+
+
+def _with_share(observed: dict[str, Any], share: float) -> dict[str, Any]:
+    """``observed`` with one measured load share (the ``probe`` model then gives it to the twin)."""
+    return {**observed, "host_cpu": {"load_cpu_share": {"fitted": share}}}
+
+
 def run_page_cache(observed: dict[str, Any]) -> str:
     """The weights' page-cache state a runtime run recorded. Runs that did not set it (older
     outputs, ``bench failover``'s "as found") are read as ``warm``: an embedded cluster's zoo was
@@ -318,6 +388,9 @@ def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_
       agents' ``load_cpu_share``, their median), as equivalent competitors. The probe spins in
       Python and waits for its agent's interpreter lock, which a load's torch kernels release: it
       under-reads what a load gets where the agent serves;
+    * ``pin``: the share of a core with which the twin's heavy probe (a real heavy load, pinned under
+      the steady load before the kill) takes as long as the runtime's did (:func:`pinned_share`,
+      applied by :func:`simulate_run`); here, and for runs without that probe, ``steady``;
     * ``recovery``: the busy cores of the cluster's own scheduling group from the kill until every
       affected app answered, less the CPU the agents' loads took meanwhile (the simulation runs
       them as work of its own; the agents count it), and each

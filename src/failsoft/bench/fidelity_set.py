@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +85,20 @@ def run_set(
     progress: Progress | None = None,
     fidelity: FidelityRun | None = None,
     replay: dict[str, Any] | None = None,
+    host: str | None = None,
 ) -> dict[str, Any]:
     """``bench fidelity`` on each config of :data:`FIDELITY_SET` (``only``: those whose file name
     contains one of these words), paths taken under ``root`` (the repository's checkout); with
-    ``replay`` (an earlier output of this function), its recorded runtime runs simulated again."""
+    ``replay`` (an earlier output of this function), its recorded runtime runs simulated again;
+    ``host``: the twin's host model (``bench fidelity --host``; None: its default)."""
     from failsoft.bench.fidelity import run as fidelity_run
     from failsoft.zoo.machine import usable_cores
 
-    if replay is not None:
-        return _replayed(root, only, sim_seeds, replay, progress, fidelity or fidelity_run)
     fidelity = fidelity or fidelity_run
+    if host is not None:
+        fidelity = partial(fidelity, host=host)
+    if replay is not None:
+        return _replayed(root, only, sim_seeds, replay, progress, fidelity)
     chosen = _chosen(only)
     missing = [c for c, _ in chosen if not (Path(root) / c).is_file()]
     if missing:
