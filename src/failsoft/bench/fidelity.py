@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
-HOST_MODELS = ("probe", "steady", "recovery", "pin")
+HOST_MODELS = ("steady", "pin", "probe", "recovery")
 # The steady busy cores: on the quiet machine's fidelity set (docs/results/fidelity-set-quiet-after.json,
 # replayed) the share of a core the heavy loads got (their CPU over their wall time) followed the
 # cluster's steady busy cores (1.3-1.65 busy: 0.23-0.41 of a core; 0.8-1.3 busy: 0.3-0.71), and the
