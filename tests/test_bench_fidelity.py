@@ -116,8 +116,10 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
     # where the agents counted every load (upgrades too), that is what comes off
     counted = run | {"host_cpu": run["host_cpu"] | {"recovery": recovery | {"loads_cores": 0.7}}}
     assert host_twin(counted, 2.0, "recovery")["host_busy_cores"] == pytest.approx(0.3)
-    # the default: the loads' measured share of a core, the median over the servers
-    assert host_twin(run, 2.0) == host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}
+    # the loads' measured share of a core, the median over the servers
+    assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}
+    # the default: the steady busy cores
+    assert host_twin(run, 2.0) == host_twin(run, 2.0, "steady")
     # older outputs fall back to what they measured
     older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}
     assert host_twin(older, 2.0, "recovery") == host_twin(older, 2.0, "steady")
@@ -200,3 +202,39 @@ def test_the_twin_runs_heavy_loads_as_the_run_did_and_older_runs_in_every_slot()
     run = {"host_busy_cores": 0.5, "apps": {}}
     assert twin_config(config, run).heavy_load_slots is None  # recorded before heavy slots existed
     assert twin_config(config, run | {"heavy_load_slots": 1}).heavy_load_slots == 1
+    # ... per server, or on the whole host as the run recorded (older runs: per server)
+    assert twin_config(config, run).heavy_loads_per_host is False
+    assert twin_config(config, run | {"heavy_loads_per_host": True}).heavy_loads_per_host is True
+
+
+def test_the_pin_model_fits_the_share_at_which_the_twins_heavy_probe_takes_as_long_as_the_runtimes():
+    from failsoft.bench.fidelity import fit_share
+
+    def twin(share: float) -> tuple[float, float | None]:  # 60 ms of work, 5 ms of control
+        return 5.0, 5.0 + 60.0 / share
+
+    share, control = fit_share(twin, 245.0)  # 240 ms of it at a quarter of a core
+    assert share == pytest.approx(0.25, abs=1e-3) and control == 5.0
+    assert fit_share(twin, 40.0) == (1.0, 5.0)  # faster than a whole core: a whole core
+    assert fit_share(lambda share: (0.0, None), 100.0) is None  # a twin that never ends: no fit
+
+
+def test_the_heavy_probe_pins_the_lightest_heavy_variant_where_it_fits_and_no_copy_is():
+    from failsoft.bench.fidelity_switch import _heavy_probe
+    from failsoft.domain import App, Family, Placement, PolicyParams, Scenario, Server, Variant
+
+    tiny = Variant("tiny", 10, 0.6, load_ms=3.0, latency_ms=1.0)  # 3 ms of work: not heavy
+    small, big = Variant("small", 100, 0.7, 200.0, 5.0), Variant("big", 300, 0.8, 1000.0, 10.0)
+    servers = (Server("s0", "a", 1000, 10), Server("s1", "b", 400, 10), Server("s2", "b", 50, 10))
+    apps = tuple(App(n, "fam", Placement("s0", "big"), False, 1.0, 100.0) for n in "AB")
+    scenario = Scenario(servers, (Family("fam", (tiny, small, big)),), apps, PolicyParams(), ())
+    routes = {a.name: {"server": "s0", "variant": "big"} for a in scenario.apps}
+    # the lightest heavy variant (small, 200 ms), for A, on s1: s2 is too small for it
+    assert _heavy_probe(scenario, routes, [], ["s0"]) == {"app": "A", "server": "s1", "variant": "small"}
+    # A's copy is on s1 already: B's
+    copies = [{"app": "A", "server": "s1", "variant": "small"}]
+    assert _heavy_probe(scenario, routes, copies, ["s0"]) == {"app": "B", "server": "s1", "variant": "small"}
+    assert _heavy_probe(scenario, routes, [], ["s0", "s1"]) is None  # nowhere it fits
+    # beside what a server holds: s1 with B's copy of big (300 of 400 MB) and A's tiny one
+    full = [{"app": "B", "server": "s1", "variant": "big"}, {"app": "A", "server": "s1", "variant": "tiny"}]
+    assert _heavy_probe(scenario, routes, full, ["s0"]) is None

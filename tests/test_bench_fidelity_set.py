@@ -33,6 +33,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-dense",
         "fidelity-small",
         "fidelity-pair",
+        "fidelity-one",
         "graph-echo-chain",
         "slo",
     } <= names

@@ -98,6 +98,24 @@ def test_heavy_loads_take_their_own_slots_and_small_ones_pass_a_held_heavy_one()
     assert (q.running("s1"), q.waiting("s1")) == (3, 0)
 
 
+def test_on_a_shared_host_the_heavy_slots_are_the_hosts_and_a_freed_one_starts_another_servers_load():
+    q = LoadQueue(["s1", "s2", "s3"], slots=2, heavy_slots=1, heavy_per_host=True)
+    assert q.submit("s1", 1, Priority.FAILOVER, load_ms=400.0, heavy=True)
+    assert not q.submit("s2", 2, Priority.FAILOVER, load_ms=300.0, heavy=True)  # the host's slot is taken
+    assert not q.submit("s3", 3, Priority.FAILOVER, load_ms=200.0, heavy=True)
+    assert q.submit("s2", 4, Priority.FAILOVER, load_ms=5.0)  # small loads need no heavy slot
+    assert q.finish(1) == [3]  # the host's slot freed on s1 starts s3's load: the shortest waiting
+    assert q.finish(3) == [2]
+    # a failed server's heavy load frees the host's slot too: admit starts what now may
+    assert not q.submit("s3", 5, Priority.FAILOVER, load_ms=100.0, heavy=True)  # s2's load 2 holds it
+    assert sorted(q.clear("s2")) == [2, 4]
+    assert q.admit() == [5]
+    # per server (the default), two servers run one heavy load each
+    apart = LoadQueue(["s1", "s2"], slots=2, heavy_slots=1)
+    assert apart.submit("s1", 1, Priority.FAILOVER, 400.0, heavy=True)
+    assert apart.submit("s2", 2, Priority.FAILOVER, 300.0, heavy=True)
+
+
 def test_heavy_slots_never_exceed_the_slots_and_one_is_needed():
     assert LoadQueue(["s1"], slots=2, heavy_slots=5).heavy_slots == 2
     assert LoadQueue(["s1"], slots=2).heavy_slots == 2  # default: every slot

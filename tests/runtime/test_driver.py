@@ -197,3 +197,41 @@ def test_loads_carry_their_background_flag_to_the_agent(background):
 
     priority = Priority.UPGRADE if background else Priority.FAILOVER
     assert Load(1, "s", "a", "f", "v", priority).background is background
+
+
+class PhasedAgent(FakeAgent):
+    """A fake agent that reports its load's stamps as the real one does (wall clock), 50 ms after
+    the call reached it and 30 ms before its reply does: the virtual Ray call's two ways."""
+
+    async def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
+        await self.clock.sleep(0.05)
+        entered = self.clock.now() + WALL
+        info = await super().load(app, family, variant, background)
+        phases = {"entered_at": entered, "read": {"wall_ms": 200.0}, "left_at": self.clock.now() + WALL}
+        await self.clock.sleep(0.03)
+        return info | {"phases": phases}
+
+
+WALL = 1_000_000.0  # Rig's wall offset
+
+
+def test_a_failovers_load_carries_the_drivers_and_the_agents_stamps_which_cut_its_mttr():
+    from failsoft.runtime.load_phases import timeline
+
+    async def main() -> None:
+        rig = Rig(scenario())
+        for name in rig.agents:
+            rig.agents[name] = PhasedAgent(name, rig.clock, rig.calls)
+        await rig.kill("s0")
+        await rig.clock.run_for(3.0)
+        (event,) = [f for t, f in rig.events if t == "failover" and f["app"] == "B"]
+        phases = event["load_phases"]
+        assert {"plan_asked_at", "plan_done_at", "issued_at", "returned_at"} <= phases.keys()
+        cut = timeline(phases, event["detected_at"], event["route_ms"])
+        assert cut["call_ms"] == pytest.approx(50.0) and cut["reply_ms"] == pytest.approx(30.0)
+        assert cut["agent_ms"] == pytest.approx(200.0) and cut["agent"] == {"read": {"wall_ms": 200.0}}
+        assert cut["route_ms"] == pytest.approx(0.0, abs=1e-6)  # the route is set as the reply comes
+        segments = [v for k, v in cut.items() if k.endswith("_ms")]
+        assert sum(segments) == pytest.approx(event["route_ms"])
+
+    asyncio.run(main())

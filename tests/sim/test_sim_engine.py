@@ -253,3 +253,21 @@ def test_the_control_path_holds_every_load_and_its_slot_longer_and_takes_no_core
     assert slow.apps["A"].mttr_ms == plain.apps["A"].mttr_ms  # a warm switch loads nothing
     with pytest.raises(ConfigError, match="control_ms"):
         SimConfig(control_ms=-1.0)
+
+
+def test_the_hosts_heavy_limit_holds_over_every_server_as_in_the_runtime(tiny, fixed):
+    """B's first variant (s2) and C's big one (s1) are heavy loads on two survivors: per server they
+    run at once; on the host's one heavy slot (an embedded cluster's servers share its cores) C
+    starts when B's ends, and B's upgrade when C's ends (the core's queue, as in the runtime)."""
+    base = dataclasses.replace(fixed, requests=RequestMode.OFF, load_slots=2, heavy_load_slots=1, trace=True)
+
+    def loads(per_host: bool) -> list[tuple[float, str, str, str]]:
+        event = _run(tiny, "faillite", dataclasses.replace(base, heavy_loads_per_host=per_host))
+        return [(e.t, e.kind, e.app, e.variant) for e in event.log if e.kind in ("load-start", "loaded")]
+
+    apart, shared = loads(False), loads(True)
+    assert [(k, a) for _, k, a, _ in apart[:2]] == [("load-start", "B"), ("load-start", "C")]
+    assert [(k, a) for _, k, a, _ in shared[:4]] == [
+        ("load-start", "B"), ("loaded", "B"), ("load-start", "C"), ("loaded", "C")
+    ]  # fmt: skip
+    assert shared[1][0] == shared[2][0] and shared[3][0] - shared[2][0] == pytest.approx(BIG.load_ms / 1000)

@@ -66,6 +66,7 @@ from failsoft.bench.next_route import moved_requests, summarize_moves
 from failsoft.errors import ConfigError, RepositoryError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.runtime.gateway.metrics import first_recoveries
+from failsoft.runtime.load_phases import timeline
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
 from failsoft.zoo.machine import HostCpu
 
@@ -210,10 +211,12 @@ def run_once(
     settings: BenchSettings,
     say: Progress,
     before_kill: Callable[[Any, Any], dict[str, Any]] | None = None,
+    under_load: Callable[[Any, Any], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One deployment, steady load, the kill and its recoveries. ``before_kill(session, client)``
-    runs once the cluster is stable, before the load starts; what it returns is kept as
-    ``before_kill`` (``bench fidelity`` times its mechanism twins there)."""
+    runs once the cluster is stable, before the load starts, ``under_load(session, client)`` once
+    the steady load runs, before the host is measured; what they return is kept as
+    ``before_kill`` (``bench fidelity`` times its mechanism twins and its probes there)."""
     from failsoft.runtime.session import Session
 
     if settings.page_cache == "warm":
@@ -230,10 +233,14 @@ def run_once(
         affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
         shapes = {name: meta.input_shape for name, meta in _shapes(session).items()}
         periods = _periods(cfg, settings)
+        probed: dict[str, Any] = {}
         kill_at, samples, usual, busy = _fail_under_load(
             session.url, client, shapes, periods, affected, failed, settings,
             agents=AgentProbes([s.name for s in cfg.servers]),
+            under_load=None if under_load is None else lambda: probed.update(under_load(session, client)),
         )  # fmt: skip
+        if probed:
+            extra = (extra or {}) | probed
         say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
         report = client.recoveries()
         client.close()
@@ -275,6 +282,7 @@ def _fail_under_load(
     failed: Sequence[str],
     settings: BenchSettings,
     agents: AgentProbes | None = None,
+    under_load: Callable[[], None] | None = None,
 ) -> tuple[dict[str, float], list[Sample], list[Sample], dict[str, Any]]:
     """Steady load; each affected app's usual latency; kill; ask each affected app at once; watch.
     Also returns the host's busy cores over the last seconds of steady load, split by scheduling
@@ -309,6 +317,8 @@ def _fail_under_load(
     at_kill = LoadProcess(
         LoadSpec(url, only_affected, 3600.0, settings.window_s, 0.01, max_in_flight=1, gated=True)
     ).start()
+    if under_load is not None:  # probes of the loaded cluster, done before the window below
+        under_load()
     time.sleep(max(settings.warmup_s - BUSY_WINDOW_S, 0.0))
     meter, window_ends = HostCpu(), time.monotonic() + min(settings.warmup_s, BUSY_WINDOW_S)
     shares = agents.load_cpu_shares() if agents is not None else None
@@ -493,6 +503,8 @@ def _app_result(
         # load slot, the calls and the controller
         "load_ms": None if failover is None else failover.get("load_ms"),
         "load_cpu_ms": None if failover is None else failover.get("load_cpu_ms"),  # the agent's thread
+        # the MTTR cut at its first load's stamps (runtime.load_phases.timeline)
+        "load_phases": _load_phases(failover),
         "first_answer_ms": None if answer is None else answer["first_answer_ms"],
         "rerouted_ms": None
         if answer is None
@@ -504,6 +516,13 @@ def _app_result(
         "accuracy_primary": accuracy_primary,
         "accuracy_served": _settled(events, app, "accuracy"),
     }
+
+
+def _load_phases(failover: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where the MTTR of a failover by a load went (None: a switch, or no stamps recorded)."""
+    if failover is None or not failover.get("load_phases") or failover.get("detected_at") is None:
+        return None
+    return timeline(failover["load_phases"], failover["detected_at"], failover["route_ms"])
 
 
 def _accuracy(status: dict[str, Any], app: str) -> float | None:

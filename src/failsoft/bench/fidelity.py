@@ -67,6 +67,13 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
+HOST_MODELS = ("steady", "pin", "probe", "recovery")
+# The steady busy cores: on the quiet machine's fidelity set (docs/results/fidelity-set-quiet-after.json,
+# replayed) the share of a core the heavy loads got (their CPU over their wall time) followed the
+# cluster's steady busy cores (1.3-1.65 busy: 0.23-0.41 of a core; 0.8-1.3 busy: 0.3-0.71), and the
+# agents' probe did not (its median 0.17-0.26 on every config: a Python spin that waits for the
+# agent's interpreter lock, which a load's torch kernels release)
+DEFAULT_HOST_MODEL = "steady"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
@@ -90,7 +97,7 @@ def run(
     sim_seeds: int = 20,
     progress: Progress | None = None,
     runs: list[dict[str, Any]] | None = None,
-    host: str = "probe",
+    host: str = DEFAULT_HOST_MODEL,
     page_cache: str = "warm",
 ) -> dict[str, Any]:
     """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
@@ -122,8 +129,13 @@ def run(
         say(f"[fidelity] runtime run {repeat + 1}/{repeats}: killing {', '.join(failed)} ...")
         cfg = bench_config(base, base.policy)
         try:
-            run = run_once(cfg, failed, settings, say, before_kill=partial(_before_kill, cfg, failed))
-            run["heavy_load_slots"] = orchestration_settings(cfg).heavy_load_slots  # the twin's too
+            run = run_once(
+                cfg, failed, settings, say,
+                before_kill=partial(_before_kill, cfg, failed), under_load=partial(_under_load, cfg, failed),
+            )  # fmt: skip
+            settings_ = orchestration_settings(cfg)  # the twin takes the run's heavy-load limit
+            run["heavy_load_slots"] = settings_.heavy_load_slots
+            run["heavy_loads_per_host"] = settings_.heavy_loads_per_host
             runs.append(run)
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
@@ -131,9 +143,14 @@ def run(
 
 
 def _before_kill(cfg: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
-    """On the stable cluster: the control probe, and Jellyfish's ladder switches on an slo config."""
-    out = fidelity_switch.measure(cfg, failed, session, client) if fidelity_switch.slo_members(cfg) else {}
-    return out | {"control_probe": fidelity_switch.probe(cfg, failed, session, client)}
+    """On the stable cluster, before the steady load: Jellyfish's ladder switches on an slo config."""
+    return fidelity_switch.measure(cfg, failed, session, client) if fidelity_switch.slo_members(cfg) else {}
+
+
+def _under_load(cfg: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
+    """Under the steady load, before the host is measured: the control probe (the crash happens
+    under that load too: the gateway, the clients and the answers share the cores with it)."""
+    return {"control_probe": fidelity_switch.probe(cfg, failed, session, client)}
 
 
 def _simulated(
@@ -143,7 +160,7 @@ def _simulated(
     runs: list[dict[str, Any]],
     sim_seeds: int,
     say: Progress,
-    host: str = "probe",
+    host: str = DEFAULT_HOST_MODEL,
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
     sims = [simulate_run(base, r, failed, sim_seeds, host) for r in runs]
@@ -179,7 +196,11 @@ def replayed(*paths: str | Path) -> list[dict[str, Any]]:
 
 
 def simulate_run(
-    config: RuntimeConfig, observed: dict[str, Any], failed: Sequence[str], seeds: int, host: str = "probe"
+    config: RuntimeConfig,
+    observed: dict[str, Any],
+    failed: Sequence[str],
+    seeds: int,
+    host: str = DEFAULT_HOST_MODEL,
 ) -> dict:
     """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
@@ -190,7 +211,11 @@ def simulate_run(
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = twin_config(config, observed, host)
-    sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
+    control = control_probe_ms(config, observed, host)
+    fitted = pinned_share(config, observed) if host == "pin" else None
+    if fitted is not None:  # the share a heavy load got under the steady load, and its control cost
+        sim_config, control = twin_config(config, _with_share(observed, fitted[0]), "probe"), fitted[1]
+    sim_config = dataclasses.replace(sim_config, control_ms=control)
     mttr: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
     for seed in range(seeds):
@@ -207,7 +232,7 @@ def simulate_run(
     }
 
 
-def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> SimConfig:
+def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL) -> SimConfig:
     """The simulator's settings for a twin of ``config`` as one runtime run found the host."""
     from failsoft.sim import PageCache, RequestMode, SimConfig
 
@@ -220,6 +245,8 @@ def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "pr
         load_slots=config.agents.max_parallel_loads,
         # as the run had it (runs recorded before heavy slots existed ran heavy loads in every slot)
         heavy_load_slots=observed.get("heavy_load_slots"),
+        # ... on the whole host or per server (runs recorded before the host-wide limit: per server)
+        heavy_loads_per_host=bool(observed.get("heavy_loads_per_host", False)),
         drain_ms=config.agents.drain_ms,
         requests=RequestMode.OFF,
         max_batch=config.agents.queue.max_batch,
@@ -231,7 +258,9 @@ def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = "pr
     )
 
 
-def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> list[dict]:
+def simulate_switches(
+    config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL
+) -> list[dict]:
     """The simulated half of one runtime run's ladder switches (:mod:`.fidelity_switch`): each
     switch's request on the deployment as it was then, with the settings of the crash's twin and
     the load share probed just before the switches."""
@@ -244,7 +273,9 @@ def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str
         return []
     scenario = _as_deployed(prepare(config).deployment, switches["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
-    sim_config = twin_config(config, {**observed, "host_cpu": switches["host_cpu"]}, host)
+    sim_config = twin_config(
+        config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **switches["host_cpu"]}}, host
+    )
     if switches.get("control_probe"):  # measured apart from the switches (never from themselves)
         sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
     return [
@@ -253,7 +284,9 @@ def simulate_switches(config: RuntimeConfig, observed: dict[str, Any], host: str
     ]
 
 
-def control_probe_ms(config: RuntimeConfig, observed: dict[str, Any], host: str = "probe") -> float:
+def control_probe_ms(
+    config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL
+) -> float:
     """The control path's fixed cost the run's probe measured (:func:`fidelity_switch.probe`): its
     pins, simulated without that cost with the crash twin's settings, against the runtime. A run
     recorded without the probe falls back to its ladder switches (the same path; slo configs),
@@ -270,12 +303,72 @@ def control_probe_ms(config: RuntimeConfig, observed: dict[str, Any], host: str 
         return 0.0
     scenario = _as_deployed(prepare(config).deployment, probes["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
-    sim_config = twin_config(config, {**observed, "host_cpu": probes["host_cpu"]}, host)
+    sim_config = twin_config(
+        config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **probes["host_cpu"]}}, host
+    )
     compared = [
         fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
         for e in probes["events"]
     ]
     return fidelity_switch.control_ms(compared)
+
+
+def pinned_share(config: RuntimeConfig, observed: dict[str, Any]) -> tuple[float, float] | None:
+    """The ``pin`` host model: the share of a core (``host_load_share``) with which the twin's heavy
+    probe (:func:`fidelity_switch.probe`: the config's lightest heavy variant pinned under the
+    steady load) takes as long as the runtime's did, and the control cost its small probes give at
+    that share; None when the run has no heavy probe (or its twin never ends)."""
+    from failsoft.policies.registry import get_failover_policy
+    from failsoft.runtime.session import prepare
+    from failsoft.sim import Deployment, simulate_pin
+
+    probes = (observed.get("before_kill") or {}).get("control_probe") or {}
+    heavy = [e for e in probes.get("events", ()) if e.get("heavy") and e.get("runtime_ms")]
+    if not heavy:
+        return None
+    target = float(heavy[0]["runtime_ms"])
+    scenario = _as_deployed(prepare(config).deployment, probes["warm"])
+    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+
+    def twin(share: float) -> tuple[float, float | None]:
+        base = twin_config(config, _with_share(observed, share), "probe")
+        small = [
+            fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), base))
+            for e in probes["events"]
+            if not e.get("heavy")
+        ]
+        control = fidelity_switch.control_ms(small)
+        request = fidelity_switch.request(heavy[0])
+        return control, simulate_pin(deployment, request, dataclasses.replace(base, control_ms=control))
+
+    return fit_share(twin, target)
+
+
+def fit_share(
+    twin: Callable[[float], tuple[float, float | None]], target_ms: float
+) -> tuple[float, float] | None:
+    """The share of a core (to 1/16000) at which ``twin(share)`` (control cost, milliseconds taken
+    or None) takes ``target_ms``, and the control cost there: the twin takes longer as the share
+    falls, so bisect; 1.0 where even a whole core is slower than measured, None where it never ends."""
+    control, took = twin(1.0)
+    if took is None:
+        return None
+    if took >= target_ms:  # as fast as a whole core allows, or faster
+        return 1.0, control
+    low, high = PIN_MIN_SHARE, 1.0
+    for _ in range(PIN_STEPS):
+        mid = (low + high) / 2
+        took = twin(mid)[1]
+        low, high = (mid, high) if took is None or took > target_ms else (low, mid)
+    return high, twin(high)[0]
+
+
+PIN_MIN_SHARE, PIN_STEPS = 0.01, 14  # the fitted share's range and bisection steps (1/16000 of a core)
+
+
+def _with_share(observed: dict[str, Any], share: float) -> dict[str, Any]:
+    """``observed`` with one measured load share (the ``probe`` model then gives it to the twin)."""
+    return {**observed, "host_cpu": {"load_cpu_share": {"fitted": share}}}
 
 
 def run_page_cache(observed: dict[str, Any]) -> str:
@@ -285,24 +378,25 @@ def run_page_cache(observed: dict[str, Any]) -> str:
     return observed.get("page_cache") or "warm"
 
 
-HOST_MODELS = ("probe", "steady", "recovery")
-
-
-def host_twin(observed: dict[str, Any], cores: float, model: str = "probe") -> dict[str, Any]:
+def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_MODEL) -> dict[str, Any]:
     """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
 
-    * ``probe`` (the default: the closest of the three on a quiet machine, README): the share
-      of a core a thread at the loads' priority got before the kill (the agents'
-      ``load_cpu_share``, their median), as equivalent competitors. It measures what a load gets
-      from a background that is mostly short bursts (the gateway, Ray, clients), which busy-core
-      counts cannot say;
-    * ``steady``: the busy cores of the cluster's own scheduling group and of each other group
-      over the last seconds of steady load before the kill, as always-runnable demand;
+    * ``steady`` (the default, :data:`DEFAULT_HOST_MODEL`): the busy cores of the cluster's own
+      scheduling group and of each other group over the last seconds of steady load before the
+      kill, as always-runnable demand;
+    * ``probe``: the share of a core a thread at the loads' priority got before the kill (the
+      agents' ``load_cpu_share``, their median), as equivalent competitors. The probe spins in
+      Python and waits for its agent's interpreter lock, which a load's torch kernels release: it
+      under-reads what a load gets where the agent serves;
+    * ``pin``: the share of a core with which the twin's heavy probe (a real heavy load, pinned under
+      the steady load before the kill) takes as long as the runtime's did (:func:`pinned_share`,
+      applied by :func:`simulate_run`); here, and for runs without that probe, ``steady``;
     * ``recovery``: the busy cores of the cluster's own scheduling group from the kill until every
       affected app answered, less the CPU the agents' loads took meanwhile (the simulation runs
       them as work of its own; the agents count it), and each
       other group's: the gateway, controller, Ray and clients as they ran *during* the recovery
-      (when the failed server's traffic had stopped), other sessions' tenants beside.
+      (when the failed server's traffic had stopped), other sessions' tenants beside. Measured in
+      the run it twins: a check of the model, not a prediction.
 
     Runs recorded before a measurement existed fall back (``recovery`` or ``probe`` -> ``steady``
     -> the unsplit busy cores -> nothing)."""
@@ -354,6 +448,7 @@ def compare(
             "runtime_mttr_ms": _mean([a["mttr_ms"] for a in rt]),
             "runtime_load_ms": _mean([a.get("load_ms") for a in rt]),
             "runtime_load_cpu_ms": _mean([a.get("load_cpu_ms") for a in rt]),
+            "runtime_load_phases": mean_phases([a.get("load_phases") for a in rt]),
             "sim_mttr_ms": _mean(sim_mttr),
             "runtime_first_answer_ms": _mean([a["first_answer_ms"] for a in rt]),
             "sim_first_answer_ms": _mean(sim_first),
@@ -377,6 +472,24 @@ def compare(
         "failed_requests": sum(r["requests"]["failed"] for r in runs),
         "not_modelled": NOT_MODELLED,
     }
+
+
+def mean_phases(timelines: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The mean over runs of one app's MTTR segments and agent phases (``runtime.load_phases``
+    timelines; runs recorded before the phases existed are left out)."""
+    present = [t for t in timelines if t]
+    if not present:
+        return None
+    out: dict[str, Any] = {k: _mean([t.get(k) for t in present]) for k in present[0] if k.endswith("_ms")}
+    phases = dict.fromkeys(p for t in present for p in t.get("agent", {}))
+    out["agent"] = {
+        p: {
+            k: _mean([(t.get("agent", {}).get(p) or {}).get(k) for t in present])
+            for k in ("wall_ms", "cpu_ms", "runnable_ms", "blocked_ms")
+        }
+        for p in phases
+    }
+    return out
 
 
 def _overhead_ms(runs: list[dict[str, Any]], sims: list[dict[str, Any]]) -> float:

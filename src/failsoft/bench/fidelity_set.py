@@ -31,6 +31,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,9 @@ QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside 
 
 # (config, the servers killed): the two configs the host model was fitted on, the two written before
 # any change to it (examples/fidelity-dense.yaml, examples/fidelity-small.yaml), one written before
-# the next change (examples/fidelity-pair.yaml: two servers killed at once), and the mechanism
+# the next change (examples/fidelity-pair.yaml: two servers killed at once), one written before the
+# steady host model and the host-wide heavy-load limit (examples/fidelity-one.yaml: one survivor
+# takes every recovery, heavy and small loads on one server's slots), and the mechanism
 # twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
@@ -49,6 +52,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-dense.yaml", ("d1",)),
     ("examples/fidelity-small.yaml", ("s1",)),
     ("examples/fidelity-pair.yaml", ("p1", "p3")),
+    ("examples/fidelity-one.yaml", ("o1",)),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
@@ -81,16 +85,20 @@ def run_set(
     progress: Progress | None = None,
     fidelity: FidelityRun | None = None,
     replay: dict[str, Any] | None = None,
+    host: str | None = None,
 ) -> dict[str, Any]:
     """``bench fidelity`` on each config of :data:`FIDELITY_SET` (``only``: those whose file name
     contains one of these words), paths taken under ``root`` (the repository's checkout); with
-    ``replay`` (an earlier output of this function), its recorded runtime runs simulated again."""
+    ``replay`` (an earlier output of this function), its recorded runtime runs simulated again;
+    ``host``: the twin's host model (``bench fidelity --host``; None: its default)."""
     from failsoft.bench.fidelity import run as fidelity_run
     from failsoft.zoo.machine import usable_cores
 
-    if replay is not None:
-        return _replayed(root, only, sim_seeds, replay, progress, fidelity or fidelity_run)
     fidelity = fidelity or fidelity_run
+    if host is not None:
+        fidelity = partial(fidelity, host=host)
+    if replay is not None:
+        return _replayed(root, only, sim_seeds, replay, progress, fidelity)
     chosen = _chosen(only)
     missing = [c for c, _ in chosen if not (Path(root) / c).is_file()]
     if missing:

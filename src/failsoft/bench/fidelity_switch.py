@@ -90,16 +90,55 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
         event = {"app": app, "server": server, "variant": variant.name}
         ms = asyncio.run(_switch(session.controller, request(event), config.agents.drain_ms / 1000.0))
         events.append(event | {"runtime_ms": ms})
+    heavy = _heavy_probe(scenario, routes, copies, failed)
+    if heavy is not None:  # what a heavy load gets of the host now: a real load, not a spin
+        ms = asyncio.run(_switch(session.controller, request(heavy), config.agents.drain_ms / 1000.0))
+        events.append(heavy | {"runtime_ms": ms, "heavy": True})
     return {"events": events, "warm": copies, "host_cpu": {"load_cpu_share": shares}}
+
+
+def _heavy_probe(
+    scenario: Any, routes: dict[str, Any], copies: list[dict[str, Any]], failed: Sequence[str]
+) -> dict[str, Any] | None:
+    """The heavy probe's pin: the config's lightest heavy variant (least profiled work of those
+    :func:`~failsoft.orchestration.loads.is_heavy`), of an app with that family, on the first
+    surviving server holding no copy of the app and with room for it beside what it holds; None
+    when there is none."""
+    from failsoft.orchestration.loads import is_heavy
+
+    candidates = sorted(
+        (
+            (v.load_work_ms, a.name, v)
+            for a in scenario.apps
+            for v in scenario.family(a.family).variants
+            if is_heavy(v)
+        ),
+        key=lambda c: (c[0], c[1], c[2].name),
+    )
+    used = dict.fromkeys((s.name for s in scenario.servers), 0.0)
+    held = [(a, r["server"], r["variant"]) for a, r in routes.items() if r] + [
+        (c["app"], c["server"], c["variant"]) for c in copies
+    ]
+    for app, server, name in held:  # what each server holds now: a pin must fit beside it
+        family = scenario.family(scenario.app(app).family)
+        used[server] = used.get(server, 0.0) + next(v.memory_mb for v in family.variants if v.name == name)
+    for _, app, variant in candidates:
+        holding = {(routes.get(app) or {}).get("server")} | {c["server"] for c in copies if c["app"] == app}
+        for server in scenario.servers:
+            free = server.memory_mb - used[server.name]
+            if server.name not in failed and server.name not in holding and free >= variant.memory_mb:
+                return {"app": app, "server": server.name, "variant": variant.name}
+    return None
 
 
 def control_ms(compared_events: Sequence[dict[str, Any]]) -> float:
     """The control path's fixed cost from probes simulated without it: the median of runtime minus
-    simulated milliseconds, never below zero (0 when nothing was measured)."""
+    simulated milliseconds, never below zero (0 when nothing was measured); the heavy probe's pin
+    measures the host's share, not the control path, and is left out."""
     gaps = [
         e["runtime_ms"] - e["sim_ms"]
         for e in compared_events
-        if e.get("runtime_ms") is not None and e.get("sim_ms") is not None
+        if e.get("runtime_ms") is not None and e.get("sim_ms") is not None and not e.get("heavy")
     ]
     return max(statistics.median(gaps), 0.0) if gaps else 0.0
 

@@ -77,10 +77,11 @@ def fidelity(
     host: Annotated[
         str,
         typer.Option(
-            help="What the twin is told of the host's other work: probe (a load's measured share "
-            "of a core), steady (busy cores before the kill) or recovery (during the recovery)"
+            help="What the twin is told of the host's other work: steady (busy cores before the "
+            "kill), pin (the share a heavy probe load got under the steady load), probe (a Python "
+            "spin's share of a core) or recovery (busy cores during the recovery)"
         ),
-    ] = "probe",
+    ] = "steady",
     page_cache: Annotated[
         str,
         typer.Option(
@@ -126,11 +127,20 @@ def fidelity_set(
         Path | None,
         typer.Option(help="Simulate again the runtime runs of an earlier output (no cluster started)"),
     ] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="The twin's host model, as bench fidelity --host (default: its default)"),
+    ] = None,
 ) -> None:
     """bench fidelity on the whole fidelity set: the median MTTR error per config, beside the host's
     load when it ran (a busy run is flagged, never reported as a figure)."""
+    from failsoft.bench.fidelity import HOST_MODELS
     from failsoft.bench.fidelity_set import run_set
 
+    if host is not None and host not in HOST_MODELS:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(HOST_MODELS)}; got {host!r}", param_hint="--host"
+        )
     earlier = None
     if replay is not None:
         try:
@@ -139,7 +149,7 @@ def fidelity_set(
             raise typer.BadParameter(f"cannot read {str(replay)!r}: {exc}", param_hint="--replay") from exc
     result = run_set(
         root, only=tuple(only or ()), repeats=repeats, sim_seeds=seeds, settle_s=settle_s, progress=_progress,
-        replay=earlier,
+        replay=earlier, host=host,
     )  # fmt: skip
     _emit(result, out)
 

@@ -100,7 +100,9 @@ class Orchestrator:
             pause_grace=settings.pause_grace,
             link_grace_s=settings.link_grace_s,
         )
-        self.fx = Effects(state, settings.load_slots, now, settings.heavy_load_slots)
+        self.fx = Effects(
+            state, settings.load_slots, now, settings.heavy_load_slots, settings.heavy_loads_per_host
+        )
         self.warm = WarmBackups(self.fx)
         self.copies = MechanismCopies(self.fx, settings.drain_s)
         self.replicas = Replicas(self.fx, settings.drain_s, backups_released=self.warm.mark_dirty)

@@ -51,10 +51,15 @@ class Effects:
     """
 
     def __init__(
-        self, state: ClusterState, load_slots: int, now: float, heavy_load_slots: int | None = None
+        self,
+        state: ClusterState,
+        load_slots: int,
+        now: float,
+        heavy_load_slots: int | None = None,
+        heavy_per_host: bool = False,
     ) -> None:
         self.state = state
-        self.loads = LoadQueue(list(state.servers), load_slots, heavy_load_slots)
+        self.loads = LoadQueue(list(state.servers), load_slots, heavy_load_slots, heavy_per_host)
         self.jobs: dict[int, LoadJob] = {}
         self.unrouted: set[str] = {n for n, r in state.apps.items() if r.route is None}
         self.unrecovered: set[str] = set()
@@ -159,7 +164,10 @@ class Effects:
 
     def clear_loads(self, server: str) -> list[LoadJob]:
         """``server`` failed: its loads, queued or running, are forgotten; their jobs."""
-        jobs = (self.jobs.pop(load_id, None) for load_id in self.loads.clear(server))
+        jobs = [self.jobs.pop(load_id, None) for load_id in self.loads.clear(server)]
+        if self.loads.heavy_per_host:  # its heavy loads held the host's slots: others may start
+            for started in self.loads.admit():
+                self._send_load(self.jobs[started])
         return [job for job in jobs if job is not None]
 
     def _send_load(self, job: LoadJob) -> None:

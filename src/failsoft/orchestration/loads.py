@@ -17,7 +17,10 @@ Slots count loads, but a load's cost to the host is its CPU work: of the ``slots
 serving and control already take (two cores: one is the answers', the gateway's and Ray's), two
 heavy loads at once each run at half speed and both end late, where one after the other ends the
 first at its own speed and the second no later; small loads, a few milliseconds of work, still take
-the other slots beside a heavy one (held behind it, they would wait its whole length).
+the other slots beside a heavy one (held behind it, they would wait its whole length). Where the
+servers share one host (an embedded cluster: ``heavy_per_host``), the heavy slots are the host's:
+at most ``heavy_slots`` heavy loads at once over all its servers, for the same reason (two servers'
+heavy loads share the same cores); a heavy slot freed on one server may start another's load.
 
 It is pure bookkeeping (the core asks it which loads may start; the driver runs them), so the
 runtime and the simulator queue loads identically.
@@ -78,15 +81,19 @@ def heavy_load_slots(cores: float, reserved_cores: float = 1.0) -> int:
 
 class LoadQueue:
     """Load slots of every server: admitted loads, and waiting ones by (priority, load_ms, arrival);
-    at most ``heavy_slots`` of a server's ``slots`` run heavy loads (default: all of them)."""
+    at most ``heavy_slots`` of a server's ``slots`` run heavy loads (default: all of them), or of
+    all servers' together with ``heavy_per_host`` (they share one host's cores)."""
 
-    def __init__(self, servers: list[str], slots: int, heavy_slots: int | None = None) -> None:
+    def __init__(
+        self, servers: list[str], slots: int, heavy_slots: int | None = None, heavy_per_host: bool = False
+    ) -> None:
         if slots < 1:
             raise ValueError(f"a server needs at least one load slot, got {slots}")
         if heavy_slots is not None and heavy_slots < 1:
             raise ValueError(f"a server needs at least one slot for heavy loads, got {heavy_slots}")
         self.slots = slots
         self.heavy_slots = slots if heavy_slots is None else min(heavy_slots, slots)
+        self.heavy_per_host = heavy_per_host and heavy_slots is not None  # (no limit: nothing to share)
         self._running: dict[str, set[int]] = {s: set() for s in servers}
         self._heavy: dict[str, set[int]] = {s: set() for s in servers}
         self._waiting: dict[str, list[tuple[int, float, int, int, bool]]] = {s: [] for s in servers}
@@ -113,11 +120,26 @@ class LoadQueue:
         running, waiting = self._running[server], self._waiting[server]
         if load_id in running:
             running.discard(load_id)
+            was_heavy = load_id in self._heavy[server]
             self._heavy[server].discard(load_id)
         else:  # withdrawn while waiting
             self._waiting[server] = [w for w in waiting if w[3] != load_id]
             heapq.heapify(self._waiting[server])
             return []
+        started = self._start_waiting(server)
+        if self.heavy_per_host and was_heavy:  # the host's heavy slot may start another's load
+            for other in sorted(self._waiting, key=lambda s: self._waiting[s][:1]):
+                if other != server:
+                    started += self._start_waiting(other)
+        return started
+
+    def admit(self) -> list[int]:
+        """Start what may start on every server (after :meth:`clear` freed the host's heavy slots)."""
+        return [load_id for server in sorted(self._waiting) for load_id in self._start_waiting(server)]
+
+    def _start_waiting(self, server: str) -> list[int]:
+        """Start what may start of ``server``'s waiting loads, in their order; their ids."""
+        running, waiting = self._running[server], self._waiting[server]
         started, held = [], []
         while waiting and len(running) < self.slots:
             entry = heapq.heappop(waiting)
@@ -142,8 +164,14 @@ class LoadQueue:
 
     def _fits(self, server: str, heavy: bool) -> bool:
         return len(self._running[server]) < self.slots and (
-            not heavy or len(self._heavy[server]) < self.heavy_slots
+            not heavy or self._heavy_running(server) < self.heavy_slots
         )
+
+    def _heavy_running(self, server: str) -> int:
+        """Heavy loads running that count against ``server``'s heavy slots."""
+        if self.heavy_per_host:
+            return sum(len(h) for h in self._heavy.values())
+        return len(self._heavy[server])
 
     def _start(self, server: str, load_id: int, heavy: bool) -> None:
         self._running[server].add(load_id)

@@ -219,6 +219,7 @@ class Operations:
         self.fx.failover_event(
             op.app, kind.value, op.detected_at, now,
             load_ms=info.get("load_ms"), load_cpu_ms=info.get("load_cpu_ms"),
+            load_phases=info.get("phases"),  # where the load's time went, as the runtime timed it
             final_variant=action.final_variant, final_server=action.server,
         )  # fmt: skip
         self._leave_group(op, now)

@@ -19,6 +19,7 @@ class OrchestrationSettings:
     global_grace: float | None = None  # every live server silent at once: hold verdicts this many thresholds
     load_slots: int = 2  # loads running at once per server
     heavy_load_slots: int | None = None  # ... of which heavy ones (orchestration.loads); None: all
+    heavy_loads_per_host: bool = False  # the heavy slots are the host's, all servers together
     drain_s: float = 0.2  # a replaced model is unloaded this long after traffic left it
     retire_s: float = 2.0  # an app a deploy removes keeps its route this long (requests on their way)
     replan_warm: bool = True  # re-plan warm backups once recoveries settle

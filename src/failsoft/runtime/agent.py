@@ -62,6 +62,7 @@ from failsoft.policies.queueing import QueueParams, ServiceModel, warmup_budget_
 from failsoft.runtime import devices, telemetry
 from failsoft.runtime.agent_metrics import AgentMetrics
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
+from failsoft.runtime.load_phases import LoadPhases
 from failsoft.runtime.pulse import Pulse
 from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
 from failsoft.zoo.formats.model import import_code as import_user_code
@@ -108,6 +109,7 @@ class _Held:
     load_ms: float
     queue: ServingQueue
     load_cpu_ms: float = 0.0  # the loading thread's own CPU time: load_ms minus it is waiting for a core
+    phases: dict[str, Any] = field(default_factory=dict)  # where the load's time went (load_phases)
 
 
 class Agent:
@@ -235,46 +237,56 @@ class Agent:
         key = (app, variant)
         profile = self._profile_of(family, variant)
         memory = profile.memory_mb
-        step, event = self._reserve(key, family, variant, memory)
+        phases = LoadPhases()
+        with phases.phase("reserve"):
+            step, event = self._reserve(key, family, variant, memory)
         if step != "load":  # already held, or the same load is running in another thread
             event.wait()
             return self._describe(key, cached=True)
         started = time.perf_counter()
         try:
             nice = load_nice(profile, background)
-            model, service, cpu_ms = _run_at_priority(nice, self._read, family, profile)
-            queue = self._serving_queue(app, variant, model, service)
+            model, service = _run_at_priority(nice, self._read, family, profile, phases, started)
+            with phases.phase("serving_queue"):
+                queue = self._serving_queue(app, variant, model, service)
         except BaseException:
             with self._lock:
                 self._reserved_mb -= memory
                 self._loading.pop(key).set()
             raise
         load_ms = (time.perf_counter() - started) * 1000.0
+        cpu_ms = phases.cpu_ms("read", "warm_up")
         with self._lock:
             self._reserved_mb -= memory
-            self._held[key] = _Held(model, memory, load_ms, queue, cpu_ms)
+            self._held[key] = _Held(model, memory, load_ms, queue, cpu_ms, phases.report())
             self._loads_total += 1
             self._loads_cpu_ms += cpu_ms
             self._loading.pop(key).set()
         self._metrics.loaded(family, variant, load_ms / 1000.0)
         return self._describe(key, cached=False)
 
-    def _read(self, family: str, profile: Variant) -> tuple[Any, ServiceModel, float]:
+    def _read(
+        self, family: str, profile: Variant, phases: LoadPhases, handed_at: float
+    ) -> tuple[Any, ServiceModel]:
         """Disk to a warm model: loaded, and answering at its usual speed at every batch size it
-        will serve. Returns the model, its service time calibrated by the warm-up, and the CPU
-        milliseconds this thread spent (torch runs one thread per agent: its compute is counted)."""
-        cpu_started = time.thread_time()
-        if self._slow_load_s > 0:  # injected: a slow disk or a remote repository
-            time.sleep(self._slow_load_s)
-        if self._device_error is not None:
-            raise ConfigError(self._device_error)
-        model = self._repo.load(family, profile.name, self._device)
-        service = ServiceModel(profile)
-        sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
-        service = calibrated(service, warm_up(model.predict, model.input_shape, sizes))
-        if isinstance(model, Stateful):  # warm-up inferences are no requests: from the initial state
-            model.reset()
-        return model, service, (time.thread_time() - cpu_started) * 1000.0
+        will serve. Returns the model and its service time calibrated by the warm-up; ``phases``
+        gets the hand-over to this thread (``start``: from ``handed_at``), the read (an injected
+        slow disk included) and the warm-up, each with this thread's CPU and waits (torch runs one
+        thread per agent: its compute is counted)."""
+        phases.gap("start", handed_at)
+        with phases.phase("read"):
+            if self._slow_load_s > 0:  # injected: a slow disk or a remote repository
+                time.sleep(self._slow_load_s)
+            if self._device_error is not None:
+                raise ConfigError(self._device_error)
+            model = self._repo.load(family, profile.name, self._device)
+        with phases.phase("warm_up"):
+            service = ServiceModel(profile)
+            sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
+            service = calibrated(service, warm_up(model.predict, model.input_shape, sizes))
+            if isinstance(model, Stateful):  # warm-up inferences are no requests: from the initial state
+                model.reset()
+        return model, service
 
     def _serving_queue(self, app: str, variant: str, model: Any, service: ServiceModel) -> ServingQueue:
         params = self.spec.queue
@@ -351,6 +363,7 @@ class Agent:
             "server": self.server.name,
             "load_ms": 0.0 if cached else held.load_ms,
             "load_cpu_ms": 0.0 if cached else held.load_cpu_ms,
+            "phases": {} if cached else held.phases,
             "cached": cached,
             "memory_mb": held.memory_mb,
             "input_shape": list(m.input_shape),

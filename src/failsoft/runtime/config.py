@@ -149,6 +149,9 @@ class AgentsModel(_Strict):
     # of those, how many heavy loads (20 ms of work or more) at once; None: one per core the host
     # leaves once a core is set aside for answering (orchestration.loads.heavy_load_slots)
     max_parallel_heavy_loads: int | None = Field(default=None, ge=1, le=64)
+    # ... counted over every server together (an embedded cluster's servers share this host's cores)
+    # rather than per server
+    heavy_loads_per_host: bool = False
     device: str = Field(default="auto", pattern=DEVICE_PATTERN)  # see failsoft.runtime.devices
     gpus: float = Field(default=0.0, ge=0, le=MAX_GPUS)  # each server's GPU share unless it sets its own
     drain_ms: float = Field(default=200.0, ge=0)
@@ -290,6 +293,7 @@ class AgentSettings:
     torch_threads: int = 1  # per agent; 0 = one per core (torch's default)
     queue: QueueParams = dataclasses.field(default_factory=QueueParams)  # discipline, max_batch, max_queue
     max_parallel_heavy_loads: int | None = None  # None: from the host's cores (see AgentsModel)
+    heavy_loads_per_host: bool = False  # the heavy-load limit counts every server together
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +440,7 @@ def _freeze(spec: ConfigModel, source: str, base_dir: Path) -> RuntimeConfig:
             ag.torch_threads,
             ag.queue,
             ag.max_parallel_heavy_loads,
+            ag.heavy_loads_per_host,
         ),
         state_dir=state_dir,
         store_url=spec.store,

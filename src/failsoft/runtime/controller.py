@@ -64,8 +64,8 @@ CONTROLLER_NICE = -5
 
 
 def parallel_heavy_loads(config: RuntimeConfig) -> int:
-    """Heavy loads a server runs at once: the config's ``agents.max_parallel_heavy_loads``, else one
-    per core this host leaves to loads (the embedded cluster's servers share its cores)."""
+    """Heavy loads that run at once per server (or on the whole host: ``agents.heavy_loads_per_host``):
+    the config's ``agents.max_parallel_heavy_loads``, else one per core this host leaves to loads."""
     from failsoft.orchestration.loads import heavy_load_slots
     from failsoft.zoo.machine import usable_cores
 
@@ -83,6 +83,7 @@ def orchestration_settings(config: RuntimeConfig) -> OrchestrationSettings:
         global_grace=GLOBAL_GRACE,
         load_slots=config.agents.max_parallel_loads,
         heavy_load_slots=parallel_heavy_loads(config),
+        heavy_loads_per_host=config.agents.heavy_loads_per_host,
         drain_s=config.agents.drain_ms / 1000.0,
         replan_delay_s=config.replan_delay_s,
         reconcile_s=RECONCILE_S,

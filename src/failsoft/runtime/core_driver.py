@@ -5,7 +5,11 @@ The decisions (what to load where and when, routes, events, re-plans) are the co
 event loop, and feeds each outcome back:
 
 * :class:`~failsoft.orchestration.commands.Load`: ``AgentRef.load`` (after any unload still
-  running on that server, so the memory a plan released is free before the load asks for it);
+  running on that server, so the memory a plan released is free before the load asks for it); the
+  agent's report of where the load's time went (``phases``: :mod:`~failsoft.runtime.load_phases`)
+  gets the driver's stamps beside the agent's, in wall-clock time: when the last failover plan was
+  asked for and made (``plan_asked_at``, ``plan_done_at``), when the core sent the load
+  (``issued_at``: its slot was free) and when the agent's answer came back (``returned_at``);
 * ``Unload``: ``AgentRef.unload``, fire and forget, bounded by a short timeout (a hung server must
   never hold anything up: the core does not wait for unloads);
 * ``PlanFailover`` / ``PlanProactive``: the :class:`~failsoft.runtime.planner.Planner` (Algorithm 1
@@ -78,11 +82,13 @@ class CoreDriver:
         self.llm = llm  # an llm service's worker commands, to its executor
         self.tasks: set[asyncio.Task[Any]] = set()
         self._unloading: dict[str, set[asyncio.Task[Any]]] = {}
+        self._plan_stamps: dict[str, float] = {}  # the last failover plan's (wall clock)
 
     def feed(self, commands: list[Command]) -> None:
         for command in commands:
             if isinstance(command, Load):
-                spawn(self._load(command), f"load:{command.app}@{command.server}", self.tasks)
+                issued = {"issued_at": self._wall(), **self._plan_stamps}
+                spawn(self._load(command, issued), f"load:{command.app}@{command.server}", self.tasks)
             elif isinstance(command, Unload):
                 self._unload(command)
             elif isinstance(command, Publish):
@@ -101,7 +107,7 @@ class CoreDriver:
                 self.llm(command)
 
     # commands ---------------------------------------------------------------------------------
-    async def _load(self, cmd: Load) -> None:
+    async def _load(self, cmd: Load, stamps: dict[str, float]) -> None:
         pending = self._unloading.get(cmd.server)
         if pending:  # the memory the load needs may be what those unloads free
             await wait_all(self.clock, pending, UNLOAD_TIMEOUT_S)
@@ -110,7 +116,13 @@ class CoreDriver:
         except FailsoftError as exc:
             self.feed(self.core.load_done(cmd.load_id, False, self.clock.now(), error=str(exc)))
             return
+        if info.get("phases"):  # a load done now, not one the agent already held
+            info = info | {"phases": {**stamps, **info["phases"], "returned_at": self._wall()}}
         self.feed(self.core.load_done(cmd.load_id, True, self.clock.now(), info=info))
+
+    def _wall(self) -> float:
+        """Now, in wall-clock seconds (as the core's event times are emitted)."""
+        return self.clock.now() + self.core.state.wall_offset
 
     def _unload(self, cmd: Unload) -> None:
         task = spawn(self._run_unload(cmd), f"unload:{cmd.app}@{cmd.server}", self.tasks)
@@ -125,8 +137,10 @@ class CoreDriver:
             log.info("unload of %s/%s on %s skipped: %s", cmd.app, cmd.variant, cmd.server, exc)
 
     async def _plan_failover(self, cmd: PlanFailover) -> None:
+        asked = self._wall()
         try:
             plan = await self.planner.failover(cmd.scenario, cmd.failed)
+            self._plan_stamps = {"plan_asked_at": asked, "plan_done_at": self._wall()}
         except Exception as exc:  # the core must hear of every outcome, or it waits for this plan forever
             _log_planning_error("failover", exc)
             self.feed(self.core.failover_planned(cmd.plan_id, None, self.clock.now(), error=str(exc)))

@@ -65,6 +65,7 @@ class SimConfig:
     horizon_s: float = 60.0  # the controller acts at most this long after the last injected failure
     load_slots: int = 1  # concurrent model loads per server (load-path contention)
     heavy_load_slots: int | None = None  # ... of which heavy ones (orchestration.loads); None: all
+    heavy_loads_per_host: bool = False  # ... counted over all servers together (one shared host)
     failure_at_s: float = 0.3  # failures are injected here, after a warm-up in steady state
     random_phases: bool = True  # heartbeat and health-check phases drawn per event (else 0)
     heartbeats_after_detection: bool = False  # keep heartbeats running once failures are detected

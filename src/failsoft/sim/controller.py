@@ -73,6 +73,7 @@ def sim_settings(config: SimConfig) -> OrchestrationSettings:
         missed_to_fail=config.missed_to_fail,
         load_slots=config.load_slots,
         heavy_load_slots=config.heavy_load_slots,
+        heavy_loads_per_host=config.heavy_loads_per_host,
         drain_s=config.drain_ms / 1000.0,
         replan_warm=False,  # not simulated: an ILP per event would dominate the sweeps
         reconcile_s=None,  # nothing is lost in simulation: reconcile on changes only
