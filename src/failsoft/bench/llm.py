@@ -13,8 +13,9 @@ reference texts.
 The controller detects the death and restarts the worker: a warm standby worker (imports done, the
 same for every policy) adopts it and loads the model, ``reload_ms`` later for a larger model
 emulated. Under
-a policy with progressive recovery (``lumen``) the standby loads the draft first and drafts for
-the most loaded survivor until its target is back (``draft_ready_ms``, ``assist_rounds``,
+a policy with progressive recovery (``lumen``) the standby holds the draft already (loaded before
+the run starts, its memory counted on its server), drafts for the most loaded survivor at once and
+loads its target behind the draft, until its target is back (``draft_ready_ms``, ``assist_rounds``,
 ``drafts_proposed`` / ``drafts_accepted``); ``reload_window`` is the TTFT of the requests sent
 between the kill and the target's return.
 
@@ -202,7 +203,8 @@ def _run_one(
     with Session(_session_config(config, serving, policy, settings)) as session:
         d = session.gateway.served[serving.name].dispatcher
         _wait(lambda: d.ready() and len(d.workers) == len(serving.service.members), 300)
-        _wait(lambda: all(s.get("pid") for s in d._spares) and len(d._spares) >= 1, 300)  # standbys up
+        drafts = _holds_draft(serving, policy)  # standbys up, holding the draft under lumen
+        _wait(lambda: len(d._spares) >= 1 and all(_spare_up(s, drafts) for s in d._spares), 300)
         for w in d.workers.values():
             w.set_slow_sync(settings.slow_ms)
 
@@ -228,6 +230,18 @@ def _run_one(
             _wait(lambda: bool(d.stats.restarts) and d.stats.restarts[-1]["serving"] is not None, 600)
         extra = _breakdown(d, killed_at, victim)
     return outcomes, extra
+
+
+def _holds_draft(serving: Any, policy: str | None) -> bool:
+    """Whether the service's standbys preload its draft under ``policy`` (progressive recovery)."""
+    from failsoft.policies import registry
+
+    bundle = registry.make("llm_recovery", policy or serving.policy, serving.params)
+    return bundle.progressive is not None and serving.draft_name() is not None
+
+
+def _spare_up(spare: dict[str, Any], draft: bool) -> bool:
+    return bool(spare.get("pid")) and (not draft or spare.get("draft") is not None)
 
 
 async def _slow_restarted(d: Any, victim: str, incarnation: int, slow_ms: float) -> None:

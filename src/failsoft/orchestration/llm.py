@@ -16,7 +16,9 @@ carries out its commands (:class:`~failsoft.orchestration.commands.StartLlmWorke
   own server's first: a standby has its imports done, so it starts fastest), its own server if that
   is up and has room (in place), its home server (the config's), the up server with the most free
   memory that fits. A standby used
-  is replaced on its server. Under progressive recovery the restart loads the draft first: the
+  is replaced on its server. Under progressive recovery every standby holds the draft already
+  (``StartLlmStandby.draft``; ``LlmGroup.standby_mb`` counted on its server), so a restart that
+  adopts one drafts at once, and the restart serves the draft first: the
   executor reports phase ``draft`` (``llm-worker-draft``), the core answers with
   :class:`~failsoft.orchestration.commands.SwitchLlmTarget`, and phase ``serving`` ends the outage
   (``llm-worker-recovered``, with ``restart_ms`` from the failure). A start that fails is tried again
@@ -66,10 +68,13 @@ class LlmWorkers:
         old = {k: r for k, r in self.records.workers.items() if k[0] == group.service}
         for key in old:
             del self.records.workers[key]
+        old_spares = self.records.standbys.pop(group.service, None)
         try:
             self._check_room(group)
         except CapacityError:
             self.records.workers.update(old)
+            if old_spares is not None:
+                self.records.standbys[group.service] = old_spares
             raise
         self.records.groups[group.service] = group
         self.records.standbys[group.service] = list(group.standbys)
@@ -79,23 +84,28 @@ class LlmWorkers:
             self.records.workers[(group.service, worker)] = rec
             self.fx.send(StartLlmWorker(group.service, worker, home, 0))
         for server in group.standbys:
-            self.fx.send(StartLlmStandby(group.service, server))
+            self.fx.send(StartLlmStandby(group.service, server, group.draft_first))
         self.fx.changes += 1
         self.fx.send(PublishLlm(group.service))
 
     def _check_room(self, group: LlmGroup) -> None:
-        count: dict[str, int] = {}
+        """Every server must hold its workers and its standbys (each standby the draft it
+        preloads, ``standby_mb``) beside what it holds."""
+        count: dict[str, list[int]] = {}
         for home in group.homes:
-            count[home] = count.get(home, 0) + 1
-        for server, n in sorted(count.items()):
+            count.setdefault(home, [0, 0])[0] += 1
+        for server in group.standbys if group.standby_mb > 0 else ():
+            count.setdefault(server, [0, 0])[1] += 1
+        for server, (n, spares) in sorted(count.items()):
             capacity = self.state.servers[server].server.memory_mb
             free = capacity - self.state.used_mb(server) - self._homes_to_come(server)
-            need = n * group.memory_mb
+            need = n * group.memory_mb + spares * group.standby_mb
             if need > free + 1e-9:
                 raise CapacityError(
                     f"llm service {group.service!r}: server {server!r} has {free:.1f} MB free of "
-                    f"{capacity:.1f} MB, but its {n} worker(s) need {need:.1f} MB "
-                    f"({group.memory_mb:.1f} MB each: weights and KV budget)"
+                    f"{capacity:.1f} MB, but its {n} worker(s) and {spares} standby(s) need "
+                    f"{need:.1f} MB ({group.memory_mb:.1f} MB each worker: weights and KV budget; "
+                    f"{group.standby_mb:.1f} MB each standby: its draft)"
                 )
 
     # inputs from the executor ------------------------------------------------------------------------
@@ -164,7 +174,7 @@ class LlmWorkers:
                 spare = self._standby_server(service)
                 if spare is not None:
                     servers.append(spare)
-                    self.fx.send(StartLlmStandby(service, spare))
+                    self.fx.send(StartLlmStandby(service, spare, self.records.groups[service].draft_first))
 
     def retry(self, payload: tuple[str, str], now: float) -> None:
         """The retry timer of a worker whose start failed, or that found no room."""
@@ -195,8 +205,8 @@ class LlmWorkers:
         if standby:
             spares = self.records.standbys[rec.service]
             spares.remove(where)
-            spares.append(where)  # its replacement, on the same server
-            self.fx.send(StartLlmStandby(rec.service, where))
+            spares.append(where)  # its replacement, on the same server (its draft counted again)
+            self.fx.send(StartLlmStandby(rec.service, where, group.draft_first))
         rec.issued = max(rec.issued, rec.incarnation) + 1
         rec.server, rec.pending = where, rec.issued
         rec.restarts += 1

@@ -14,7 +14,8 @@ nothing:
   target is loaded (it then serves it), reported as ``started(..., "serving")``;
 * :class:`~failsoft.orchestration.commands.StopLlmWorker`: cancels that incarnation's start and
   ends its actor; :class:`~failsoft.orchestration.commands.StartLlmStandby`: a standby process
-  (imports done, no model); :class:`~failsoft.orchestration.commands.PublishLlm`: the worker table.
+  (imports done, no target; with ``draft``, the draft loaded, so that a draft-first restart that
+  adopts it drafts at once); :class:`~failsoft.orchestration.commands.PublishLlm`: the worker table.
 
 It also gives the core the proof that a worker is gone: every ``probe_s`` it asks each serving
 worker for its ``info``, and an actor that is gone (its process died, or its server was killed) is
@@ -85,6 +86,8 @@ class _Spare:
     server: str
     ref: cluster.LlmWorkerRef
     pid: int | None = None
+    draft: str | None = None  # the draft it holds, once loaded
+    preload_ms: float | None = None
 
 
 class LlmFleet:
@@ -143,7 +146,10 @@ class LlmFleet:
         return {
             "model": dict(self.model),
             "workers": workers,
-            "spares": [{"server": s.server, "pid": s.pid} for s in self.spares],
+            "spares": [
+                {"server": s.server, "pid": s.pid, "draft": s.draft, "preload_ms": s.preload_ms}
+                for s in self.spares
+            ],
         }
 
     def publish(self) -> None:
@@ -177,7 +183,7 @@ class LlmFleet:
         elif isinstance(command, StopLlmWorker):
             self._stop(command)
         elif isinstance(command, StartLlmStandby):
-            self._spawn_spare(command.server)
+            self._spawn_spare(command.server, command.draft)
         elif isinstance(command, PublishLlm):
             self.publish()
 
@@ -249,16 +255,23 @@ class LlmFleet:
             }
 
     # standbys -------------------------------------------------------------------------------------
-    def _spawn_spare(self, server: str) -> None:
-        """A standby (returns at once: its process starts and imports meanwhile)."""
+    def _spawn_spare(self, server: str, draft: bool = False) -> None:
+        """A standby (returns at once: its process starts and imports meanwhile; with ``draft``,
+        it then loads the service's draft)."""
         spare = _Spare(server, self._spawn("spare", server, None))
         self.spares.append(spare)
-        self._task(f"spare-{id(spare)}", self._note_spare(spare))
+        name = self.serving.draft_name() if draft else None
+        self._task(f"spare-{id(spare)}", self._note_spare(spare, name))
 
-    async def _note_spare(self, spare: _Spare) -> None:
-        """A standby's process, once it is up (chaos kills it with its server)."""
+    async def _note_spare(self, spare: _Spare, draft: str | None) -> None:
+        """A standby's process, once it is up (chaos kills it with its server), and its draft once
+        loaded. A restart may adopt it meanwhile: its adopt waits for the draft's load."""
         try:
             spare.pid = int((await self._info(spare.ref, START_TIMEOUT_S))["pid"])
+            self.publish()
+            if draft is not None:
+                info = await spare.ref.preload_draft(self._spec("standby"), draft, START_TIMEOUT_S)
+                spare.draft, spare.preload_ms = info.get("draft"), info.get("preload_ms")
         except FailsoftError as exc:
             log.warning("llm standby on %s did not start: %s", spare.server, exc)
             with contextlib.suppress(ValueError):
