@@ -459,21 +459,28 @@ class LlmWorker:
         """Verify a drafting peer's ``(request_id, base, drafts)``: ``drafts`` continue the first
         ``base`` tokens of the request, which this worker keeps decoding in its own loop meanwhile,
         so the drafts its loop has already produced are skipped (a mismatch skips the request). One
-        forward pass per request commits the accepted drafts and the target's next token (greedy:
-        the output is the target's own). Returns per request its tokens now, the counts and
-        whether it finished; a request already finished or gone is left out."""
+        batched forward pass for all the requests (``Engine.verify_batch``) commits each one's
+        accepted drafts and the target's next token (greedy: the output is the target's own).
+        Returns per request its tokens now, the counts and whether it finished; a request already
+        finished or gone is left out."""
         out: dict[str, dict[str, Any]] = {}
         with self._cond:
             if not self._serving:
                 raise InvalidRequestError(f"worker {self.spec.name!r} does not serve yet")
+            taken: list[tuple[str, Any]] = []
+            batch: list[tuple[str, list[int]]] = []
             for rid, base, drafts in items:
                 req = self._tracked.get(rid)
                 if req is None or req.finished or req.state != "running" or req.params.temperature != 0:
                     continue
+                taken.append((rid, req))
                 ahead = len(req.tokens) - base
-                proposed = accepted = 0
                 if 0 <= ahead < len(drafts) and req.tokens[base:] == list(drafts[:ahead]):
-                    verdict = self.engine.verify(rid, drafts[ahead:])
+                    batch.append((rid, list(drafts[ahead:])))
+            verdicts = dict(zip((r for r, _ in batch), self.engine.verify_batch(batch), strict=True))
+            for rid, req in taken:
+                proposed = accepted = 0
+                if (verdict := verdicts.get(rid)) is not None:
                     proposed, accepted = verdict.proposed, verdict.accepted
                     self._proposed += proposed
                     self._accepted += accepted
