@@ -199,3 +199,16 @@ def test_under_progressive_recovery_each_standby_holds_the_draft_and_its_memory_
     with pytest.raises(CapacityError, match=r"'s2' has 60.0 MB free .* 1 standby\(s\) need 70.0 MB"):
         h2.core.place_llm(g, 0.0)
     assert not h2.state.llm.standbys  # nothing placed
+
+
+def test_a_lost_standby_is_no_longer_counted_and_is_replaced_a_retry_later():
+    h = Harness(cluster())
+    g = LlmGroup("chat", WORKERS, ("s0", "s1", "s2"), ("s2",), 50, True, 2.0, 0.5, standby_mb=20)
+    h.take(h.core.place_llm(g, 0.0))
+    used = h.state.used_mb("s2")
+    assert h.take(h.core.llm_standby_lost("chat", "s2", "actor died", 1.0)) == []
+    assert h.state.llm.standbys["chat"] == [] and h.state.used_mb("s2") == used - 20
+    h.take(h.core.llm_standby_lost("chat", "s2", "reported twice", 1.1))  # not counted: ignored
+    out = h.take(h.core.advance(1.0 + RETRY_S))
+    assert llm(h, out) == [StartLlmStandby("chat", "s2", draft=True)]
+    assert h.state.llm.standbys["chat"] == ["s2"] and h.state.used_mb("s2") == used

@@ -133,6 +133,9 @@ class Wired:
         self.feed(commands)
         return began
 
+    def standby_lost(self, service: str, server: str, reason: str) -> None:
+        self.feed(self.core.llm_standby_lost(service, server, reason, self.clock.now()))
+
 
 async def _settle() -> None:
     for _ in range(50):
@@ -217,12 +220,18 @@ def test_a_dead_standby_leaves_the_pool_and_a_failed_start_is_placed_again(tmp_p
         w.clock.advance(w.fleet.probe_s)
         await _settle()
         assert w.fleet.table.value["spares"] == []  # its probe found it dead
+        assert w.state.llm.standbys["bytes"] == []  # and the core, told, no longer counts it
+        w.clock.advance(1.0)  # the core replaces it a retry later, on the same server
+        w.feed(w.core.advance(w.clock.now()))
+        await _settle()
+        assert w.state.llm.standbys["bytes"] == ["s1"] and len(w.standbys()) == 2
+        assert [s["pid"] for s in w.fleet.table.value["spares"]] == [w.standbys()[1].pid]
         FakeWorker.refuse = 1  # the next adoption fails
         try:
             w.worker("w2").dead = True
             w.clock.advance(w.fleet.probe_s)
             await _settle()
-            # the core counted a standby on s1: a new one started there, and its adoption failed
+            # the standby on s1 adopts it, and its adoption fails
             assert w.fleet.table.value["workers"]["w2"]["phase"] == "failed"
             w.clock.advance(1.0)  # the core's retry, as the same outage
             w.feed(w.core.advance(w.clock.now()))

@@ -23,7 +23,11 @@ carries out its commands (:class:`~failsoft.orchestration.commands.StartLlmWorke
   :class:`~failsoft.orchestration.commands.SwitchLlmTarget`, and phase ``serving`` ends the outage
   (``llm-worker-recovered``, with ``restart_ms`` from the failure). A start that fails is tried again
   after :data:`RETRY_S`, placed afresh; a report about another incarnation than the current (or the
-  one being started) is stale and changes nothing.
+  one being started) is stale and changes nothing;
+* **standbys** are the core's (``LlmRecords.standbys``: the servers it counts one on); the executor
+  reports one that died or did not start (:meth:`LlmWorkers.standby_lost`), and the core stops
+  counting it and starts a replacement :data:`RETRY_S` later, so that its count and the executor's
+  processes agree and a restart never expects a standby that is gone.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from failsoft.orchestration.llm_state import LlmGroup, LlmPhase, LlmWorkerRecord
 log = logging.getLogger(__name__)
 RETRY_S = 1.0  # a failed start, or a worker with no room anywhere, is placed again this much later
 RETRY_TIMER = "llm-retry"
+STANDBY_TIMER = "llm-standby"  # a lost standby is replaced this timer's RETRY_S later
 
 
 class LlmWorkers:
@@ -176,6 +181,30 @@ class LlmWorkers:
                     servers.append(spare)
                     self.fx.send(StartLlmStandby(service, spare, self.records.groups[service].draft_first))
 
+    def standby_lost(self, service: str, server: str, reason: str, now: float) -> None:
+        """The executor found a standby of ``service`` on ``server`` dead (or it never started):
+        the core stops counting it (its memory is free, a restart no longer expects it there) and
+        starts a replacement :data:`RETRY_S` later (later, so that a server whose standbys keep
+        dying does not get a start per probe). A standby the core no longer counts is ignored."""
+        spares = self.records.standbys.get(service)
+        if spares is None or server not in spares:
+            return
+        spares.remove(server)
+        log.warning("llm standby of %s on %s lost: %s; replacing it", service, server, reason)
+        self.fx.changes += 1
+        self.fx.wake_at(now + RETRY_S, (STANDBY_TIMER, service))
+
+    def replace_standby(self, service: str, now: float) -> None:
+        """Start standbys until ``service`` has as many as it was placed with (the timer of
+        :meth:`standby_lost`)."""
+        group, spares = self.records.groups.get(service), self.records.standbys.get(service)
+        while group is not None and spares is not None and len(spares) < len(group.standbys):
+            server = self._standby_server(service)
+            if server is None:
+                return
+            spares.append(server)
+            self.fx.send(StartLlmStandby(service, server, group.draft_first))
+
     def retry(self, payload: tuple[str, str], now: float) -> None:
         """The retry timer of a worker whose start failed, or that found no room."""
         rec = self.records.workers.get(payload)
@@ -282,4 +311,4 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 1)
 
 
-__all__ = ["RETRY_S", "RETRY_TIMER", "LlmWorkers"]
+__all__ = ["RETRY_S", "RETRY_TIMER", "STANDBY_TIMER", "LlmWorkers"]

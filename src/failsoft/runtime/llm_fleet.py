@@ -72,6 +72,8 @@ class LlmReports(Protocol):
 
     def died(self, service: str, worker: str, incarnation: int, reason: str) -> bool: ...
 
+    def standby_lost(self, service: str, server: str, reason: str) -> None: ...
+
 
 @dataclass(slots=True)
 class _Proc:
@@ -273,10 +275,17 @@ class LlmFleet:
                 info = await spare.ref.preload_draft(self._spec("standby"), draft, START_TIMEOUT_S)
                 spare.draft, spare.preload_ms = info.get("draft"), info.get("preload_ms")
         except FailsoftError as exc:
-            log.warning("llm standby on %s did not start: %s", spare.server, exc)
-            with contextlib.suppress(ValueError):
-                self.spares.remove(spare)
+            if spare in self.spares:  # not taken by a restart meanwhile (its adopt wins then)
+                log.warning("llm standby on %s did not start: %s", spare.server, exc)
+                self._lose_spare(spare, f"did not start: {exc}")
         self.publish()
+
+    def _lose_spare(self, spare: _Spare, reason: str) -> None:
+        """A standby gone: out of the pool, and the core told (it counts standbys and replaces
+        them), so that both keep the same standbys."""
+        with contextlib.suppress(ValueError):
+            self.spares.remove(spare)
+            self.reports.standby_lost(self.name, spare.server, reason)
 
     def _take_spare(self, server: str) -> _Spare | None:
         for spare in self.spares:
@@ -305,16 +314,15 @@ class LlmFleet:
         await self._probe_spares()
 
     async def _probe_spares(self) -> None:
-        """A standby that died (with its server, mostly) leaves the pool: a start that the core
-        sends to its server starts a new process instead."""
+        """A standby that died (with its server, mostly) leaves the pool and the core is told
+        (:meth:`_lose_spare`); a start the core sent to its server meanwhile starts a new process."""
         up = [s for s in self.spares if s.pid is not None]
         results = await asyncio.gather(
             *(self._info(s.ref, PROBE_TIMEOUT_S) for s in up), return_exceptions=True
         )
-        dead = [s for s, r in zip(up, results, strict=True) if isinstance(r, ServerUnavailableError)]
-        for spare in dead:
-            with contextlib.suppress(ValueError):  # taken by a start meanwhile
-                self.spares.remove(spare)
+        dead = [(s, r) for s, r in zip(up, results, strict=True) if isinstance(r, ServerUnavailableError)]
+        for spare, error in dead:
+            self._lose_spare(spare, str(error))  # unless taken by a start meanwhile
         if dead:
             self.publish()
 
