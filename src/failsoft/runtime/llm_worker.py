@@ -461,8 +461,9 @@ class LlmWorker:
         so the drafts its loop has already produced are skipped (a mismatch skips the request). One
         batched forward pass for all the requests (``Engine.verify_batch``) commits each one's
         accepted drafts and the target's next token (greedy: the output is the target's own).
-        Returns per request its tokens now, the counts and whether it finished; a request already
-        finished or gone is left out."""
+        Returns per request its tokens now, the counts, whether it finished and this worker's
+        decode step (``step_ms``, as :meth:`load` has it); a request already finished or gone is
+        left out."""
         out: dict[str, dict[str, Any]] = {}
         with self._cond:
             if not self._serving:
@@ -494,6 +495,7 @@ class LlmWorker:
                     "proposed": proposed,
                     "accepted": accepted,
                     "finished": req.finished,
+                    "step_ms": self._step_ms,  # the drafting peer's cost model, without a load call
                 }
             self._note_finished()
             self._cond.notify_all()
