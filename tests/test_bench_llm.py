@@ -77,6 +77,7 @@ def test_cluster_recovery_ends_at_the_last_degraded_answer_against_the_no_failur
         "cluster_recovery_ms": 2500.0,
         "cluster_recovery_bound_by": "ttft",
         "degraded_requests": 1,
+        "reference_scale": 1.0,  # the request answered before the kill: 200 ms in both runs
     }
     healthy = [run[0], *ref[1:]]  # only the replay: it bounds the recovery
     assert cluster_recovery(healthy, ref, kill)["cluster_recovery_ms"] == 500.0
@@ -104,3 +105,63 @@ def test_summary_compares_every_policy_with_stop_and_restart_over_rounds() -> No
     assert got["vs_stop_and_restart_pct"]["lumen"]["impact_ttft_ms"] == round((200 / 300 - 1) * 100, 1)
     assert got["vs_stop_and_restart_pct"]["lumen"]["cluster_recovery_ms"] == -50.0
     assert got["vs_fixed_checkpointing_pct"] == {}  # not run
+
+
+def test_cluster_recovery_compares_with_the_reference_at_this_runs_pre_failure_level() -> None:
+    """A no-failure run measured at three times the load (TTFT 600 ms) must not hide a run's
+    degraded answers: its TTFTs are scaled by this run's pre-failure level (200 ms before the kill)."""
+    from failsoft.bench.llm import _Outcome
+    from failsoft.bench.llm_impact import cluster_recovery, reference_scale
+
+    kill = 100.0
+    slow_ref = [_Outcome(sent=s, times=[s + 0.6]) for s in (98.0, 99.0, 101.0, 104.0)]
+    run = [
+        _Outcome(sent=98.0, times=[98.2]),  # before the kill, 200 ms: a third of the reference's
+        _Outcome(sent=99.0, recoveries=1, times=[99.2, 100.3]),  # replay at +300 ms
+        _Outcome(sent=101.0, times=[101.5]),  # 500 ms: degraded at this run's level (200 ms)
+        _Outcome(sent=104.0, times=[104.2]),  # back to it
+    ]
+    assert reference_scale(run, slow_ref, kill) == pytest.approx(1 / 3)
+    got = cluster_recovery(run, slow_ref, kill)
+    assert got["cluster_recovery_ms"] == 1500.0 and got["cluster_recovery_bound_by"] == "ttft"
+    assert got["degraded_requests"] == 1
+    # unscaled, the slow reference hid it: only the replay would have counted
+    assert reference_scale(run[2:], slow_ref[2:], kill) == 1.0  # nothing before the kill: no scale
+
+
+def test_results_are_saved_after_every_completed_run_so_a_crash_loses_nothing_measured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cluster runs are stood in for (a real one is a Ray session per run: docs/lumen.md runs
+    them); what is tested is what ``run`` keeps when the third run crashes."""
+    from pathlib import Path
+
+    import failsoft.bench.llm as bench
+    from failsoft.runtime.llm_config import LlmServing
+
+    def one_run(config, serving, policy, settings, reqs):  # type: ignore[no-untyped-def]
+        if policy == "stop-and-restart":
+            raise RuntimeError("the machine went away")
+        outcomes = [bench._Outcome(text="x", sent=a, times=[a + 0.1], ttft_ms=100.0) for a, _, _ in reqs]
+        extra = {"restart_ms": None if policy is None else 900.0, "killed_at": None, "restarted_at": None}
+        return outcomes, extra
+
+    monkeypatch.setattr(bench, "_run_one", one_run)
+    monkeypatch.setattr(bench, "_context", lambda serving: 256)
+    monkeypatch.setattr(LlmServing, "build", lambda self: None)
+    saved: list[dict] = []  # type: ignore[type-arg]
+    settings = bench.LlmBenchSettings(("lumen", "stop-and-restart"), requests=4, rate_rps=2.0)
+    config = Path(__file__).parents[1] / "examples" / "llm.yaml"
+    with pytest.raises(RuntimeError, match="went away"):
+        bench.run(config, settings, progress=lambda _: None, save=lambda r: saved.append(json_copy(r)))
+    assert len(saved) == 2  # the reference, then lumen: each written as it completed
+    assert saved[-1]["complete"] is False
+    assert list(saved[-1]["rounds"][0]["policies"]) == ["lumen"]
+    assert saved[-1]["rounds"][0]["no-failure"]["failed_requests"] == 0
+    assert saved[-1]["summary"]["mean_over_rounds"]["lumen"]["restart_ms"] == 900.0
+
+
+def json_copy(value: dict) -> dict:  # type: ignore[type-arg]
+    import json
+
+    return json.loads(json.dumps(value))

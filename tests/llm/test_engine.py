@@ -163,6 +163,36 @@ def test_a_peer_verifies_drafts_for_a_request_it_is_serving(pair, alone):
     assert peer.pool.free == peer.pool.total and helper.pool.free == helper.pool.total
 
 
+def test_a_peer_verifies_several_requests_drafts_in_one_batched_pass(pair, alone):
+    """A drafting peer's round for three requests of different lengths costs the verifier one
+    forward (their caches left-padded and masked), and each output stays the target's own."""
+    peer = Engine(pair[0], kv_pages=64, page_size=8)
+    reqs = [peer.submit(p, GREEDY) for p in PROMPTS[:3]]
+    peer.step()  # prefilled, one token each
+    assert len({r.cached for r in reqs}) == 3  # different lengths: the padding is exercised
+    helper = Engine(pair[1], kv_pages=64, page_size=8)
+    mirrors = [helper.open(r.tokens, SamplingParams(max_tokens=GREEDY.max_tokens)) for r in reqs]
+    calls, real = [], peer._call
+    peer._call = lambda *a: calls.append(a[0].shape) or real(*a)  # type: ignore[method-assign]
+    accepted = proposed = rounds = 0
+    while not all(r.finished for r in reqs):
+        live = [(r, m) for r, m in zip(reqs, mirrors, strict=True) if not r.finished]
+        items = [(r.id, helper.propose(m.id, 3)) for r, m in live]
+        before = len(calls)
+        verdicts = peer.verify_batch(items)
+        if rounds == 0:
+            assert calls[before:] == [(3, 4)]  # one pass: 3 requests, the pending token + 3 drafts
+        for (_, m), v in zip(live, verdicts, strict=True):
+            helper.accept(m.id, v.tokens)
+            accepted, proposed = accepted + v.accepted, proposed + v.proposed
+        rounds += 1
+    assert [r.output for r in reqs] == alone[:3]  # token for token, each request
+    assert 0 < accepted < proposed
+    for m in mirrors:
+        helper.close(m.id)
+    assert peer.pool.free == peer.pool.total and helper.pool.free == helper.pool.total
+
+
 def test_temperature_sampling_is_reproducible_by_seed(pair):
     engine = Engine(pair[0], kv_pages=32, page_size=8)
     hot = [

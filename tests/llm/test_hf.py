@@ -128,6 +128,25 @@ def test_speculative_output_equals_target_greedy(models):
     assert t.pool.free == t.pool.total and d.pool.free == d.pool.total
 
 
+def test_batched_verification_of_several_requests_equals_target_greedy(models):
+    """A peer's round for every prompt at once (one batched pass, caches of different lengths
+    left-padded and masked) keeps each output the target's greedy one, on each architecture."""
+    target, draft, refs = models
+    t, d = Engine(target, kv_pages=64, page_size=8), Engine(draft, kv_pages=64, page_size=8)
+    reqs = [t.submit(p, GREEDY) for p in PROMPTS]
+    t.step()
+    mirrors = [d.open(r.tokens, SamplingParams(max_tokens=GREEDY.max_tokens)) for r in reqs]
+    while not all(r.finished for r in reqs):
+        live = [(r, m) for r, m in zip(reqs, mirrors, strict=True) if not r.finished]
+        verdicts = t.verify_batch([(r.id, d.propose(m.id, 3)) for r, m in live])
+        for (_, m), v in zip(live, verdicts, strict=True):
+            d.accept(m.id, v.tokens)
+    assert [r.output for r in reqs] == refs
+    for m in mirrors:
+        d.close(m.id)
+    assert t.pool.free == t.pool.total and d.pool.free == d.pool.total
+
+
 def test_a_draft_id_outside_the_targets_vocabulary_is_proposed_and_rejected(models):
     target, _, refs = models
     engine = Engine(target, kv_pages=8, page_size=8)

@@ -111,7 +111,7 @@ def test_a_standby_adopts_a_dead_worker_draft_first_then_switches_to_its_target(
     h.take(h.core.llm_died("chat", "w0", 0, "killed", 1.0)[1])
     assert llm(h)[-3:] == [
         StopLlmWorker("chat", "w0", 0),
-        StartLlmStandby("chat", "s2"),  # the one it uses is replaced on its server
+        StartLlmStandby("chat", "s2", draft=True),  # replaced on its server, holding the draft
         StartLlmWorker("chat", "w0", "s2", 1, draft_first=True, standby=True),
     ]
     out = h.take(h.core.llm_started("chat", "w0", 1, "draft", 1.5))
@@ -186,3 +186,29 @@ def test_a_worker_in_its_first_start_is_judged_by_that_start_not_by_its_servers_
     assert llm(h, out) == [StopLlmWorker("chat", "w0", 0)]
     out = h.take(h.core.advance(0.2 + RETRY_S))  # placed again, on a live server
     assert llm(h, out) == [StartLlmWorker("chat", "w0", "s2", 1)]
+
+
+def test_under_progressive_recovery_each_standby_holds_the_draft_and_its_memory_is_counted():
+    h = Harness(cluster())
+    g = LlmGroup("chat", WORKERS, ("s0", "s1", "s2"), ("s2",), 50, True, 2.0, 0.5, standby_mb=20)
+    before = h.state.used_mb("s2")
+    out = h.take(h.core.place_llm(g, 0.0))
+    assert StartLlmStandby("chat", "s2", draft=True) in out  # the executor loads the draft into it
+    assert h.state.used_mb("s2") == before + 50 + 20  # w2 and the standby's draft
+    h2 = Harness(cluster(s2_mb=60))  # room for w2 (50 MB) but not beside the standby's draft
+    with pytest.raises(CapacityError, match=r"'s2' has 60.0 MB free .* 1 standby\(s\) need 70.0 MB"):
+        h2.core.place_llm(g, 0.0)
+    assert not h2.state.llm.standbys  # nothing placed
+
+
+def test_a_lost_standby_is_no_longer_counted_and_is_replaced_a_retry_later():
+    h = Harness(cluster())
+    g = LlmGroup("chat", WORKERS, ("s0", "s1", "s2"), ("s2",), 50, True, 2.0, 0.5, standby_mb=20)
+    h.take(h.core.place_llm(g, 0.0))
+    used = h.state.used_mb("s2")
+    assert h.take(h.core.llm_standby_lost("chat", "s2", "actor died", 1.0)) == []
+    assert h.state.llm.standbys["chat"] == [] and h.state.used_mb("s2") == used - 20
+    h.take(h.core.llm_standby_lost("chat", "s2", "reported twice", 1.1))  # not counted: ignored
+    out = h.take(h.core.advance(1.0 + RETRY_S))
+    assert llm(h, out) == [StartLlmStandby("chat", "s2", draft=True)]
+    assert h.state.llm.standbys["chat"] == ["s2"] and h.state.used_mb("s2") == used

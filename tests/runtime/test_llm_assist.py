@@ -24,12 +24,15 @@ class _Survivor:
         await asyncio.sleep(self.verify_ms / 1000)
         self.verified.extend(items)
         return {
-            rid: {"tokens": [0] * base + list(d), "proposed": len(d), "accepted": len(d), "finished": False}
+            rid: {
+                "tokens": [0] * base + list(d),
+                "proposed": len(d),
+                "accepted": len(d),
+                "finished": False,
+                "step_ms": self.step_ms,  # no load() here: a round is two calls, draft and verify
+            }
             for rid, base, d in items
         }
-
-    async def load(self) -> dict[str, Any]:
-        return {"step_ms": self.step_ms}
 
 
 class _Drafter:

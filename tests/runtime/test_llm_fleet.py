@@ -36,6 +36,7 @@ class FakeWorker:
         self.dead = False
         self.killed = False
         self.adopted: tuple[str, str | None] | None = None
+        self.preloaded: str | None = None
         self.target = asyncio.Event()
 
     def _alive(self) -> None:
@@ -45,6 +46,11 @@ class FakeWorker:
     async def info(self, timeout_s: float = 10.0) -> dict[str, Any]:
         self._alive()
         return {"pid": self.pid, "model": "m", "context": 128, "kv_mb_per_token": 0.01, "fingerprint": "f"}
+
+    async def preload_draft(self, spec: Any, draft: str, timeout_s: float = 600.0) -> dict[str, Any]:
+        self._alive()
+        self.preloaded = draft
+        return {"pid": self.pid, "draft": draft, "preload_ms": 12.5}
 
     async def adopt(
         self, spec: Any, draft: str | None, delay: float, timeout_s: float = 600.0
@@ -127,6 +133,9 @@ class Wired:
         self.feed(commands)
         return began
 
+    def standby_lost(self, service: str, server: str, reason: str) -> None:
+        self.feed(self.core.llm_standby_lost(service, server, reason, self.clock.now()))
+
 
 async def _settle() -> None:
     for _ in range(50):
@@ -147,6 +156,7 @@ def test_the_core_places_the_workers_and_a_probe_found_death_is_restarted_by_a_s
         assert table["model"]["context"] == 128 and table["spares"][0]["pid"] is not None
         w1, (standby,) = w.worker("w1"), w.standbys()
         assert standby.spec is None and standby.server == "s1"  # a standby: no model
+        assert standby.preloaded is None  # no draft to hold
         version = w.fleet.table.version
         w1.dead = True  # its process died
         w.clock.advance(w.fleet.probe_s)  # the next probe
@@ -180,6 +190,12 @@ def test_under_lumen_the_standby_drafts_first_until_the_core_switches_it_to_its_
         run = asyncio.ensure_future(w.fleet.run())
         await _settle()
         (standby,) = w.standbys()
+        # before any failure, the standby holds the draft (a restart then loads none)
+        assert standby.preloaded == str(tmp_path) and standby.adopted is None
+        assert (
+            w.fleet.table.value["spares"][0] | {"draft": str(tmp_path), "preload_ms": 12.5}
+            == (w.fleet.table.value["spares"][0])
+        )
         assert w.died("bytes", "w0", 0, "the gateway saw it die")  # reported, not probed
         await _settle()
         x = w.fleet.table.value["workers"]["w0"]
@@ -204,12 +220,18 @@ def test_a_dead_standby_leaves_the_pool_and_a_failed_start_is_placed_again(tmp_p
         w.clock.advance(w.fleet.probe_s)
         await _settle()
         assert w.fleet.table.value["spares"] == []  # its probe found it dead
+        assert w.state.llm.standbys["bytes"] == []  # and the core, told, no longer counts it
+        w.clock.advance(1.0)  # the core replaces it a retry later, on the same server
+        w.feed(w.core.advance(w.clock.now()))
+        await _settle()
+        assert w.state.llm.standbys["bytes"] == ["s1"] and len(w.standbys()) == 2
+        assert [s["pid"] for s in w.fleet.table.value["spares"]] == [w.standbys()[1].pid]
         FakeWorker.refuse = 1  # the next adoption fails
         try:
             w.worker("w2").dead = True
             w.clock.advance(w.fleet.probe_s)
             await _settle()
-            # the core counted a standby on s1: a new one started there, and its adoption failed
+            # the standby on s1 adopts it, and its adoption fails
             assert w.fleet.table.value["workers"]["w2"]["phase"] == "failed"
             w.clock.advance(1.0)  # the core's retry, as the same outage
             w.feed(w.core.advance(w.clock.now()))

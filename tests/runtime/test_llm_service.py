@@ -419,3 +419,37 @@ def test_standby_drafts_for_a_survivor_then_serves_in_process(tmp_path: Path) ->
         standby.shutdown()
     finally:
         survivor.shutdown()
+
+
+@pytest.mark.slow
+def test_a_standby_holding_the_draft_drafts_at_once_and_loads_its_target_behind_it_niced(
+    tmp_path: Path,
+) -> None:
+    """LUMEN's restart from a standby that preloaded the draft (in this process, no Ray): the
+    adoption loads no draft (``draft_ms`` 0) and drafts at once; the target loads behind it in a
+    thread of lower CPU priority, and the engine's loop, once the target serves, is not niced."""
+    import os
+    import threading
+
+    from failsoft.runtime.llm_worker import LOADER_NICE, LlmWorker, LlmWorkerSpec
+
+    _store_random_lm(tmp_path)
+    spec = LlmWorkerSpec("w1", tmp_path, "tiny-target", "cpu", 64, 8, 8, 1)
+    standby = LlmWorker(None)
+    try:
+        held = standby.preload_draft(spec, "tiny-draft")
+        assert held["phase"] == "standby" and held["draft"] == "tiny-draft" and held["preload_ms"] > 0
+        info = standby.adopt(spec, "tiny-draft", 1500)  # the target 1.5 s behind the draft
+        assert info["phase"] == "draft" and info["draft_ms"] == 0.0
+        drafts = standby.draft_for([("r", encode(PROMPTS[1]), 20)], 3)
+        assert len(drafts["r"]) == 3  # it drafts while its target still loads
+        (loader,) = [t for t in threading.enumerate() if t.name == "load-target-w1"]
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert loader.native_id is not None
+        assert os.getpriority(os.PRIO_PROCESS, loader.native_id) == min(base + LOADER_NICE, 19)
+        full = standby.wait_target(60)
+        assert full["phase"] == "full" and full["load_ms"] > 0 and full["draft_ms"] == 0.0
+        (loop,) = [t for t in threading.enumerate() if t.name == "llm-w1"]
+        assert loop.native_id is not None and os.getpriority(os.PRIO_PROCESS, loop.native_id) == base
+    finally:
+        standby.shutdown()

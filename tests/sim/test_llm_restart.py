@@ -1,7 +1,8 @@
 """The core's LLM worker restart on SimPy (the twin of ``failsoft serve``'s ``llm`` recovery).
 
 Three servers of 1000 MB, the ``llm`` service ``chat`` with w0, w1, w2 on s1, s2, s3 and a standby
-on s1; a worker's target loads in 2 s, its draft in 0.5 s (its profile).
+on s1 (holding the draft: progressive recovery); a worker's target loads in 2 s, its draft in 0.5 s
+(its profile).
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ def test_a_killed_worker_drafts_after_its_draft_loads_and_serves_after_its_targe
         "llm-worker-recovered",
     ]
     assert result.event("llm-worker-draft")["server"] == "s1"  # the standby adopted it
+    assert result.event("llm-worker-draft")["draft_ms"] == 0.0  # it holds the draft already
+    assert result.event("llm-worker-recovered")["restart_ms"] == 2000.0  # the target behind it
+
+
+def test_a_restart_without_a_standby_loads_the_draft_first_then_the_target():
+    group = LlmGroup("chat", ("w0", "w1", "w2"), ("s1", "s2", "s3"), (), 100, True, 2.0, 0.5)
+    result = simulate_llm_restart(SERVERS, group, "worker", "w1", CONFIG)
+    assert result.event("llm-worker-draft")["server"] == "s2"  # in place: no standby
     assert result.event("llm-worker-draft")["draft_ms"] == 500.0
     assert result.event("llm-worker-recovered")["restart_ms"] == 2500.0  # draft, then target
 
@@ -42,7 +51,7 @@ def test_a_crashed_server_is_detected_by_heartbeats_then_its_worker_restarts_els
     assert CONFIG.missed_to_fail * hb - hb <= detection_s <= (CONFIG.missed_to_fail + 1) * hb
     recovered = result.event("llm-worker-recovered")
     assert recovered["server"] == "s1"
-    assert recovered["at_s"] - result.crashed_at_s == pytest.approx(detection_s + 2.5)
+    assert recovered["at_s"] - result.crashed_at_s == pytest.approx(detection_s + 2.0)
 
 
 def test_the_same_crash_gives_the_runtime_core_and_the_sim_core_the_same_commands():
@@ -63,7 +72,8 @@ def test_the_same_crash_gives_the_runtime_core_and_the_sim_core_the_same_command
                 seen.append((t, type(c).__name__, c))
                 if isinstance(c, StartLlmWorker | SwitchLlmTarget):  # what the fleet reports, and when
                     draft = isinstance(c, StartLlmWorker) and c.draft_first
-                    at = t + (GROUP.draft_load_s if draft else GROUP.target_load_s)
+                    preloaded = draft and isinstance(c, StartLlmWorker) and c.standby
+                    at = t + ((0.0 if preloaded else GROUP.draft_load_s) if draft else GROUP.target_load_s)
                     pending.append((at, (c.worker, c.incarnation, "draft" if draft else "serving")))
 
     def report_until(t_end: float) -> None:

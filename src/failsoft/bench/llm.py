@@ -13,8 +13,9 @@ reference texts.
 The controller detects the death and restarts the worker: a warm standby worker (imports done, the
 same for every policy) adopts it and loads the model, ``reload_ms`` later for a larger model
 emulated. Under
-a policy with progressive recovery (``lumen``) the standby loads the draft first and drafts for
-the most loaded survivor until its target is back (``draft_ready_ms``, ``assist_rounds``,
+a policy with progressive recovery (``lumen``) the standby holds the draft already (loaded before
+the run starts, its memory counted on its server), drafts for the most loaded survivor at once and
+loads its target behind the draft, until its target is back (``draft_ready_ms``, ``assist_rounds``,
 ``drafts_proposed`` / ``drafts_accepted``); ``reload_window`` is the TTFT of the requests sent
 between the kill and the target's return.
 
@@ -202,7 +203,8 @@ def _run_one(
     with Session(_session_config(config, serving, policy, settings)) as session:
         d = session.gateway.served[serving.name].dispatcher
         _wait(lambda: d.ready() and len(d.workers) == len(serving.service.members), 300)
-        _wait(lambda: all(s.get("pid") for s in d._spares) and len(d._spares) >= 1, 300)  # standbys up
+        drafts = _holds_draft(serving, policy)  # standbys up, holding the draft under lumen
+        _wait(lambda: len(d._spares) >= 1 and all(_spare_up(s, drafts) for s in d._spares), 300)
         for w in d.workers.values():
             w.set_slow_sync(settings.slow_ms)
 
@@ -228,6 +230,18 @@ def _run_one(
             _wait(lambda: bool(d.stats.restarts) and d.stats.restarts[-1]["serving"] is not None, 600)
         extra = _breakdown(d, killed_at, victim)
     return outcomes, extra
+
+
+def _holds_draft(serving: Any, policy: str | None) -> bool:
+    """Whether the service's standbys preload its draft under ``policy`` (progressive recovery)."""
+    from failsoft.policies import registry
+
+    bundle = registry.make("llm_recovery", policy or serving.policy, serving.params)
+    return bundle.progressive is not None and serving.draft_name() is not None
+
+
+def _spare_up(spare: dict[str, Any], draft: bool) -> bool:
+    return bool(spare.get("pid")) and (not draft or spare.get("draft") is not None)
 
 
 async def _slow_restarted(d: Any, victim: str, incarnation: int, slow_ms: float) -> None:
@@ -320,10 +334,14 @@ def _policy_row(outcomes: list[_Outcome], reference: list[_Outcome], extra: dict
     impact = {} if killed_at is None else {
         **impact_ttft(outcomes, killed_at), **cluster_recovery(outcomes, reference, killed_at)
     }  # fmt: skip
+    # requests sent after the worker was back: without them a cluster recovery bound by the
+    # reload cannot show (negative: the trace ended before it; see --requests)
+    tail = None if restarted_at is None else round(max(o.sent for o in outcomes) - restarted_at, 2)
     return {
         "ttft_ms": _stat([o.ttft_ms for o in outcomes if o.ttft_ms is not None]),
         "tpot_ms": _stat([o.tpot_ms for o in outcomes if o.tpot_ms is not None]),
         **impact,
+        "trace_after_restart_s": tail,
         **recovery(outcomes, killed_at, extra["restart_ms"]),
         "kill_to_next_token_ms": next_tokens(outcomes, killed_at),
         "reload_window": {"requests": len(during), "ttft_ms": _stat(during)},
@@ -359,10 +377,15 @@ def summarize(rounds: list[dict[str, Any]], policies: tuple[str, ...]) -> dict[s
 
 
 def run(
-    config_path: Any, settings: LlmBenchSettings, progress: Callable[[str], None] = print
+    config_path: Any,
+    settings: LlmBenchSettings,
+    progress: Callable[[str], None] = print,
+    save: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """``rounds`` rounds, each a no-failure reference and then every policy (their order rotated
-    from round to round, so that a machine's load changes fall on every policy alike)."""
+    from round to round, so that a machine's load changes fall on every policy alike). ``save``
+    gets the results so far after every run that completed (the CLI writes them to ``--out``: a
+    crash or a kill later loses nothing measured); ``complete`` says whether every run is in."""
     import os
 
     from failsoft.runtime.config import load_config
@@ -386,7 +409,14 @@ def run(
             "rounds": settings.rounds,
         },
         "rounds": [],
+        "complete": False,
     }
+
+    def saved() -> None:
+        if save is not None:
+            results["summary"] = summarize(results["rounds"], settings.policies)
+            save(results)
+
     for i in range(settings.rounds):
         k = i % len(settings.policies)
         order = settings.policies[k:] + settings.policies[:k]
@@ -403,15 +433,18 @@ def run(
                 "failed_requests": sum(o.error is not None for o in reference),
             },
             "policies": {},
+            "load_average_1m": load,
         }
+        results["rounds"].append(one)
+        saved()
         for policy in order:
             progress(f"round {i + 1}: policy {policy}: kill the busiest worker at {settings.kill_at_s} s")
             outcomes, extra = _run_one(config, serving, policy, settings, reqs)
             one["policies"][policy] = _policy_row(outcomes, reference, extra)
             load.append(round(os.getloadavg()[0], 2))
-        one["load_average_1m"] = load
-        results["rounds"].append(one)
+            saved()
     results["summary"] = summarize(results["rounds"], settings.policies)
+    results["complete"] = True
     if settings.rounds == 1:  # the earlier layout too: one reference and one row per policy
         results["no-failure"] = results["rounds"][0]["no-failure"]
         results["policies"] = results["rounds"][0]["policies"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -283,7 +284,8 @@ def llm(
     settings = LlmBenchSettings(
         tuple(policy or POLICIES), requests, rate_rps, kill_at_s, slow_ms, seed, reload_ms, rounds
     )
-    _emit(run(config, settings, progress=_progress), out)
+    save = None if out is None else functools.partial(_write_json, out=out)  # after every run
+    _emit(run(config, settings, progress=_progress, save=save), out)
 
 
 @app.command("llm-engine")
@@ -523,8 +525,15 @@ def _progress(message: str) -> None:
 
 def _emit(result: dict[str, Any], out: Path | None) -> None:
     """Print a benchmark's JSON, and also write it to ``out`` when given."""
-    text = json.dumps(result, indent=2)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    typer.echo(text)
+        _write_json(result, out)
+    typer.echo(json.dumps(result, indent=2))
+
+
+def _write_json(result: dict[str, Any], out: Path) -> None:
+    """Write ``result`` to ``out`` whole or not at all (a temporary file renamed over it), so that
+    results written after each run of a long benchmark are never left half-written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)

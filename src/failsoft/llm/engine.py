@@ -440,16 +440,17 @@ class Engine:
         v = self._vf[:, rows].transpose(2, 3)
         return DynamicCache(list(zip(k.unbind(0), v.unbind(0), strict=True)))
 
-    def _scatter(self, rows: torch.Tensor, past: Any, start: int, keep: int) -> None:
-        """Write the cache's positions ``[start, start + keep)`` of every layer and batch row into the
-        pool rows ``rows`` ((batch, keep))."""
+    def _scatter(self, rows: torch.Tensor, past: Any, start: int, keep: int, row: int | None = None) -> None:
+        """Write the cache's positions ``[start, start + keep)`` of every layer and batch row (of
+        batch row ``row`` only, when given) into the pool rows ``rows`` ((batch, keep))."""
         import torch
 
         if keep <= 0:
             return
         layers = past.layers
-        k = torch.stack([layer.keys[:, :, start : start + keep] for layer in layers])
-        v = torch.stack([layer.values[:, :, start : start + keep] for layer in layers])
+        b = slice(None) if row is None else slice(row, row + 1)
+        k = torch.stack([layer.keys[b, :, start : start + keep] for layer in layers])
+        v = torch.stack([layer.values[b, :, start : start + keep] for layer in layers])
         self._kf[:, rows] = k.transpose(2, 3)  # (layers, batch, keep, kv_heads, head_dim)
         self._vf[:, rows] = v.transpose(2, 3)
 
@@ -689,27 +690,65 @@ class Engine:
     def verify(self, request_id: str, drafts: Sequence[int]) -> Verdict:
         """Check ``drafts`` against this (target) model in one forward pass; commit the accepted
         prefix and the target's next token (streamed like generated tokens)."""
-        req = self._driveable(request_id)
-        proposed = len(drafts)
-        drafts = [int(t) for t in drafts]
-        # a draft whose vocabulary is padded wider may propose ids this model has not: never accepted
-        usable = next((i for i, t in enumerate(drafts) if not 0 <= t < self.lm.vocab_size), len(drafts))
-        drafts = drafts[:usable]
-        pending = req.tokens[req.cached :]
-        logits, past = self._forward(req, pending + drafts)
-        choice = logits[len(pending) - 1 :].argmax(-1).tolist()
-        accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
-            accepted += 1
-        committed = [*drafts[:accepted], choice[accepted]][: req.params.max_tokens - len(req.output)]
-        if req.params.stop_at_eos:
-            ends = [i for i, t in enumerate(committed) if t in self.lm.eos_ids]
-            committed = committed[: ends[0] + 1] if ends else committed
-        # keep the KV of the pending tokens and of the committed tokens but the newest
-        self._keep(req, past, len(pending) + len(committed) - 1)
-        self._emit(req, committed)
-        req.settled = len(req.tokens)
-        return Verdict(proposed, accepted, tuple(committed))
+        return self.verify_batch([(request_id, drafts)])[0]
+
+    def verify_batch(self, items: Sequence[tuple[str, Sequence[int]]]) -> list[Verdict]:
+        """:meth:`verify` for several requests, one batched forward per length of what is fed
+        (the tokens not cached yet plus the drafts: all alike when the drafts are, the usual
+        case), as a decode step batches; one :class:`Verdict` per item, in order. A drafting peer's
+        round thus costs the verifying worker one pass, not one per request."""
+        fed: list[tuple[int, Request, list[int], list[int]]] = []
+        for i, (request_id, drafts) in enumerate(items):
+            req = self._driveable(request_id)
+            ids = [int(t) for t in drafts]
+            # a draft whose vocabulary is padded wider may propose ids this model has not: never accepted
+            usable = next((j for j, t in enumerate(ids) if not 0 <= t < self.lm.vocab_size), len(ids))
+            fed.append((i, req, req.tokens[req.cached :], ids[:usable]))
+        out: list[Verdict | None] = [None] * len(items)
+        by_len: dict[int, list[tuple[int, Request, list[int], list[int]]]] = {}
+        for entry in fed:
+            by_len.setdefault(len(entry[2]) + len(entry[3]), []).append(entry)
+        for group in by_len.values():
+            logits, past = self._forward_batch([r for _, r, _, _ in group], [p + d for _, _, p, d in group])
+            start = max(r.cached for _, r, _, _ in group)
+            for row, (i, req, pending, drafts) in enumerate(group):
+                choice = logits[row, len(pending) - 1 :].argmax(-1).tolist()
+                accepted = 0
+                while accepted < len(drafts) and drafts[accepted] == choice[accepted]:
+                    accepted += 1
+                committed = [*drafts[:accepted], choice[accepted]][: req.params.max_tokens - len(req.output)]
+                if req.params.stop_at_eos:
+                    ends = [j for j, t in enumerate(committed) if t in self.lm.eos_ids]
+                    committed = committed[: ends[0] + 1] if ends else committed
+                # keep the KV of the pending tokens and of the committed tokens but the newest
+                keep = len(pending) + len(committed) - 1
+                self._scatter(req.slots[None, req.cached : req.cached + keep], past, start, keep, row)
+                req.cached += max(keep, 0)
+                self._emit(req, committed)
+                req.settled = len(req.tokens)
+                out[i] = Verdict(len(items[i][1]), accepted, tuple(committed))
+        return [v for v in out if v is not None]
+
+    def _forward_batch(self, reqs: list[Request], feeds: list[list[int]]) -> tuple[torch.Tensor, Any]:
+        """One batched forward of equally long ``feeds``, each after its request's cached tokens
+        (the caches left-padded to the longest, masked): (batch, fed, vocab) logits and the cache
+        (padded cached tokens, then the fed ones)."""
+        import torch
+
+        if len(reqs) == 1:
+            logits, past = self._forward(reqs[0], feeds[0])
+            return logits[None], past
+        dev = self.lm.device
+        longest = max(r.cached for r in reqs)
+        lengths = torch.tensor([r.cached for r in reqs], device=dev)
+        pad = torch.zeros(longest, dtype=torch.long, device=dev)  # any row: masked out
+        rows = torch.stack([torch.cat((pad[: longest - r.cached], r.slots[: r.cached])) for r in reqs])
+        n = len(feeds[0])
+        mask = (torch.arange(longest + n, device=dev)[None] >= (longest - lengths)[:, None]).long()
+        ids = torch.tensor(feeds, dtype=torch.long, device=dev)
+        positions = lengths[:, None] + torch.arange(n, device=dev)[None]
+        same = all(r.cached == longest for r in reqs)
+        return self._call(ids, self._past(rows), positions, None if same else mask, 0)
 
 
 def _prefill_groups(reqs: list[Request], budget: int) -> Iterator[list[Request]]:

@@ -150,10 +150,13 @@ class StopLlmWorker:
 
 @dataclass(frozen=True, slots=True)
 class StartLlmStandby:
-    """Start a standby process of ``service`` on ``server`` (imports done, no model)."""
+    """Start a standby process of ``service`` on ``server`` (imports done, no target); ``draft``:
+    it loads the service's draft too (progressive recovery: the core counted its memory there), so
+    that a draft-first restart it adopts drafts at once."""
 
     service: str
     server: str
+    draft: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from failsoft.orchestration.copies import CopyRequest, MechanismCopies
 from failsoft.orchestration.deploy import DeployPlan, Desired, Running, apply_plan, plan_deploy
 from failsoft.orchestration.deploy_run import Deploys
 from failsoft.orchestration.effects import Effects
-from failsoft.orchestration.llm import RETRY_TIMER, LlmWorkers
+from failsoft.orchestration.llm import RETRY_TIMER, STANDBY_TIMER, LlmWorkers
 from failsoft.orchestration.llm_state import LlmGroup
 from failsoft.orchestration.operations import Group, Operations
 from failsoft.orchestration.replicas import Replicas
@@ -252,6 +252,12 @@ class Orchestrator:
         restart began (False: a stale report), and the commands."""
         began = self.llm.died(service, worker, incarnation, reason, now)
         return began, self._flush(now)
+
+    def llm_standby_lost(self, service: str, server: str, reason: str, now: float) -> list[Command]:
+        """A standby of ``service`` on ``server`` died or did not start (its executor's probe):
+        no longer counted, and replaced shortly."""
+        self.llm.standby_lost(service, server, reason, now)
+        return self._flush(now)
 
     # inputs: replicas and autoscaling (see orchestration/replicas.py) -------------------------
     def observe_ongoing(self, app: str, ongoing: float, now: float) -> list[Command]:
@@ -823,6 +829,8 @@ class Orchestrator:
                 self.deploys.timer(kind, payload, now)
             elif kind == RETRY_TIMER:
                 self.llm.retry(payload, now)
+            elif kind == STANDBY_TIMER:
+                self.llm.replace_standby(payload, now)
 
     def next_wakeup(self) -> float | None:
         """When the core next needs :meth:`advance` (None: only when an input arrives)."""

@@ -16,12 +16,18 @@ carries out its commands (:class:`~failsoft.orchestration.commands.StartLlmWorke
   own server's first: a standby has its imports done, so it starts fastest), its own server if that
   is up and has room (in place), its home server (the config's), the up server with the most free
   memory that fits. A standby used
-  is replaced on its server. Under progressive recovery the restart loads the draft first: the
+  is replaced on its server. Under progressive recovery every standby holds the draft already
+  (``StartLlmStandby.draft``; ``LlmGroup.standby_mb`` counted on its server), so a restart that
+  adopts one drafts at once, and the restart serves the draft first: the
   executor reports phase ``draft`` (``llm-worker-draft``), the core answers with
   :class:`~failsoft.orchestration.commands.SwitchLlmTarget`, and phase ``serving`` ends the outage
   (``llm-worker-recovered``, with ``restart_ms`` from the failure). A start that fails is tried again
   after :data:`RETRY_S`, placed afresh; a report about another incarnation than the current (or the
-  one being started) is stale and changes nothing.
+  one being started) is stale and changes nothing;
+* **standbys** are the core's (``LlmRecords.standbys``: the servers it counts one on); the executor
+  reports one that died or did not start (:meth:`LlmWorkers.standby_lost`), and the core stops
+  counting it and starts a replacement :data:`RETRY_S` later, so that its count and the executor's
+  processes agree and a restart never expects a standby that is gone.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from failsoft.orchestration.llm_state import LlmGroup, LlmPhase, LlmWorkerRecord
 log = logging.getLogger(__name__)
 RETRY_S = 1.0  # a failed start, or a worker with no room anywhere, is placed again this much later
 RETRY_TIMER = "llm-retry"
+STANDBY_TIMER = "llm-standby"  # a lost standby is replaced this timer's RETRY_S later
 
 
 class LlmWorkers:
@@ -66,10 +73,13 @@ class LlmWorkers:
         old = {k: r for k, r in self.records.workers.items() if k[0] == group.service}
         for key in old:
             del self.records.workers[key]
+        old_spares = self.records.standbys.pop(group.service, None)
         try:
             self._check_room(group)
         except CapacityError:
             self.records.workers.update(old)
+            if old_spares is not None:
+                self.records.standbys[group.service] = old_spares
             raise
         self.records.groups[group.service] = group
         self.records.standbys[group.service] = list(group.standbys)
@@ -79,23 +89,28 @@ class LlmWorkers:
             self.records.workers[(group.service, worker)] = rec
             self.fx.send(StartLlmWorker(group.service, worker, home, 0))
         for server in group.standbys:
-            self.fx.send(StartLlmStandby(group.service, server))
+            self.fx.send(StartLlmStandby(group.service, server, group.draft_first))
         self.fx.changes += 1
         self.fx.send(PublishLlm(group.service))
 
     def _check_room(self, group: LlmGroup) -> None:
-        count: dict[str, int] = {}
+        """Every server must hold its workers and its standbys (each standby the draft it
+        preloads, ``standby_mb``) beside what it holds."""
+        count: dict[str, list[int]] = {}
         for home in group.homes:
-            count[home] = count.get(home, 0) + 1
-        for server, n in sorted(count.items()):
+            count.setdefault(home, [0, 0])[0] += 1
+        for server in group.standbys if group.standby_mb > 0 else ():
+            count.setdefault(server, [0, 0])[1] += 1
+        for server, (n, spares) in sorted(count.items()):
             capacity = self.state.servers[server].server.memory_mb
             free = capacity - self.state.used_mb(server) - self._homes_to_come(server)
-            need = n * group.memory_mb
+            need = n * group.memory_mb + spares * group.standby_mb
             if need > free + 1e-9:
                 raise CapacityError(
                     f"llm service {group.service!r}: server {server!r} has {free:.1f} MB free of "
-                    f"{capacity:.1f} MB, but its {n} worker(s) need {need:.1f} MB "
-                    f"({group.memory_mb:.1f} MB each: weights and KV budget)"
+                    f"{capacity:.1f} MB, but its {n} worker(s) and {spares} standby(s) need "
+                    f"{need:.1f} MB ({group.memory_mb:.1f} MB each worker: weights and KV budget; "
+                    f"{group.standby_mb:.1f} MB each standby: its draft)"
                 )
 
     # inputs from the executor ------------------------------------------------------------------------
@@ -164,7 +179,31 @@ class LlmWorkers:
                 spare = self._standby_server(service)
                 if spare is not None:
                     servers.append(spare)
-                    self.fx.send(StartLlmStandby(service, spare))
+                    self.fx.send(StartLlmStandby(service, spare, self.records.groups[service].draft_first))
+
+    def standby_lost(self, service: str, server: str, reason: str, now: float) -> None:
+        """The executor found a standby of ``service`` on ``server`` dead (or it never started):
+        the core stops counting it (its memory is free, a restart no longer expects it there) and
+        starts a replacement :data:`RETRY_S` later (later, so that a server whose standbys keep
+        dying does not get a start per probe). A standby the core no longer counts is ignored."""
+        spares = self.records.standbys.get(service)
+        if spares is None or server not in spares:
+            return
+        spares.remove(server)
+        log.warning("llm standby of %s on %s lost: %s; replacing it", service, server, reason)
+        self.fx.changes += 1
+        self.fx.wake_at(now + RETRY_S, (STANDBY_TIMER, service))
+
+    def replace_standby(self, service: str, now: float) -> None:
+        """Start standbys until ``service`` has as many as it was placed with (the timer of
+        :meth:`standby_lost`)."""
+        group, spares = self.records.groups.get(service), self.records.standbys.get(service)
+        while group is not None and spares is not None and len(spares) < len(group.standbys):
+            server = self._standby_server(service)
+            if server is None:
+                return
+            spares.append(server)
+            self.fx.send(StartLlmStandby(service, server, group.draft_first))
 
     def retry(self, payload: tuple[str, str], now: float) -> None:
         """The retry timer of a worker whose start failed, or that found no room."""
@@ -195,8 +234,8 @@ class LlmWorkers:
         if standby:
             spares = self.records.standbys[rec.service]
             spares.remove(where)
-            spares.append(where)  # its replacement, on the same server
-            self.fx.send(StartLlmStandby(rec.service, where))
+            spares.append(where)  # its replacement, on the same server (its draft counted again)
+            self.fx.send(StartLlmStandby(rec.service, where, group.draft_first))
         rec.issued = max(rec.issued, rec.incarnation) + 1
         rec.server, rec.pending = where, rec.issued
         rec.restarts += 1
@@ -272,4 +311,4 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1000.0, 1)
 
 
-__all__ = ["RETRY_S", "RETRY_TIMER", "LlmWorkers"]
+__all__ = ["RETRY_S", "RETRY_TIMER", "STANDBY_TIMER", "LlmWorkers"]

@@ -5,8 +5,9 @@ weights and a KV cache of a fixed budget. To the orchestration core each worker 
 with one placement, like a coded service's parity instance: a server it runs on, and the memory it
 takes there (weights, plus the draft's under progressive recovery, plus the KV budget), counted
 against that server's capacity beside the models the agents hold. Warm *standbys* (processes
-started, imports done, no model) sit on servers of their own and take no memory until one adopts a
-worker.
+started, imports done, no target) sit on servers of their own; under progressive recovery each holds
+the draft already (``standby_mb``, counted on its server like every other load), so that a
+draft-first restart drafts at once.
 
 This module is the data (no decisions): :class:`LlmGroup` (one service's shape, frozen),
 :class:`LlmWorkerRecord` (one worker's placement and life cycle) and :class:`LlmRecords` (all of
@@ -38,7 +39,9 @@ class LlmGroup:
     the servers of its standbys, each worker's memory, and whether a restart loads a draft first.
 
     ``target_load_s`` and ``draft_load_s`` are the worker's measured profile (weights read and
-    moved to the device); the simulator's twin of a restart takes them, the runtime ignores them."""
+    moved to the device); the simulator's twin of a restart takes them, the runtime ignores them.
+    ``standby_mb``: what each standby holds (the draft's weights under ``draft_first``: a standby
+    preloads it, and a restart that adopts one loads no draft)."""
 
     service: str
     workers: tuple[str, ...]
@@ -48,12 +51,15 @@ class LlmGroup:
     draft_first: bool = False
     target_load_s: float = 0.0
     draft_load_s: float = 0.0
+    standby_mb: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.workers) != len(self.homes) or not self.workers:
             raise ValueError(f"llm service {self.service!r}: one home server per worker, at least one worker")
-        if self.memory_mb <= 0 or min(self.target_load_s, self.draft_load_s) < 0:
-            raise ValueError(f"llm service {self.service!r}: memory_mb must be > 0 and load times >= 0")
+        if self.memory_mb <= 0 or min(self.target_load_s, self.draft_load_s, self.standby_mb) < 0:
+            raise ValueError(
+                f"llm service {self.service!r}: memory_mb must be > 0, standby_mb and load times >= 0"
+            )
 
 
 @dataclass
@@ -103,15 +109,20 @@ class LlmRecords:
         return [r for (s, _), r in self.workers.items() if s == service]
 
     def used_mb(self, server: str) -> float:
-        """The memory ``server``'s workers take (those starting there included)."""
-        return sum(r.memory_mb for r in self.workers.values() if r.server == server and r.holds_memory)
+        """The memory ``server``'s workers (those starting there included) and standbys take."""
+        return self.taken().get(server, 0.0)
 
     def taken(self) -> dict[str, float]:
-        """Memory taken per server, for the failover policies' view of capacity."""
+        """Memory taken per server (workers and standbys), for the failover policies' view of
+        capacity."""
         out: dict[str, float] = {}
         for r in self.workers.values():
             if r.holds_memory:
                 out[r.server] = out.get(r.server, 0.0) + r.memory_mb
+        for service, servers in self.standbys.items():
+            each = self.groups[service].standby_mb if service in self.groups else 0.0
+            for server in servers if each > 0 else ():
+                out[server] = out.get(server, 0.0) + each
         return out
 
     def to_docs(self) -> dict[str, dict[str, Any]]:

@@ -657,6 +657,10 @@ class LlmWorkerRef(_ActorRef):
     ) -> dict[str, dict[str, Any]]:
         return dict(await self._call("verify_drafts", items, timeout_s=timeout_s))
 
+    async def preload_draft(self, spec: Any, draft: str, timeout_s: float = 600.0) -> dict[str, Any]:
+        """A standby loads ``draft`` (as ``spec`` says) before any restart needs it; its info."""
+        return dict(await self._call("preload_draft", spec, draft, timeout_s=timeout_s))
+
     async def adopt(
         self, spec: Any, draft: str | None = None, target_delay_ms: float = 0.0, timeout_s: float = 600.0
     ) -> dict[str, Any]:

@@ -529,6 +529,10 @@ class _LlmReports:
         c._feed(commands)
         return began
 
+    def standby_lost(self, service: str, server: str, reason: str) -> None:
+        c = self.c
+        c._feed(c.core.llm_standby_lost(service, server, reason, c.clock.now()))
+
 
 def _raise_priority(nice: int = CONTROLLER_NICE) -> None:
     """Run the controller's threads ahead of the agents' inference when the OS allows it (root).

@@ -134,18 +134,19 @@ class LlmServing:
 
     def group(self, progressive: bool) -> LlmGroup:
         """The service as the orchestration core places it (built first: :meth:`build`): each
-        worker's memory is its weights (its draft's too under ``progressive`` recovery) plus its KV
+        worker's memory is its weights (its draft's too under ``progressive`` recovery, which each
+        standby then holds too) plus its KV
         budget (``kv_pages * page_size`` tokens), and the load times a restart takes (measured in the
         model's ``profile.json`` where it has one, else its weights read at :data:`READ_MB_PER_S`)."""
         draft = self.draft_name() if progressive else None
         target = _footprint(self._model_dir(self.target_name()), self.model.dtype)
         kv_mb = self.engine.kv_pages * self.engine.page_size * target.kv_bytes_per_token / 2**20
         memory = target.weights_mb + kv_mb
-        draft_load_s = 0.0
+        draft_load_s = draft_mb = 0.0
         if draft is not None:
             d = _footprint(self._model_dir(draft), self.model.dtype)
             memory += d.weights_mb
-            draft_load_s = d.load_s
+            draft_load_s, draft_mb = d.load_s, d.weights_mb
         return LlmGroup(
             self.name,
             self.service.members,
@@ -155,6 +156,7 @@ class LlmServing:
             draft_first=draft is not None,
             target_load_s=target.load_s + self.restart_delay_ms / 1000.0,
             draft_load_s=draft_load_s,
+            standby_mb=round(draft_mb, 3),  # a standby preloads the draft
         )
 
     def _model_dir(self, name: str) -> Path:

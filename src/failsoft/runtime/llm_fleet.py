@@ -14,7 +14,8 @@ nothing:
   target is loaded (it then serves it), reported as ``started(..., "serving")``;
 * :class:`~failsoft.orchestration.commands.StopLlmWorker`: cancels that incarnation's start and
   ends its actor; :class:`~failsoft.orchestration.commands.StartLlmStandby`: a standby process
-  (imports done, no model); :class:`~failsoft.orchestration.commands.PublishLlm`: the worker table.
+  (imports done, no target; with ``draft``, the draft loaded, so that a draft-first restart that
+  adopts it drafts at once); :class:`~failsoft.orchestration.commands.PublishLlm`: the worker table.
 
 It also gives the core the proof that a worker is gone: every ``probe_s`` it asks each serving
 worker for its ``info``, and an actor that is gone (its process died, or its server was killed) is
@@ -71,6 +72,8 @@ class LlmReports(Protocol):
 
     def died(self, service: str, worker: str, incarnation: int, reason: str) -> bool: ...
 
+    def standby_lost(self, service: str, server: str, reason: str) -> None: ...
+
 
 @dataclass(slots=True)
 class _Proc:
@@ -85,6 +88,8 @@ class _Spare:
     server: str
     ref: cluster.LlmWorkerRef
     pid: int | None = None
+    draft: str | None = None  # the draft it holds, once loaded
+    preload_ms: float | None = None
 
 
 class LlmFleet:
@@ -143,7 +148,10 @@ class LlmFleet:
         return {
             "model": dict(self.model),
             "workers": workers,
-            "spares": [{"server": s.server, "pid": s.pid} for s in self.spares],
+            "spares": [
+                {"server": s.server, "pid": s.pid, "draft": s.draft, "preload_ms": s.preload_ms}
+                for s in self.spares
+            ],
         }
 
     def publish(self) -> None:
@@ -177,7 +185,7 @@ class LlmFleet:
         elif isinstance(command, StopLlmWorker):
             self._stop(command)
         elif isinstance(command, StartLlmStandby):
-            self._spawn_spare(command.server)
+            self._spawn_spare(command.server, command.draft)
         elif isinstance(command, PublishLlm):
             self.publish()
 
@@ -249,21 +257,35 @@ class LlmFleet:
             }
 
     # standbys -------------------------------------------------------------------------------------
-    def _spawn_spare(self, server: str) -> None:
-        """A standby (returns at once: its process starts and imports meanwhile)."""
+    def _spawn_spare(self, server: str, draft: bool = False) -> None:
+        """A standby (returns at once: its process starts and imports meanwhile; with ``draft``,
+        it then loads the service's draft)."""
         spare = _Spare(server, self._spawn("spare", server, None))
         self.spares.append(spare)
-        self._task(f"spare-{id(spare)}", self._note_spare(spare))
+        name = self.serving.draft_name() if draft else None
+        self._task(f"spare-{id(spare)}", self._note_spare(spare, name))
 
-    async def _note_spare(self, spare: _Spare) -> None:
-        """A standby's process, once it is up (chaos kills it with its server)."""
+    async def _note_spare(self, spare: _Spare, draft: str | None) -> None:
+        """A standby's process, once it is up (chaos kills it with its server), and its draft once
+        loaded. A restart may adopt it meanwhile: its adopt waits for the draft's load."""
         try:
             spare.pid = int((await self._info(spare.ref, START_TIMEOUT_S))["pid"])
+            self.publish()
+            if draft is not None:
+                info = await spare.ref.preload_draft(self._spec("standby"), draft, START_TIMEOUT_S)
+                spare.draft, spare.preload_ms = info.get("draft"), info.get("preload_ms")
         except FailsoftError as exc:
-            log.warning("llm standby on %s did not start: %s", spare.server, exc)
-            with contextlib.suppress(ValueError):
-                self.spares.remove(spare)
+            if spare in self.spares:  # not taken by a restart meanwhile (its adopt wins then)
+                log.warning("llm standby on %s did not start: %s", spare.server, exc)
+                self._lose_spare(spare, f"did not start: {exc}")
         self.publish()
+
+    def _lose_spare(self, spare: _Spare, reason: str) -> None:
+        """A standby gone: out of the pool, and the core told (it counts standbys and replaces
+        them), so that both keep the same standbys."""
+        with contextlib.suppress(ValueError):
+            self.spares.remove(spare)
+            self.reports.standby_lost(self.name, spare.server, reason)
 
     def _take_spare(self, server: str) -> _Spare | None:
         for spare in self.spares:
@@ -292,16 +314,15 @@ class LlmFleet:
         await self._probe_spares()
 
     async def _probe_spares(self) -> None:
-        """A standby that died (with its server, mostly) leaves the pool: a start that the core
-        sends to its server starts a new process instead."""
+        """A standby that died (with its server, mostly) leaves the pool and the core is told
+        (:meth:`_lose_spare`); a start the core sent to its server meanwhile starts a new process."""
         up = [s for s in self.spares if s.pid is not None]
         results = await asyncio.gather(
             *(self._info(s.ref, PROBE_TIMEOUT_S) for s in up), return_exceptions=True
         )
-        dead = [s for s, r in zip(up, results, strict=True) if isinstance(r, ServerUnavailableError)]
-        for spare in dead:
-            with contextlib.suppress(ValueError):  # taken by a start meanwhile
-                self.spares.remove(spare)
+        dead = [(s, r) for s, r in zip(up, results, strict=True) if isinstance(r, ServerUnavailableError)]
+        for spare, error in dead:
+            self._lose_spare(spare, str(error))  # unless taken by a start meanwhile
         if dead:
             self.publish()
 

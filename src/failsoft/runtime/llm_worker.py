@@ -19,7 +19,10 @@ and sleeps on a condition otherwise. The gateway drives it through these calls (
   count pages);
 * a worker started without a spec is a *standby*: its process is up and its imports done, no model
   loaded; :meth:`LlmWorker.adopt` turns it into a named worker (a restart without the process start
-  and the imports, which are most of a small model's restart).
+  and the imports, which are most of a small model's restart). Under progressive recovery a standby
+  holds the draft already (:meth:`LlmWorker.preload_draft`, its memory counted by the core), so a
+  draft-first restart drafts at once and loads only the target, behind it, at a lower CPU priority
+  than the draft's serving.
 
 Each finished request's TTFT and time per output token are kept for :meth:`LlmWorker.stats`;
 :meth:`LlmWorker.metrics` renders them, tokens, KV pages and checkpoint bytes as Prometheus text
@@ -143,20 +146,39 @@ class LlmWorker:
         self._step_ms: float | None = None  # a busy step, moving average (a drafting peer's gain)
         self._assisted: dict[str, float] = {}  # request id -> last verification of a peer's drafts
         self._slow_s = 0.0  # injected per step (set_slow); kept when a standby adopts a name
+        self._plock = threading.Lock()  # a standby's draft preload, which a restart's adopt waits for
+        self._preloaded: tuple[str, Any] | None = None  # (draft, its LM) loaded while a standby
+        self.preload_ms: float | None = None
         if spec is not None:
             self._serve(spec)
             self._target_ready.set()
+
+    def preload_draft(self, spec: LlmWorkerSpec, draft: str) -> dict[str, Any]:
+        """A standby loads ``draft`` now (``spec`` says how: root, device, dtype; its name is not
+        the worker's yet), so that a draft-first :meth:`adopt` of it drafts at once; :meth:`info`."""
+        with self._plock:
+            if self._adopted or self._serving:
+                raise InvalidRequestError("only a standby preloads a draft")
+            if self._preloaded is None or self._preloaded[0] != draft:
+                started = time.perf_counter()
+                lm = spec.load(draft)
+                self.preload_ms = (time.perf_counter() - started) * 1000.0
+                self._preloaded = (draft, lm)
+        return self.info()
 
     def adopt(
         self, spec: LlmWorkerSpec, draft: str | None = None, target_delay_ms: float = 0.0
     ) -> dict[str, Any]:
         """A standby becomes worker ``spec.name``; its :meth:`info`. Without ``draft`` it loads the
         target and serves. With ``draft`` (a draft model's name, LUMEN's progressive restart) it
-        starts loading the target in the background (:meth:`wait_target`), loads the draft
-        meanwhile and returns once the draft is up (phase ``draft``: it drafts for peers,
-        :meth:`draft_for`). ``target_delay_ms`` delays
-        the target's load (a larger model's reload, emulated). Refused (InvalidRequestError) on a
-        worker that already serves or adopted."""
+        drafts for peers (:meth:`draft_for`, phase ``draft``) as soon as the draft is up and returns
+        then, the target loading behind it (:meth:`wait_target`): a draft this standby preloaded
+        (:meth:`preload_draft`) costs no load (``draft_ms`` 0) and the target's load starts once
+        the draft serves; a draft not preloaded loads beside the target (the restart is then the
+        longer of the two loads, not their sum). The target's load runs at a lower CPU priority
+        than the draft's serving, which it must not starve on a host with few cores.
+        ``target_delay_ms`` delays the target's load (a larger model's reload, emulated). Refused
+        (InvalidRequestError) on a worker that already serves or adopted."""
         with self._cond:
             if self._serving or self._adopted:
                 raise InvalidRequestError(f"worker {self.spec.name!r} already serves; it cannot adopt")
@@ -171,25 +193,38 @@ class LlmWorker:
             return self.info()
         from failsoft.llm import Engine
 
-        # the target's load starts now, beside the draft's: the restart is then the longer of the
-        # two loads, not their sum (on a GPU host both read their own shards; the draft is small)
-        threading.Thread(
+        loader = threading.Thread(
             target=self._load_target, args=(spec, target_delay_ms), name=f"load-{spec.name}", daemon=True
-        ).start()
-        started = time.perf_counter()
-        lm = spec.load(draft)
-        self.draft_ms = (time.perf_counter() - started) * 1000.0
+        )
+        with self._plock:  # a preload still under way finishes first
+            preloaded = self._preloaded if self._preloaded and self._preloaded[0] == draft else None
+            self._preloaded = None
+        if preloaded is None:
+            loader.start()
+            started = time.perf_counter()
+            lm = spec.load(draft)
+            self.draft_ms = (time.perf_counter() - started) * 1000.0
+        else:
+            lm, self.draft_ms = preloaded[1], 0.0
         with self._dlock:
             if not self._target_ready.is_set():  # a target already back needs no draft
                 self.drafter = Engine(lm, spec.kv_pages, spec.page_size, spec.max_batch)
+        if preloaded is not None:
+            loader.start()
         self.draft_acceptance = None if spec.hf else _recorded_acceptance(spec.root, draft)
         return self.info()
 
     def _load_target(self, spec: LlmWorkerSpec, delay_ms: float) -> None:
-        if delay_ms > 0:
-            time.sleep(delay_ms / 1000.0)
+        """The target's load (in a thread of lower priority: :func:`_niced_load`), then its serving
+        (in this thread: the engine's loop thread must not inherit the lower priority)."""
+        loaded: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=_niced_load, args=(spec, delay_ms, loaded), name=f"load-target-{spec.name}", daemon=True
+        )
+        thread.start()
+        thread.join()
         with self._cond:
-            self._serve(spec)
+            self._serve(spec, loaded.get("lm"), loaded.get("ms"))
         with self._dlock:  # plain decoding once the target is back: the draft is evicted
             self._target_ready.set()
             self.drafter = None
@@ -201,7 +236,9 @@ class LlmWorker:
             raise InvalidRequestError(f"worker {self.spec.name!r}: target not loaded in {timeout_s} s")
         return self.info()
 
-    def _serve(self, spec: LlmWorkerSpec) -> None:
+    def _serve(self, spec: LlmWorkerSpec, lm: Any = None, load_ms: float | None = None) -> None:
+        """Serve ``spec``'s target: ``lm`` when it is loaded already (and took ``load_ms``), else
+        loaded here."""
         import torch
 
         from failsoft.llm import Engine
@@ -209,9 +246,11 @@ class LlmWorker:
         if spec.torch_threads > 0:
             torch.set_num_threads(spec.torch_threads)
         self.spec = spec
-        started = time.perf_counter()
-        self.lm = spec.load()
-        self.load_ms = (time.perf_counter() - started) * 1000.0
+        if lm is None:
+            started = time.perf_counter()
+            lm = spec.load()
+            load_ms = (time.perf_counter() - started) * 1000.0
+        self.lm, self.load_ms = lm, float(load_ms or 0.0)
         self.engine = Engine(self.lm, spec.kv_pages, spec.page_size, spec.max_batch)
         self._streams: dict[str, _Stream] = {}
         self._done: list[str] = []
@@ -420,21 +459,29 @@ class LlmWorker:
         """Verify a drafting peer's ``(request_id, base, drafts)``: ``drafts`` continue the first
         ``base`` tokens of the request, which this worker keeps decoding in its own loop meanwhile,
         so the drafts its loop has already produced are skipped (a mismatch skips the request). One
-        forward pass per request commits the accepted drafts and the target's next token (greedy:
-        the output is the target's own). Returns per request its tokens now, the counts and
-        whether it finished; a request already finished or gone is left out."""
+        batched forward pass for all the requests (``Engine.verify_batch``) commits each one's
+        accepted drafts and the target's next token (greedy: the output is the target's own).
+        Returns per request its tokens now, the counts, whether it finished and this worker's
+        decode step (``step_ms``, as :meth:`load` has it); a request already finished or gone is
+        left out."""
         out: dict[str, dict[str, Any]] = {}
         with self._cond:
             if not self._serving:
                 raise InvalidRequestError(f"worker {self.spec.name!r} does not serve yet")
+            taken: list[tuple[str, Any]] = []
+            batch: list[tuple[str, list[int]]] = []
             for rid, base, drafts in items:
                 req = self._tracked.get(rid)
                 if req is None or req.finished or req.state != "running" or req.params.temperature != 0:
                     continue
+                taken.append((rid, req))
                 ahead = len(req.tokens) - base
-                proposed = accepted = 0
                 if 0 <= ahead < len(drafts) and req.tokens[base:] == list(drafts[:ahead]):
-                    verdict = self.engine.verify(rid, drafts[ahead:])
+                    batch.append((rid, list(drafts[ahead:])))
+            verdicts = dict(zip((r for r, _ in batch), self.engine.verify_batch(batch), strict=True))
+            for rid, req in taken:
+                proposed = accepted = 0
+                if (verdict := verdicts.get(rid)) is not None:
                     proposed, accepted = verdict.proposed, verdict.accepted
                     self._proposed += proposed
                     self._accepted += accepted
@@ -448,6 +495,7 @@ class LlmWorker:
                     "proposed": proposed,
                     "accepted": accepted,
                     "finished": req.finished,
+                    "step_ms": self._step_ms,  # the drafting peer's cost model, without a load call
                 }
             self._note_finished()
             self._cond.notify_all()
@@ -486,7 +534,15 @@ class LlmWorker:
                     "acceptance": self.draft_acceptance,
                     "pid": os.getpid(),
                 }
-            return {"worker": None, "standby": True, "phase": "standby", "pid": os.getpid()}
+            preloaded = self._preloaded
+            return {
+                "worker": None,
+                "standby": True,
+                "phase": "standby",
+                "pid": os.getpid(),
+                "draft": None if preloaded is None else preloaded[0],
+                "preload_ms": self.preload_ms,
+            }
         return {
             "worker": self.spec.name,
             "model": self.spec.model,
@@ -526,6 +582,29 @@ class LlmWorker:
             self._stopped = True
             self._cond.notify_all()
         self._thread.join(timeout=5.0)
+
+
+LOADER_NICE = 10  # the target's load under a drafting worker: below its serving threads
+
+
+def _niced_load(spec: LlmWorkerSpec, delay_ms: float, out: dict[str, Any]) -> None:
+    """Load ``spec``'s target into ``out`` (``lm``, ``ms``; nothing when it fails: the serving
+    thread then loads it and reports the error) after ``delay_ms`` (an emulated reload), this thread
+    niced by :data:`LOADER_NICE` (Linux sets priority per thread): on a host with few cores the load
+    then takes the CPU the draft's serving leaves, not the other way round."""
+    import contextlib
+    import os
+
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: no per-thread nice
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
+    if delay_ms > 0:
+        time.sleep(delay_ms / 1000.0)
+    try:
+        started = time.perf_counter()
+        out["lm"] = spec.load()
+        out["ms"] = (time.perf_counter() - started) * 1000.0
+    except Exception:  # loaded again by the caller, whose error the restart reports
+        out.clear()
 
 
 def _local(device: str | None) -> str | None:

@@ -17,7 +17,8 @@ carries its commands out on simulated servers and feeds the outcomes back:
   app moved to another server, tells its client after ``notify_ms`` (FailLite 5.8: ~10 ms);
 * the core's timers (suspect waits, drains, back-offs) become SimPy timeouts;
 * an ``llm`` service's worker commands are the runtime ``LlmFleet``'s twin: a ``StartLlmWorker``
-  takes the worker's measured load time (the draft's under progressive recovery, else the target's,
+  takes the worker's measured load time (the draft's under progressive recovery, none where a
+  standby that holds the draft adopts it, else the target's,
   from :class:`~failsoft.orchestration.llm_state.LlmGroup`), a ``SwitchLlmTarget`` the target's
   after that, and each is reported to the core as the fleet reports it (``llm_started``; a server
   that crashed meanwhile: ``llm_start_failed``). Every LLM command is kept, with its time, in
@@ -219,7 +220,9 @@ class SimController:
     def _llm_load(self, cmd: StartLlmWorker | SwitchLlmTarget) -> Process:
         group = self.state.llm.groups[cmd.service]
         draft = isinstance(cmd, StartLlmWorker) and cmd.draft_first
-        yield self.env.timeout(group.draft_load_s if draft else group.target_load_s)
+        preloaded = draft and isinstance(cmd, StartLlmWorker) and cmd.standby  # the standby holds it
+        load_s = (0.0 if preloaded else group.draft_load_s) if draft else group.target_load_s
+        yield self.env.timeout(load_s)
         self.inflight -= 1
         server = self.state.llm.workers[(cmd.service, cmd.worker)].server
         now = self.env.now
@@ -228,7 +231,7 @@ class SimController:
             self._run(self.core.llm_start_failed(cmd.service, cmd.worker, cmd.incarnation, error, now))
         else:
             phase = "draft" if draft else "serving"
-            info = {"load_ms": round((group.draft_load_s if draft else group.target_load_s) * 1000.0, 3)}
+            info = {"load_ms": round(load_s * 1000.0, 3)}
             self._run(self.core.llm_started(cmd.service, cmd.worker, cmd.incarnation, phase, now, info))
 
     # carrying out commands ---------------------------------------------------------------------------

@@ -6,7 +6,8 @@ policy's ``ProgressiveRecovery.decide`` names the survivor to help (the most loa
 rounds of ``draft_for`` on the recovering worker and ``verify_drafts`` on that survivor advance its
 greedy requests a few tokens per pass (its output stays its own greedy output). The cost model the
 policy decides on is measured: a round's time over the survivor's own decode step, and the
-acceptance rate seen so far. Times come from the dispatcher's injected clock.
+acceptance rate seen so far (the survivor's step time comes with its verdicts: a round is two
+calls). Times come from the dispatcher's injected clock.
 """
 
 from __future__ import annotations
@@ -90,18 +91,18 @@ async def assist(
             await clock.sleep(0.02)
             continue
         base = {rid: len(now_tokens) for rid, now_tokens, _ in items}
-        try:
+        try:  # the verdicts carry the survivor's step time: a round is two calls, not three
             verdicts = await d.workers[survivor].verify_drafts(
                 [(rid, base[rid], d) for rid, d in drafts.items()]
             )
-            load = await d.workers[survivor].load()
         except (InvalidRequestError, ServerUnavailableError):
             await clock.sleep(0.02)
             continue
         ms = (clock.now() - started) * 1000.0
         round_ms = ms if round_ms is None else 0.7 * round_ms + 0.3 * ms
-        if load.get("step_ms"):
-            step_ms[survivor] = float(load["step_ms"])
+        step = next((v["step_ms"] for v in verdicts.values() if v.get("step_ms")), None)
+        if step is not None:
+            step_ms[survivor] = float(step)
         known = {rid: list(v["tokens"]) for rid, v in verdicts.items() if not v["finished"]}
         d.stats.assist_rounds += 1
         d.stats.drafts_proposed += sum(int(v["proposed"]) for v in verdicts.values())
