@@ -113,15 +113,19 @@ def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_ex
             wait_for(lambda: replication(client)["backup_holds"] is not None, 120.0, "p's backup placed", 0.2)
             placed = replication(client)
             assert placed["primary"] == "s1" and placed["backup"] in ("s2", "s3")
-            for i, x in enumerate(inputs):
-                if i == KILL_AFTER:
-                    client.admin("kill", server="s1")
-                raw = client.infer("chain", x, timeout=20.0)  # a slow machine is no failure here
-                answers[int(raw.raw["parameters"]["seq"])] = np.asarray(raw.outputs)
-                latency_ms.append(raw.latency_ms)
-            wait_for(
-                lambda: replication(client)["durable"] == REQUESTS, 120.0, "p's state durable again", 0.2
-            )
+            step = "the requests"
+            try:  # a failure says where it came and where replication stood, for the next reader
+                for i, x in enumerate(inputs):
+                    step = f"request {i + 1} of {REQUESTS} (s1 killed before request {KILL_AFTER + 1})"
+                    if i == KILL_AFTER:
+                        client.admin("kill", server="s1")
+                    raw = client.infer("chain", x, timeout=20.0)  # a slow machine is no failure here
+                    answers[int(raw.raw["parameters"]["seq"])] = np.asarray(raw.outputs)
+                    latency_ms.append(raw.latency_ms)
+                step = "p's state durable again"
+                wait_for(lambda: replication(client)["durable"] == REQUESTS, 120.0, step, 0.2)
+            except Exception as exc:
+                raise AssertionError(f"{step}: {exc!r}; p: {replication(client)}") from exc
             after = replication(client)
         finally:
             client.close()
@@ -131,7 +135,7 @@ def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_ex
     assert sorted(answers) == list(range(1, REQUESTS + 1))  # every request answered, in order
     expected = reference(gru_zoo, inputs)
     for seq, got in answers.items():
-        np.testing.assert_array_equal(got, expected[seq - 1], err_msg=f"request {seq}")
+        np.testing.assert_array_equal(got, expected[seq - 1], err_msg=f"request {seq}; p: {after}")
     assert after["failovers"] == 1 and after["lost"] == 0 and after["divergent"] == 0
     assert after["primary"] == placed["backup"]  # the backup was promoted
     assert after["backup"] not in (None, after["primary"])  # and a new one placed

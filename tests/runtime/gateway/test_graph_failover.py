@@ -398,3 +398,60 @@ def test_a_state_shipped_again_while_its_first_apply_waits_to_start_is_applied_t
             await rep.close()
 
     sync(go)()
+
+
+def test_an_apply_commanded_just_before_the_failover_is_carried_out_before_the_promotion() -> None:
+    """The protocol counts a commanded apply as the backup's state (applies are atomic): a failover
+    promotes the backup with the state being applied and replays only what comes after it. An apply
+    commanded in the same turn of the event loop as the request that finds the primary dead (its
+    task not started yet) must still reach the backup, or the promoted copy lacks a request the
+    replay skips and every later answer differs: the apply's task once checked the epoch when it
+    started, after the failover had begun a new one, and gave the apply up."""
+    from failsoft.policies.replication.interface import ApplyState, OutputComputed, StateApplied, StateShipped
+    from failsoft.runtime.gateway.dispatch.graph_replication import Copy
+
+    async def go() -> None:
+        clock = ManualClock(1000.0)
+        agents = {s: StatefulAgent(s, clock, 0.005) for s in SERVERS}
+        truth = agents["s1"].models[("app-c", "v")] = Model()
+        states = {}
+        for s in range(1, 6):  # the primary computes requests 1..5; the states after 1 and 5
+            truth.compute(np.full((1, 1), float(s)))
+            states[s] = _state_bytes(truth.seq, truth.acc)
+        backup = agents["s2"].models[("app-c", "v")] = Model()
+        routes = {app: route_entry(server, "v") for app, server in (("app-a", "s3"), ("app-c", "s1"))}
+        routes["app-d"] = route_entry("s3", "v")
+        async with mirrored(clock, routes) as (controller, mirror):
+            controller.agents, controller.allowed = agents, ("s3",)
+            context = DispatchContext(mirror, agents.__getitem__, clock, copies=controller)  # type: ignore[arg-type]
+            d = GraphDispatcher(SERVICE, context)
+            rep = d.replication
+            assert rep is not None
+            node, protocol = rep.nodes["c"], rep.protocol
+            dead, promoted = Copy("s1", "app-c", "v"), Copy("s2", "app-c", "v")
+            node.primary, node.backup, node.rows_now = dead, promoted, 5
+            apply_1 = asyncio.ensure_future(agents["s2"].apply_state("app-c", "v", states[1]))
+            await clock.run_for(0.01)
+            assert apply_1.done() and backup.seq == 1
+            for s in range(1, 6):  # the protocol's side: 1..5 computed, state 1 applied, 5 shipped
+                protocol.handle(OutputComputed("c", s))
+            protocol.handle(StateShipped("c", 1, 0))
+            protocol.handle(StateApplied("c", 1, 0))
+            commands = protocol.handle(StateShipped("c", 5, 0))
+            assert ApplyState("c", 5, 0) in commands
+            controller.promote("app-c", "s2", "v")  # s1 died: the core switched to the pinned copy
+            await clock.run_for(0)
+            assert mirror.route("app-c") is not None and mirror.route("app-c").server == "s2"
+            # request 6 found s1 dead and begins its failover; in the same turn, state 5's apply is
+            # commanded (its transfer had just come in): its task starts after the failover's
+            failover = asyncio.ensure_future(rep._failover(node, 6, dead, clock.now() + 5.0))
+            node.buffered[5] = states[5]
+            rep._run([c for c in commands if isinstance(c, ApplyState)])
+            await clock.run_for(0.5)
+            assert failover.done() and failover.exception() is None
+            assert node.primary == promoted and node.failovers == 1 and node.lost == 0
+            assert agents["s2"].applied == [1, 5]  # the apply was carried out, then the promotion
+            assert (backup.seq, backup.acc) == (truth.seq, truth.acc)  # it holds the state after 5
+            await rep.close()
+
+    sync(go)()

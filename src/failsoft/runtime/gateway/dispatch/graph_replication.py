@@ -412,14 +412,16 @@ class Replication:
             if isinstance(c, SendState):
                 self._spawn(self._ship(c))
             elif isinstance(c, ApplyState):
-                # the bytes are taken now, as the protocol takes the state off its buffer now: taken
-                # when the task starts, a newer transfer of the same state buffered meanwhile was
-                # thrown away with them, its apply found nothing, and the node's state was never
-                # durable again (the flake of test_graph_failover's concurrent test)
+                # the bytes and the copy are fixed now, when the protocol counts the apply as under
+                # way, never re-read when the task starts: bytes taken then threw away a newer
+                # transfer of the same state buffered meanwhile (its apply found nothing and the
+                # state was never durable again), and an apply given up because a failover began
+                # before its task started left the promoted backup without a state the failover
+                # took it to hold (the replay skipped that request: every later answer differed)
                 node = self.nodes[c.node]
                 data = node.buffered.pop(c.seq, None)
                 node.buffered = {s: b for s, b in node.buffered.items() if s > c.seq}
-                node.applying = self._spawn(self._apply(c, data))
+                node.applying = self._spawn(self._apply(c, node.backup, data))
             elif isinstance(c, PlaceBackup):
                 self._spawn(self._place(c.node))
             elif isinstance(c, ReleaseOutput) and c.node in self.nodes:
@@ -513,12 +515,15 @@ class Replication:
             return node.pending[0]
         return next((s for s, r in reversed(node.rows.items()) if r == rows), None)
 
-    async def _apply(self, c: ApplyState, data: bytes | None) -> None:
+    async def _apply(self, c: ApplyState, copy: Copy | None, data: bytes | None) -> None:
+        """Apply state ``c.seq`` on ``copy``, the backup when the apply was commanded; then
+        ``StateApplied``. Carried out even when a role change comes first (a failover, a rollback):
+        the protocol counts an apply under way as the backup's state (applies are atomic), and a
+        failover waits for it before it promotes the backup and replays what follows it."""
         node = self.nodes[c.node]
-        copy = node.backup
         try:
-            if copy is None or data is None or self._epoch(c.node) != c.epoch:
-                if data is None and copy is not None and self._epoch(c.node) == c.epoch:
+            if copy is None or data is None:
+                if data is None and copy is not None:
                     log.error(  # the protocol now waits for this apply for good: say so
                         "service %s, node %s: no bytes for state %d", self.service, c.node, c.seq
                     )
