@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from failsoft.clock import AsyncClock, MonotonicClock
@@ -48,6 +47,7 @@ from failsoft.runtime.llm_fleet import LlmFleet
 from failsoft.runtime.longpoll import EventLog, VersionedValue
 from failsoft.runtime.loop import StepRunner, spawn
 from failsoft.runtime.planner import Planner
+from failsoft.runtime.priority import CONTROLLER_NICE, raise_priority
 from failsoft.runtime.routepush import RoutePublisher
 from failsoft.runtime.store import Store, open_store
 from failsoft.scenario import scenario_from_dict, scenario_to_dict
@@ -60,7 +60,6 @@ RECONCILE_S = 0.25
 LINK_GRACE_S = 0.25
 GC_S = 2.0
 GLOBAL_GRACE = 5.0
-CONTROLLER_NICE = -5
 
 
 def parallel_heavy_loads(config: RuntimeConfig) -> int:
@@ -146,7 +145,7 @@ class Controller:
         }
         self.llm_refused: dict[str, FailsoftError] = {}  # an llm service the core could not place
         gc.freeze()  # keep full collections (hundreds of ms over Ray's and numpy's objects) off the loop
-        _raise_priority()
+        raise_priority(CONTROLLER_NICE, whole_process=True)
         spawn(self._main(), "controller-main", self.tasks)
 
     @property
@@ -532,20 +531,6 @@ class _LlmReports:
     def standby_lost(self, service: str, server: str, reason: str) -> None:
         c = self.c
         c._feed(c.core.llm_standby_lost(service, server, reason, c.clock.now()))
-
-
-def _raise_priority(nice: int = CONTROLLER_NICE) -> None:
-    """Run the controller's threads ahead of the agents' inference when the OS allows it (root).
-
-    The controller is light but latency-critical: a verdict or a route change it publishes late is
-    outage. On a shared machine (an embedded cluster) the agents' model work would otherwise delay
-    it by whole scheduler ticks. Without the privilege nothing changes.
-    """
-    tasks = Path("/proc/self/task")
-    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
-    for tid in tids:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, tid, nice)
 
 
 def _digest(config: RuntimeConfig, deployment: Scenario) -> str:

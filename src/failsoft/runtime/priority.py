@@ -1,0 +1,34 @@
+"""CPU priority for the latency-critical parts of a cluster that shares its host with model work.
+
+The controller and the gateway are light but on the path of every recovery: a failure the gateway
+hears 20 ms late, or a route the controller publishes late, is outage. On a machine shared with
+the agents' inference and recovery loads (an embedded cluster, an edge box) the scheduler would
+otherwise make them wait whole ticks behind model work. Raising a priority needs the privilege
+(root, CAP_SYS_NICE); without it nothing changes and serving goes on as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+CONTROLLER_NICE = -5  # the controller's process: verdicts and routes
+GATEWAY_NICE = -5  # the gateway's event-loop thread: requests, connection ends, route changes
+
+
+def raise_priority(nice: int, whole_process: bool = False) -> bool:
+    """Set this thread's niceness (every thread of the process with ``whole_process``) to ``nice``.
+    Threads started afterwards from a raised thread inherit it. Returns whether it took effect."""
+    if whole_process:
+        tasks = Path("/proc/self/task")
+        tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    else:
+        tids = [threading.get_native_id()]
+    done = False
+    for tid in tids:
+        with contextlib.suppress(OSError):  # no privilege, or the thread ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            done = True
+    return done
