@@ -47,6 +47,11 @@ def test_each_request_is_measured_from_the_kill_or_its_later_arrival():
         3, 2, {"backup": 2, "route": 1},
     )  # fmt: skip
     assert summary["next_route_ms"] == {"p50": 12.0, "max": 61.0}
+    assert summary["next_route_ms_by_via"] == {
+        "backup": {"requests": 2, "p50": 6.5, "max": 12.0},
+        "route": {"requests": 1, "p50": 61.0, "max": 61.0},
+    }
+    assert summary["next_route_ms_by_app"]["cam-1"] == {"requests": 2, "p50": 36.5, "max": 61.0}
     assert summary["answer_ms"] == {"p50": 20.0, "max": 70.0}
     assert summary["timeline_ms"]["connection_end"] == 11.0 and "measures" in summary
 

@@ -79,7 +79,18 @@ def summarize_moves(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "next_route_ms": _stats([r["next_route_ms"] for r in rows]),
         "answer_ms": _stats([r["answer_ms"] for r in rows]),
         "timeline_ms": {k: v for k, v in steps.items() if v is not None},
+        # an app with a loaded copy elsewhere can move at the connection's end; one recovered by a
+        # load has no next route until its load ends (its recovery, not the signal's trip): apart
+        "next_route_ms_by_app": _grouped(rows, "app"),
+        "next_route_ms_by_via": _grouped(rows, "via"),
     }
+
+
+def _grouped(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        groups.setdefault(str(r[key]), []).append(r["next_route_ms"])
+    return {name: {"requests": len(v), **_stats(v)} for name, v in sorted(groups.items())}
 
 
 def _ms(t: float | None, since: float) -> float | None:
