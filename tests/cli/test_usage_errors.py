@@ -20,7 +20,7 @@ from failsoft.cli import main
         (["zoo", "list", "--bogus"], "--bogus", "failsoft zoo list"),
         (
             ["bench", "fidelity", "examples/bench.yaml", "--host", "guess"],
-            "--host: must be one of steady, pin, probe, recovery; got 'guess'",
+            "--host: must be one of probe, steady, pin, recovery; got 'guess'",
             "failsoft bench fidelity",
         ),
         (

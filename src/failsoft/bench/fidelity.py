@@ -67,13 +67,13 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
-HOST_MODELS = ("steady", "pin", "probe", "recovery")
-# The steady busy cores: on the quiet machine's fidelity set (docs/results/fidelity-set-quiet-after.json,
-# replayed) the share of a core the heavy loads got (their CPU over their wall time) followed the
-# cluster's steady busy cores (1.3-1.65 busy: 0.23-0.41 of a core; 0.8-1.3 busy: 0.3-0.71), and the
-# agents' probe did not (its median 0.17-0.26 on every config: a Python spin that waits for the
-# agent's interpreter lock, which a load's torch kernels release)
-DEFAULT_HOST_MODEL = "steady"
+HOST_MODELS = ("probe", "steady", "pin", "recovery")
+# The agents' probe: of three sets of runs replayed with each model, the probe twinned two better
+# (the twelve-run sets of bench.yaml and fidelity.yaml: 35.3% / 5.6% against steady's 62.6% / 16.8%;
+# the afternoon set of 2026-11-27, docs/results/fidelity-set-round3.json: 38.2, 29.6, 27.8, 67.5%
+# on bench, small, pair, one against steady's 36.4, 177.6, 70.5, 70.3%) and steady one (the
+# morning's quiet set); neither predicts what a load gets on this host reliably (docs/simulator.md)
+DEFAULT_HOST_MODEL = "probe"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
@@ -381,10 +381,11 @@ def run_page_cache(observed: dict[str, Any]) -> str:
 def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_MODEL) -> dict[str, Any]:
     """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
 
-    * ``steady`` (the default, :data:`DEFAULT_HOST_MODEL`): the busy cores of the cluster's own
+    * ``steady``: the busy cores of the cluster's own
       scheduling group and of each other group over the last seconds of steady load before the
       kill, as always-runnable demand;
-    * ``probe``: the share of a core a thread at the loads' priority got before the kill (the
+    * ``probe`` (the default, :data:`DEFAULT_HOST_MODEL`): the share of a core a thread at the
+      loads' priority got before the kill (the
       agents' ``load_cpu_share``, their median), as equivalent competitors. The probe spins in
       Python and waits for its agent's interpreter lock, which a load's torch kernels release: it
       under-reads what a load gets where the agent serves;

@@ -78,11 +78,11 @@ def fidelity(
     host: Annotated[
         str,
         typer.Option(
-            help="What the twin is told of the host's other work: steady (busy cores before the "
-            "kill), pin (the share a heavy probe load got under the steady load), probe (a Python "
-            "spin's share of a core) or recovery (busy cores during the recovery)"
+            help="What the twin is told of the host's other work: probe (a Python spin's share of "
+            "a core before the kill), steady (busy cores before the kill), pin (the share a heavy "
+            "probe load got under the steady load) or recovery (busy cores during the recovery)"
         ),
-    ] = "steady",
+    ] = "probe",
     page_cache: Annotated[
         str,
         typer.Option(
