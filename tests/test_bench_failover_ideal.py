@@ -58,3 +58,7 @@ def test_loads_on_one_server_queue_shortest_first_and_warm_switches_are_free(tmp
     summary = summarize([{"apps": apps, "detection_ms": {}, "spurious_failures": [], "requests": requests}])
     assert summary["ideal_ms"]["mean"] == pytest.approx(250.0)
     assert summary["mttr_over_ideal"] == pytest.approx((700 + 150 + 450 + 30) / 1000.0, abs=1e-3)
+    # each load's phases per run come through to the summary; apps without any are left out
+    apps["a"]["load_phases"] = {"slot_wait_ms": 380.0, "agent_ms": 300.0, "route_ms": 20.0}
+    summary = summarize([{"apps": apps, "detection_ms": {}, "spurious_failures": [], "requests": requests}])
+    assert summary["load_phases"] == {"a": [apps["a"]["load_phases"]]}

@@ -624,6 +624,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             ]
             for app, v in per_app.items()
         },
+        # where each recovery load's MTTR went, per run (the miss against ``ideal_ms`` explained)
+        "load_phases": {
+            app: [a.get("load_phases") for a in v]
+            for app, v in per_app.items()
+            if any(a.get("load_phases") for a in v)
+        },
         "spurious_failures": sorted({s for r in runs for s in r["spurious_failures"]}),
         "requests": {k: sum(r["requests"][k] for r in runs) for k in ("total", "failed", "failed_affected")},
         "request_errors": sorted({e for r in runs for e in r["requests"]["errors"]})[:5],
