@@ -400,6 +400,9 @@ def test_standby_drafts_for_a_survivor_then_serves_in_process(tmp_path: Path) ->
         # drafts would be stale); after a lease without verification it is again
         survivor.submit("q", tokens, dict(GREEDY))
         drafts = standby.draft_for([("q", list(tokens), 60)], 3)
+        # a request its loop has not admitted yet is not the peer's to verify: wait for that (on
+        # a busy host the admission can come after the drafts)
+        assert _wait(lambda: survivor._tracked["q"].state == "running")
         survivor.verify_drafts([("q", len(tokens), drafts["q"])])
         with survivor._cond:
             assert survivor._tracked["q"].scheduled is False
