@@ -47,7 +47,7 @@ from failsoft.runtime.llm_fleet import LlmFleet
 from failsoft.runtime.longpoll import EventLog, VersionedValue
 from failsoft.runtime.loop import StepRunner, spawn
 from failsoft.runtime.planner import Planner
-from failsoft.runtime.priority import CONTROLLER_NICE, raise_priority
+from failsoft.runtime.priority import CONTROLLER_NICE, set_niceness
 from failsoft.runtime.routepush import RoutePublisher
 from failsoft.runtime.store import Store, open_store
 from failsoft.scenario import scenario_from_dict, scenario_to_dict
@@ -145,7 +145,7 @@ class Controller:
         }
         self.llm_refused: dict[str, FailsoftError] = {}  # an llm service the core could not place
         gc.freeze()  # keep full collections (hundreds of ms over Ray's and numpy's objects) off the loop
-        raise_priority(CONTROLLER_NICE, whole_process=True)
+        set_niceness(CONTROLLER_NICE, whole_process=True)
         spawn(self._main(), "controller-main", self.tasks)
 
     @property

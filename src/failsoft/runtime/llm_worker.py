@@ -592,11 +592,9 @@ def _niced_load(spec: LlmWorkerSpec, delay_ms: float, out: dict[str, Any]) -> No
     thread then loads it and reports the error) after ``delay_ms`` (an emulated reload), this thread
     niced by :data:`LOADER_NICE` (Linux sets priority per thread): on a host with few cores the load
     then takes the CPU the draft's serving leaves, not the other way round."""
-    import contextlib
-    import os
+    from failsoft.runtime.priority import set_niceness
 
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: no per-thread nice
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
+    set_niceness(LOADER_NICE)
     if delay_ms > 0:
         time.sleep(delay_ms / 1000.0)
     try:

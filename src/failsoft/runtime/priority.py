@@ -18,9 +18,11 @@ CONTROLLER_NICE = -5  # the controller's process: verdicts and routes
 GATEWAY_NICE = -5  # the gateway's event-loop thread: requests, connection ends, route changes
 
 
-def raise_priority(nice: int, whole_process: bool = False) -> bool:
-    """Set this thread's niceness (every thread of the process with ``whole_process``) to ``nice``.
-    Threads started afterwards from a raised thread inherit it. Returns whether it took effect."""
+def set_niceness(nice: int, whole_process: bool = False) -> bool:
+    """Set this thread's niceness (every thread of the process with ``whole_process``) to ``nice``:
+    raised for the latency-critical parts, lowered for background work. Threads started afterwards
+    from it inherit it. Returns whether it took effect (not without the privilege to raise, nor off
+    Linux, where niceness is not per thread)."""
     if whole_process:
         tasks = Path("/proc/self/task")
         tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
@@ -28,7 +30,7 @@ def raise_priority(nice: int, whole_process: bool = False) -> bool:
         tids = [threading.get_native_id()]
     done = False
     for tid in tids:
-        with contextlib.suppress(OSError):  # no privilege, or the thread ended meanwhile
+        with contextlib.suppress(OSError, AttributeError):  # no privilege, the thread ended, not Linux
             os.setpriority(os.PRIO_PROCESS, tid, nice)
             done = True
     return done

@@ -85,6 +85,8 @@ def parse(key: bytes, data: bytes) -> tuple[str, str, int, bool] | None:
 
 
 def raise_priority(tid: int = 0) -> None:
+    # runtime/priority.py's set_niceness, written again: the sidecar runs as a plain script with
+    # nothing of the failsoft package on its path, so it imports only the standard library
     with contextlib.suppress(OSError, AttributeError):  # not permitted, or not Linux: normal is fine
         os.setpriority(os.PRIO_PROCESS, tid, PRIORITY_NICE)
 

@@ -11,7 +11,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from failsoft.runtime.gateway.server import GatewayServer
-from failsoft.runtime.priority import GATEWAY_NICE, raise_priority
+from failsoft.runtime.priority import GATEWAY_NICE, set_niceness
 
 privileged = pytest.mark.skipif(os.geteuid() != 0, reason="raising a priority needs root")
 
@@ -44,7 +44,7 @@ def test_only_the_calling_thread_is_raised_unless_the_whole_process_is_asked_for
         done.wait(5)
 
     def raiser() -> None:
-        seen["took"] = int(raise_priority(-2))
+        seen["took"] = int(set_niceness(-2))
         seen["self"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     other = threading.Thread(target=bystander)

@@ -27,7 +27,7 @@ from collections.abc import Generator, Iterator
 import uvicorn
 
 from failsoft.errors import ServingError
-from failsoft.runtime.priority import GATEWAY_NICE, raise_priority
+from failsoft.runtime.priority import GATEWAY_NICE, set_niceness
 
 
 class _Companion(uvicorn.Server):
@@ -83,7 +83,7 @@ class GatewayServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         # the loop's thread ahead of model work on a shared host: a kill's connection end, the
         # calls it fails and the route that follows wait for no inference (runtime/priority.py)
-        raise_priority(GATEWAY_NICE)
+        set_niceness(GATEWAY_NICE)
         await super().startup(sockets)
         if self.admin is not None and self._admin_socket is not None and not self.should_exit:
             self._admin_task = asyncio.create_task(self.admin.serve(sockets=[self._admin_socket]))
