@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from failsoft.clock import ManualClock
-from failsoft.errors import InvalidRequestError, ServerUnavailableError
+from failsoft.errors import InvalidRequestError, OverloadedError, ServerUnavailableError
 from failsoft.runtime.gateway.dispatch import CodedDispatcher, DispatchContext, Request, dispatcher_class
 from failsoft.services import CodedParams, Service, ServiceMode
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
@@ -250,6 +250,68 @@ async def test_stragglers_before_a_member_fails_belong_to_its_one_episode():
         # one episode, counting the stragglers since d1's last answer and the decodes while failing
         assert [e["type"] for e in rig.events] == ["coded_failover", "coded_recovered"]
         assert rig.events[1]["reconstructed"] == 4 == rig.dispatcher.counts["reconstructed_during_failover"]
+
+
+@sync
+async def test_a_query_decoded_after_its_dead_members_route_moved_counts_for_that_failover():
+    """The order a fast failover gives (seen in CI): the killed member's calls hang, the controller
+    declares its server failed and moves its route *before* the parity answer decodes the query sent
+    there, and the member answers on its new route before that decode. The query was still sent to
+    a server that failed: it was reconstructed during the failover, and its one episode says so."""
+    async with rigged() as rig:
+        rig.agents["s-d1"].latency_s = None  # killed: its calls hang
+        rig.agents["s-p0"].latency_s = 0.05  # the parity answers after the route has moved
+        (t1, _), (t2, x2) = rig.send(1.0), rig.send(1.0)
+        await rig.clock.run_for(0.001)
+        rig.agents["s-new"] = LinearAgent("s-new", rig.clock, latency_s=0.2)  # still warming up
+        rig.controller.fences["s-d1"] = rig.clock.now()  # declared failed, in the table that moves d1
+        moved = route_entry("s-new", "mlp", "progressive", detected_at=rig.clock.now())
+        rig.controller.set_route("d1", moved)
+        await rig.clock.run_for(0.001)
+        rig.agents["s-new"].latency_s = 0.005  # warm: later queries of d1 are answered there at once
+        later = [rig.send(1.0) for _ in range(2)]  # the route change is seen before any decode
+        await rig.clock.run_for(0.06)
+        assert not t1.result().reconstructed and t2.result().reconstructed
+        np.testing.assert_allclose(t2.result().outputs, x2 @ WEIGHTS, rtol=1e-4, atol=1e-4)
+        assert rig.dispatcher.counts["reconstructed_during_failover"] == 1
+        assert [e["type"] for e in rig.events] == ["coded_failover"]
+        more = [rig.send(1.0) for _ in range(2)]  # d1 serves on its new route: the episode ends
+        await rig.clock.run_for(0.3)
+        assert all(t.done() for t, _ in later + more)
+        assert [e["type"] for e in rig.events] == ["coded_failover", "coded_recovered"]
+        assert rig.events[1]["reconstructed"] == 1 and rig.events[1]["app"] == "d1"
+
+
+@sync
+async def test_a_member_that_refuses_its_query_is_decoded_around_and_fails_it_only_when_nothing_can():
+    """An overloaded member refuses at once (its queue's admission control): in a coded group the
+    request is answered from the parity; in an uncoded one, or when the parity fails too, it gets
+    the member's own error at once (never hangs)."""
+    async with rigged(fill_timeout_ms=10.0) as rig:
+        refused = OverloadedError("s-d1/d1: overloaded, cannot finish before its deadline")
+        rig.agents["s-d1"].error = refused
+        (t1, _), (t2, x2) = rig.send(1.0), rig.send(1.0)
+        await rig.clock.run_for(0.02)
+        assert not t1.result().reconstructed and t2.result().reconstructed
+        np.testing.assert_allclose(t2.result().outputs, x2 @ WEIGHTS, rtol=1e-4, atol=1e-4)
+        # the parity fails as well: nothing can decode it, the member's error is the answer
+        rig.agents["s-p0"].error = OverloadedError("s-p0/p0: overloaded")
+        (t3, _), (t4, _) = rig.send(1.0), rig.send(1.0)
+        await rig.clock.run_for(0.02)
+        assert not t3.result().reconstructed
+        with pytest.raises(OverloadedError, match="s-d1/d1: overloaded"):
+            t4.result()
+        # a lone query in a group that goes uncoded: the error once the group is released
+        rig.agents["s-p0"].error = None
+        rig.agents["s-d0"].latency_s = 0.5  # d0 busy: the lone query goes to d1, which refuses
+        rig.dispatcher._in_flight[0] += 5
+        lone, _ = rig.send(1.0)
+        await rig.clock.run_for(0.02)
+        with pytest.raises(OverloadedError):
+            lone.result()
+        rig.dispatcher._in_flight[0] -= 5
+        await rig.clock.run_for(1.0)
+        assert not rig.dispatcher._groups
 
 
 @sync

@@ -34,7 +34,16 @@ controller publishes the member's failover route: the member is then never faili
 decoded as stragglers (their calls withdrawn), and once the dispatcher sees the member's route moved
 after a detected failure (at the next request or answer) the requests decoded since its last own
 answer are counted as reconstructed during that failover, with both events at once. An ordinary
-episode counts the stragglers since the member's last answer too.
+episode counts the stragglers since the member's last answer too. A query whose member call went
+to a server that has failed since (the gateway lost its connection, or the controller's failure
+stamp of it changed) is its member's failover's whenever it is decoded: with a failure seen in
+milliseconds, the route often moves before the parity answer decodes the queries sent there; the
+episode ends only once none of them is still waiting.
+
+A data member's call that ends in an error (its queue refused it as overloaded, it ran out of time,
+its model failed) is one more lost answer to the group, not the request's failure: the request gets
+the decoded output when the group's other answers make k, and the member's error only once they
+cannot (the group went uncoded, or too many of its members failed).
 
 A request whose shape does not match the service's input is refused (InvalidRequestError, 400)
 before it joins a group, so the group it would have joined is unaffected.
@@ -106,6 +115,9 @@ class _Query:
     result: asyncio.Future[Answer]
     own: asyncio.Task[Answer] | None = None
     fallen_back: bool = False
+    error: BaseException | None = None  # its member call's error (the decode may still answer it)
+    sent_to: str | None = None  # the server of its member's route when it was sent
+    fence: float | None = None  # that server's failure stamp then (a newer one: it failed since)
 
 
 @dataclass(slots=True)
@@ -188,6 +200,9 @@ class CodedDispatcher(Dispatcher):
             group = self._groups[slot.group] = _Group(slot.group, tracker=AnswerTracker(self.decoder))
         member = self._least_busy(slot.index)
         query = _Query(request, slot.index, member, asyncio.get_running_loop().create_future())
+        route = self.context.routes.route(self.data[member].app)
+        if route is not None:
+            query.sent_to, query.fence = route.server, self.context.routes.fence(route.server)
         query.result.add_done_callback(_retrieved)
         group.queries[slot.index] = query
         self._in_flight[member] += 1
@@ -234,6 +249,8 @@ class CodedDispatcher(Dispatcher):
             group.tracker = None
             for query in group.queries.values():
                 self._fall_back(query)
+                if query.error is not None and not query.fallen_back and not query.result.done():
+                    query.result.set_exception(query.error)  # its member failed it; no parity comes
             self._forget_if_done(group)
             return
         self.counts["coded_groups"] += 1
@@ -349,10 +366,13 @@ class CodedDispatcher(Dispatcher):
             self._forget_if_done(group)
             return
         error = task.exception()
-        if error is not None:
-            if not query.result.done():
-                query.result.set_exception(error)
+        if error is not None:  # refused, late or failed: the group's other answers may decode it
+            query.error = error
             self._feed(group, query.index, None)
+            tracker = group.tracker
+            if not query.result.done() and (tracker is None or tracker.done) and not query.fallen_back:
+                query.result.set_exception(error)  # nothing left to decode it from
+                self._forget_if_done(group)
             return
         answer = task.result()
         if not query.result.done():
@@ -398,6 +418,10 @@ class CodedDispatcher(Dispatcher):
             if query is None or query.result.done():
                 continue
             query.result.set_result(self._reconstructed(group, index, output))
+        for index in progress.unrecoverable:  # lost, and too few answers to decode it from
+            query = group.queries.get(index)
+            if query is not None and query.error is not None and not query.result.done():
+                query.result.set_exception(query.error)
         for index in progress.cancel:
             task = group.queries[index].own if index < self.k else group.parity.get(index)
             if task is not None and not task.done():
@@ -405,9 +429,10 @@ class CodedDispatcher(Dispatcher):
 
     def _reconstructed(self, group: _Group, index: int, output: np.ndarray) -> Answer:
         self.counts["reconstructed"] += 1
-        serving = group.queries[index].member
+        query = group.queries[index]
+        serving = query.member
         member = self.data[serving]
-        if member.failing or not member.ready():
+        if member.failing or not member.ready() or self._sent_to_failed_server(query):
             count = self._down.get(serving, 0)
             if count == 0:  # the episode began at its last own answer: stragglers since are its own
                 count = self._straggled.pop(serving, 0)
@@ -431,10 +456,24 @@ class CodedDispatcher(Dispatcher):
             reconstructed=True,
         )
 
+    def _sent_to_failed_server(self, query: _Query) -> bool:
+        """Whether ``query``'s member call went to a server that has failed since: the gateway
+        lost its connection, or the controller declared it failed (a new failure stamp). Such a
+        query is its member's failover's, whatever came first: its decode, or the route moving."""
+        if query.sent_to is None:
+            return False
+        routes = self.context.routes
+        return routes.lost(query.sent_to) or routes.fence(query.sent_to) != query.fence
+
     def _recovered(self, index: int) -> None:
-        """End member ``index``'s failover episode once it answers again or has a new route."""
+        """End member ``index``'s failover episode once it answers again or has a new route, and
+        none of its queries sent to the failed server is still waiting to be decoded."""
         if index not in self._down or self.data[index].failing:
             return
+        for group in self._groups.values():
+            for query in group.queries.values():
+                if query.member == index and not query.result.done() and self._sent_to_failed_server(query):
+                    return
         count = self._down.pop(index)
         self._event(
             "coded_recovered",
