@@ -103,4 +103,5 @@ def test_ray_serve_answers_the_models_logits_and_is_measured_then_gone(tiny_zoo,
         for level in levels.values():
             assert level["requests"] > 0 and level["rps"] > 0
             assert level["errors"] == 0 and set(level["codes"]) == {"200"}, level
-            assert level["server_cpu_ms_per_request"] > 0  # Ray's processes are counted
+            assert level["server_cpu_ms_per_request"] > 0  # Ray's processes are counted, by process
+            assert any(k.startswith("ray::ServeReplica") for k in level["server_cpu_ms_by_process"]), level

@@ -297,27 +297,38 @@ def measure(target: Target, clients: int, rate_rps: float | None, **options: Any
     client.stdin.close()
     time.sleep(settings.warmup_s)
     servers = [p for p in target.pids() if p != client.pid]
-    cpu0 = _cpu_s(servers)
+    cpu0 = _cpu_by_process(servers)
     line = client.stdout.readline()
-    cpu = _cpu_s(servers) - cpu0
+    cpu_by = _cpu_by_process(servers)
+    cpu_by = {k: v - cpu0.get(k, 0.0) for k, v in cpu_by.items()}
+    cpu = sum(cpu_by.values())
     if client.wait() != 0 or not line:
         where = f"{target.host}:{target.port}"
         raise FailsoftError(f"the load client failed (exit {client.returncode}) against {where}")
     result: dict[str, Any] = json.loads(line)
     answered = max(result["requests"] - result["errors"], 1)
     result["server_cpu_ms_per_request"] = round(cpu * 1000.0 / answered, 4)
+    by = sorted(cpu_by.items(), key=lambda kv: -kv[1])
+    result["server_cpu_ms_by_process"] = {k: round(v * 1000.0 / answered, 4) for k, v in by if v > 0}
     return result
 
 
-def _cpu_s(pids: list[int]) -> float:
+def _cpu_by_process(pids: list[int]) -> dict[str, float]:
+    """The processes' user+system CPU seconds so far, summed by what each is: the title Ray gives a
+    worker, less the method it is running (``ray::ServeReplica:APP:DEPLOYMENT``, ``ray::ProxyActor``,
+    ``ray::failsoft-agent-s1:Agent``, ``ray::IDLE``), else its name (``raylet``, ``gcs_server``,
+    ``python``: a driver, failsoft's gateway or an anchor)."""
     import psutil
 
-    total = 0.0
+    out: dict[str, float] = {}
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-    return total
+            proc = psutil.Process(pid)
+            t = proc.cpu_times()
+            title = (proc.cmdline() or [""])[0].split(" ")[0]  # ray::NAME[.METHOD now running]
+            label = title.rsplit(".", 1)[0] if title.startswith("ray::") else proc.name()
+            out[label] = out.get(label, 0.0) + t.user + t.system
+    return out
 
 
 def _no_processes() -> list[int]:
