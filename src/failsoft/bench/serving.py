@@ -316,7 +316,7 @@ def measure(target: Target, clients: int, rate_rps: float | None, **options: Any
 def _cpu_by_process(pids: list[int]) -> dict[str, float]:
     """The processes' user+system CPU seconds so far, summed by what each is: the title Ray gives a
     worker, less the method it is running (``ray::ServeReplica:APP:DEPLOYMENT``, ``ray::ProxyActor``,
-    ``ray::failsoft-agent-s1:Agent``, ``ray::IDLE``), else its name (``raylet``, ``gcs_server``,
+    ``ray::Agent``, ``ray::IDLE``), else its name (``raylet``, ``gcs_server``,
     ``python``: a driver, failsoft's gateway or an anchor)."""
     import psutil
 
