@@ -14,15 +14,22 @@ client (:mod:`failsoft.bench.serving_load`, a process of its own) for every syst
   which is what the data plane replaced;
 * ``fastapi``: a plain FastAPI app over the same model (:mod:`failsoft.bench.serving_anchor`,
   uvicorn in a subprocess), both encodings;
-* ``ray-serve``: recorded as not installed unless ``ray.serve`` imports (``pip install 'ray[serve]'``).
+* ``ray-serve`` and ``ray-serve-batch``: Ray Serve, one replica, without and with ``@serve.batch``
+  (:mod:`failsoft.bench.serving_anchor_rayserve`: a process with a Ray instance of its own, apart
+  from failsoft's), both encodings; skipped, with the reason in the JSON, when ``ray.serve`` does not
+  import (the optional extra ``failsoft[anchors]``).
+
+Every anchor (:mod:`failsoft.bench.serving_anchor_process`) is started on a free port of 127.0.0.1,
+must answer both encodings with the logits the model gives in this process before it is measured,
+and is stopped (with every process it started) before the next system runs.
 
 Each HTTP system is measured closed-loop at every ``concurrency`` (1, 8, 32 clients by default) and
 open-loop at ``rate_rps`` (default: half of failsoft's best closed-loop JSON throughput, so that the
 open-loop latency is the one a moderately loaded server gives). Per level: requests, errors (by
 status), requests/s, p50 and p99 latency, and the server's CPU per request (``psutil``: the server's
 processes' user+system time over the level, divided by its answers; the client's own CPU is not
-counted). Ratios: failsoft's requests/s to FastAPI's, to the in-process limit and to its own Ray-call
-path, per level.
+counted). Ratios: failsoft's requests/s to each anchor's (FastAPI, Ray Serve without and with
+batching), to the in-process limit and to its own Ray-call path, per level.
 
 ``phases`` breaks failsoft's request path down at one client (JSON), per request, in milliseconds:
 the client's whole latency; ``http`` (uvicorn and the client: the latency outside the gateway's
@@ -38,10 +45,8 @@ anyway: a few additions per request.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -53,10 +58,12 @@ from typing import Any
 
 import numpy as np
 
+from failsoft.bench.serving_load import Body, request_body, request_input
 from failsoft.errors import ConfigError, FailsoftError
 from failsoft.runtime.config import RuntimeConfig, load_config
 
-SYSTEMS = ("inprocess", "failsoft", "failsoft-ray", "fastapi", "ray-serve")
+ANCHOR_SYSTEMS = ("fastapi", "ray-serve", "ray-serve-batch")  # failsoft.bench.serving_anchor_process
+SYSTEMS = ("inprocess", "failsoft", "failsoft-ray", *ANCHOR_SYSTEMS)
 TRANSPORTS = {"failsoft": "zmq", "failsoft-ray": "ray"}  # $FAILSOFT_DATA_PLANE of each failsoft system
 ENCODINGS = ("json", "binary")
 Progress = Callable[[str], None]
@@ -109,6 +116,7 @@ def _run(
     out |= {"settings": asdict(settings), "systems": {}}
     model = _load(cfg, family, variant, threads)
     bodies = {e: request_body(e, tuple(model.input_shape)) for e in settings.encodings}
+    expected = model.predict(request_input(tuple(model.input_shape)))  # every anchor must answer it
     systems = out["systems"]
     if "inprocess" in settings.systems:
         say("[inprocess] the model called in this process, batch 1")
@@ -119,10 +127,10 @@ def _run(
         if name in settings.systems:
             systems[name] = _failsoft(cfg, app, bodies, settings, say, transport, name, rate)
             rate = rate or systems[name][settings.encodings[0]]["open"]["rate_rps"]  # every open loop's
-    if "fastapi" in settings.systems:
-        systems["fastapi"] = _fastapi(cfg, family, variant, threads, bodies, settings, say, rate)
-    if "ray-serve" in settings.systems:
-        systems["ray-serve"] = {"status": _ray_serve_status()}
+    for name in ANCHOR_SYSTEMS:
+        if name in settings.systems:
+            model_ref = (family, variant, threads, expected)
+            systems[name] = _anchor(name, cfg, model_ref, bodies, settings, say, rate)
     out["ratios"] = ratios(systems)
     return out
 
@@ -204,46 +212,33 @@ def _failsoft(
         return result
 
 
-def _fastapi(
+def _anchor(
+    name: str,
     base: RuntimeConfig,
-    family: str,
-    variant: str,
-    threads: int,
+    model: tuple[str, str, int, np.ndarray],
     bodies: dict[str, Body],
     settings: ServingSettings,
     say: Progress,
     rate: float | None,
 ) -> dict[str, Any]:
+    """Anchor ``name`` (``model``: family, variant, torch threads, the logits it must answer) at
+    every level and encoding; a row with only ``status`` when its optional dependency is missing."""
+    from failsoft.bench.serving_anchor_process import ANCHORS, missing, served_anchor
     from failsoft.zoo import resolve_repository
 
-    port = _free_port()
+    reason = missing(ANCHORS[name])
+    if reason is not None:
+        say(f"[{name}] {reason}")
+        return {"status": reason}
+    family, variant, threads, expected = model
     repo = str(resolve_repository(base.repository))
-    cmd = [
-        sys.executable,
-        "-m",
-        "failsoft.bench.serving_anchor",
-        repo,
-        family,
-        variant,
-        str(port),
-        str(threads),
-    ]
-    say("[fastapi] starting uvicorn ...")
-    server = subprocess.Popen(cmd)
-    try:
-        _wait_port(port, server, 120.0)
-        pids = _pids_of(server.pid)
-        result: dict[str, Any] = {}
+    with served_anchor(name, repo, family, variant, threads, bodies, expected, say) as anchor:
+        result: dict[str, Any] = {"status": "measured", **anchor.facts}
         for encoding, body in bodies.items():
-            say(f"[fastapi] {encoding}")
-            result[encoding] = levels(Target("127.0.0.1", port, "app", body, settings, pids), rate)
+            say(f"[{name}] {encoding}")
+            target = Target("127.0.0.1", anchor.port, "app", body, settings, anchor.pids)
+            result[encoding] = levels(target, rate)
         return result
-    finally:
-        server.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            server.wait(10.0)
-        if server.poll() is None:
-            server.kill()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,12 +276,7 @@ def measure(target: Target, clients: int, rate_rps: float | None, **options: Any
     from failsoft.bench.serving_load import LoadPlan
 
     body, settings = target.body, target.settings
-    headers = {"Content-Type": "application/json"}
-    if body.header_length is not None:
-        headers = {
-            "Content-Type": "application/octet-stream",
-            "Inference-Header-Content-Length": str(body.header_length),
-        }
+    headers = body.headers()
     path = f"/v2/models/{target.app}/infer"
     plan = LoadPlan(
         target.host,
@@ -307,27 +297,38 @@ def measure(target: Target, clients: int, rate_rps: float | None, **options: Any
     client.stdin.close()
     time.sleep(settings.warmup_s)
     servers = [p for p in target.pids() if p != client.pid]
-    cpu0 = _cpu_s(servers)
+    cpu0 = _cpu_by_process(servers)
     line = client.stdout.readline()
-    cpu = _cpu_s(servers) - cpu0
+    cpu_by = _cpu_by_process(servers)
+    cpu_by = {k: v - cpu0.get(k, 0.0) for k, v in cpu_by.items()}
+    cpu = sum(cpu_by.values())
     if client.wait() != 0 or not line:
         where = f"{target.host}:{target.port}"
         raise FailsoftError(f"the load client failed (exit {client.returncode}) against {where}")
     result: dict[str, Any] = json.loads(line)
     answered = max(result["requests"] - result["errors"], 1)
     result["server_cpu_ms_per_request"] = round(cpu * 1000.0 / answered, 4)
+    by = sorted(cpu_by.items(), key=lambda kv: -kv[1])
+    result["server_cpu_ms_by_process"] = {k: round(v * 1000.0 / answered, 4) for k, v in by if v > 0}
     return result
 
 
-def _cpu_s(pids: list[int]) -> float:
+def _cpu_by_process(pids: list[int]) -> dict[str, float]:
+    """The processes' user+system CPU seconds so far, summed by what each is: the title Ray gives a
+    worker, less the method it is running (``ray::ServeReplica:APP:DEPLOYMENT``, ``ray::ProxyActor``,
+    ``ray::Agent``, ``ray::IDLE``), else its name (``raylet``, ``gcs_server``,
+    ``python``: a driver, failsoft's gateway or an anchor)."""
     import psutil
 
-    total = 0.0
+    out: dict[str, float] = {}
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            t = psutil.Process(pid).cpu_times()
-            total += t.user + t.system
-    return total
+            proc = psutil.Process(pid)
+            t = proc.cpu_times()
+            title = (proc.cmdline() or [""])[0].split(" ")[0]  # ray::NAME[.METHOD now running]
+            label = title.rsplit(".", 1)[0] if title.startswith("ray::") else proc.name()
+            out[label] = out.get(label, 0.0) + t.user + t.system
+    return out
 
 
 def _no_processes() -> list[int]:
@@ -491,14 +492,16 @@ def _codec_ms(session: Any, app: str, body: Body) -> tuple[float, float]:
 
 
 def ratios(systems: dict[str, Any]) -> dict[str, Any]:
-    """failsoft's requests/s over FastAPI's, over its own Ray-call path's and over the in-process
-    limit, per encoding and level."""
+    """failsoft's requests/s over each anchor's (FastAPI, Ray Serve without and with batching), over
+    its own Ray-call path's and over the in-process limit, per encoding and level."""
     fs, limit = systems.get("failsoft"), systems.get("inprocess")
     out: dict[str, Any] = {}
     if not fs:
         return out
     anchors = {
         "failsoft_to_fastapi": systems.get("fastapi"),
+        "failsoft_to_ray_serve": systems.get("ray-serve"),
+        "failsoft_to_ray_serve_batch": systems.get("ray-serve-batch"),
         "failsoft_to_failsoft_ray": systems.get("failsoft-ray"),
     }
     for encoding in ENCODINGS:
@@ -565,59 +568,7 @@ def _load(config: RuntimeConfig, family: str, variant: str, threads: int) -> Any
     return ModelRepository(resolve_repository(config.repository)).load(family, variant, "cpu")
 
 
-@dataclass(frozen=True)
-class Body:
-    """A request body, and the length of its JSON header when the tensor follows it as raw bytes."""
-
-    data: bytes
-    header_length: int | None = None
-
-
-def request_body(encoding: str, shape: tuple[int, ...], timeout_s: float | None = None) -> Body:
-    """The request for one batch-1 query (a fixed random input), as KServe v2 JSON or binary;
-    ``timeout_s``: its deadline (``parameters.timeout``; None: the gateway's default)."""
-    x = np.random.default_rng(0).random((1, *shape), dtype=np.float32)
-    tensor: dict[str, Any] = {"name": "input", "shape": list(x.shape), "datatype": "FP32"}
-    request: dict[str, Any] = {"inputs": [tensor]}
-    if timeout_s is not None:
-        request["parameters"] = {"timeout": timeout_s}
-    if encoding == "json":
-        tensor["data"] = x.ravel().tolist()
-        return Body(json.dumps(request).encode())
-    raw = np.ascontiguousarray(x, dtype="<f4").tobytes()
-    tensor["parameters"] = {"binary_data_size": len(raw)}
-    head = json.dumps(request).encode()
-    return Body(head + raw, len(head))
-
-
 def host_port(url: str) -> tuple[str, int]:
     """The host and port of a gateway URL (``http://HOST:PORT``)."""
     host, port = url.split("//", 1)[1].rstrip("/").rsplit(":", 1)
     return host, int(port)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise FailsoftError(f"the FastAPI anchor exited with {proc.returncode} before serving")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1.0):
-            return
-        time.sleep(0.2)
-    raise FailsoftError(f"the FastAPI anchor did not listen on port {port} within {timeout_s:.0f} s")
-
-
-def _ray_serve_status() -> str:
-    try:
-        if importlib.util.find_spec("ray.serve") is not None:
-            __import__("ray.serve")
-            return "installed, not measured by this version of the benchmark"
-    except Exception:
-        pass
-    return "not installed (pip install 'ray[serve]')"

@@ -20,27 +20,35 @@ import numpy as np
 from fastapi import FastAPI, Request, Response  # at module level: FastAPI reads the handler's annotations
 
 
+def decode_infer(body: bytes, header_length: str | None) -> np.ndarray:
+    """The request's first input tensor: KServe v2 JSON (``data``), or, with the binary tensor
+    extension, the raw little-endian float32 bytes after ``header_length`` bytes of JSON. Every
+    anchor decodes with this, so that they differ only in the server around it."""
+    head = body if header_length is None else body[: int(header_length)]
+    tensor = json.loads(head)["inputs"][0]
+    if header_length is None:
+        return np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
+    return np.frombuffer(body[int(header_length) :], dtype="<f4").reshape(tensor["shape"])
+
+
+def encode_answer(name: str, out: np.ndarray) -> bytes:
+    """The logits as a KServe v2 JSON answer."""
+    answer = {
+        "model_name": name,
+        "outputs": [
+            {"name": "output", "datatype": "FP32", "shape": list(out.shape), "data": out.ravel().tolist()}
+        ],
+    }
+    return json.dumps(answer).encode()
+
+
 def make_app(model: Any) -> FastAPI:
     app = FastAPI()
 
     @app.post("/v2/models/{name}/infer")
     async def infer(name: str, request: Request) -> Response:
-        body = await request.body()
-        header_length = request.headers.get("inference-header-content-length")
-        head = body if header_length is None else body[: int(header_length)]
-        tensor = json.loads(head)["inputs"][0]
-        if header_length is None:
-            batch = np.asarray(tensor["data"], dtype=np.float32).reshape(tensor["shape"])
-        else:
-            batch = np.frombuffer(body[int(header_length) :], dtype="<f4").reshape(tensor["shape"])
-        out = model.predict(batch)
-        answer = {
-            "model_name": name,
-            "outputs": [
-                {"name": "output", "datatype": "FP32", "shape": list(out.shape), "data": out.ravel().tolist()}
-            ],
-        }
-        return Response(json.dumps(answer), media_type="application/json")
+        batch = decode_infer(await request.body(), request.headers.get("inference-header-content-length"))
+        return Response(encode_answer(name, model.predict(batch)), media_type="application/json")
 
     return app
 

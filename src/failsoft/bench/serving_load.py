@@ -51,6 +51,49 @@ class LoadPlan:
     window_s: float | None = None  # also count answers per second per window of this length
 
 
+@dataclass(frozen=True)
+class Body:
+    """A request body, and the length of its JSON header when the tensor follows it as raw bytes."""
+
+    data: bytes
+    header_length: int | None = None
+
+    def headers(self) -> dict[str, str]:
+        """The request's content headers: JSON, or the binary tensor extension's."""
+        if self.header_length is None:
+            return {"Content-Type": "application/json"}
+        return {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(self.header_length),
+        }
+
+
+def request_input(shape: tuple[int, ...]) -> np.ndarray:
+    """The benchmark's one query: a fixed random input of batch 1 (what every system is asked)."""
+    return np.random.default_rng(0).random((1, *shape), dtype=np.float32)
+
+
+def request_body(encoding: str, shape: tuple[int, ...], timeout_s: float | None = None) -> Body:
+    """The request for :func:`request_input`, as KServe v2 JSON or binary; ``timeout_s``: its
+    deadline (``parameters.timeout``; None: the gateway's default)."""
+    return encode_request(request_input(shape), encoding, timeout_s)
+
+
+def encode_request(x: np.ndarray, encoding: str, timeout_s: float | None = None) -> Body:
+    """An infer request for the float32 batch ``x``, as KServe v2 JSON or binary."""
+    tensor: dict[str, Any] = {"name": "input", "shape": list(x.shape), "datatype": "FP32"}
+    request: dict[str, Any] = {"inputs": [tensor]}
+    if timeout_s is not None:
+        request["parameters"] = {"timeout": timeout_s}
+    if encoding == "json":
+        tensor["data"] = x.ravel().tolist()
+        return Body(json.dumps(request).encode())
+    raw = np.ascontiguousarray(x, dtype="<f4").tobytes()
+    tensor["parameters"] = {"binary_data_size": len(raw)}
+    head = json.dumps(request).encode()
+    return Body(head + raw, len(head))
+
+
 def request_bytes(plan: LoadPlan, body: bytes) -> bytes:
     head = [f"POST {plan.path} HTTP/1.1", f"Host: {plan.host}:{plan.port}", f"Content-Length: {len(body)}"]
     head += [f"{k}: {v}" for k, v in plan.headers.items()]

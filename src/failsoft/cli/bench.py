@@ -382,7 +382,8 @@ def serving(
         typer.Option(
             "--system",
             "-s",
-            help="inprocess, failsoft, failsoft-ray, fastapi, ray-serve (repeatable; default: all)",
+            help="inprocess, failsoft, failsoft-ray, fastapi, ray-serve, ray-serve-batch (repeatable; "
+            "default: all; the Ray Serve ones need the extra failsoft[anchors])",
         ),
     ] = None,
     encoding: Annotated[
@@ -391,7 +392,8 @@ def serving(
     out: Annotated[Path | None, typer.Option(help="Also write the JSON here")] = None,
 ) -> None:
     """Steady-state serving side by side: failsoft's gateway (JSON, binary), the model in-process,
-    a plain FastAPI app; requests/s, p50/p99, errors, server CPU per request, ratios, failsoft's phases."""
+    a plain FastAPI app, Ray Serve (one replica, without and with batching); requests/s, p50/p99,
+    errors, server CPU per request, ratios, failsoft's phases."""
     from failsoft.bench.serving import ENCODINGS, SYSTEMS, ServingSettings, run
 
     settings = ServingSettings(
