@@ -285,8 +285,8 @@ async def test_a_query_decoded_after_its_dead_members_route_moved_counts_for_tha
 @sync
 async def test_a_member_that_refuses_its_query_is_decoded_around_and_fails_it_only_when_nothing_can():
     """An overloaded member refuses at once (its queue's admission control): in a coded group the
-    request is answered from the parity; in an uncoded one, or when the parity fails too, it gets
-    the member's own error at once (never hangs)."""
+    request is answered from the parity; in an uncoded one by the other data member; when nothing
+    can answer it, it gets the member's own error at once (never hangs)."""
     async with rigged(fill_timeout_ms=10.0) as rig:
         refused = OverloadedError("s-d1/d1: overloaded, cannot finish before its deadline")
         rig.agents["s-d1"].error = refused
@@ -301,14 +301,23 @@ async def test_a_member_that_refuses_its_query_is_decoded_around_and_fails_it_on
         assert not t3.result().reconstructed
         with pytest.raises(OverloadedError, match="s-d1/d1: overloaded"):
             t4.result()
-        # a lone query in a group that goes uncoded: the error once the group is released
+        # a lone query in a group that goes uncoded: served by the other data member (same model)
         rig.agents["s-p0"].error = None
-        rig.agents["s-d0"].latency_s = 0.5  # d0 busy: the lone query goes to d1, which refuses
+        rig.agents["s-d0"].latency_s = 0.05  # d0 busy: the lone query goes to d1, which refuses
         rig.dispatcher._in_flight[0] += 5
-        lone, _ = rig.send(1.0)
+        lone, x = rig.send(1.0)
+        await rig.clock.run_for(0.02)  # released uncoded at 10 ms, sent to d0 then
+        assert not lone.done()
+        await rig.clock.run_for(0.05)
+        assert lone.result().server == "s-d0" and not lone.result().reconstructed
+        np.testing.assert_allclose(lone.result().outputs, x @ WEIGHTS, rtol=1e-4, atol=1e-4)
+        assert rig.dispatcher.counts["served_by_another_member"] == 1
+        # ... and when that member refuses too, the first member's error, at once
+        rig.agents["s-d0"].error = OverloadedError("s-d0/d0: overloaded")
+        last, _ = rig.send(1.0)
         await rig.clock.run_for(0.02)
-        with pytest.raises(OverloadedError):
-            lone.result()
+        with pytest.raises(OverloadedError, match="s-d1/d1: overloaded"):
+            last.result()
         rig.dispatcher._in_flight[0] -= 5
         await rig.clock.run_for(1.0)
         assert not rig.dispatcher._groups

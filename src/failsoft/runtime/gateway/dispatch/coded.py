@@ -248,7 +248,7 @@ class CodedDispatcher(Dispatcher):
             self.counts["uncoded_groups"] += 1
             group.tracker = None
             for query in group.queries.values():
-                self._fall_back(query)
+                self._fall_back(group, query)
                 if query.error is not None and not query.fallen_back and not query.result.done():
                     query.result.set_exception(query.error)  # its member failed it; no parity comes
             self._forget_if_done(group)
@@ -298,7 +298,7 @@ class CodedDispatcher(Dispatcher):
             if group.closed and group.tracker is None:
                 for query in group.queries.values():
                     if query.member == index:
-                        self._fall_back(query)
+                        self._fall_back(group, query)
 
     def _watch_routes(self) -> None:
         for index, member in enumerate(self.data):
@@ -335,13 +335,18 @@ class CodedDispatcher(Dispatcher):
             reconstructed=straggled,
         )
 
-    def _fall_back(self, query: _Query) -> None:
-        """A query of an uncoded group whose member is failing: also sent to a healthy data member
-        (every data member serves the same model); the first answer wins."""
-        if query.fallen_back or query.result.done() or not self.data[query.member].failing:
+    def _fall_back(self, group: _Group, query: _Query) -> None:
+        """A query of an uncoded group whose member is failing or failed its call (refused it as
+        overloaded): also sent to a healthy data member (every data member serves the same model);
+        the first answer wins."""
+        if query.fallen_back or query.result.done():
+            return
+        if not self.data[query.member].failing and query.error is None:
             return
         healthy = [m for i, m in enumerate(self.data) if i != query.member and not m.failing and m.ready()]
         if not healthy:
+            if query.error is not None and (query.own is None or query.own.done()):
+                query.result.set_exception(query.error)
             return
         member = healthy[hash(query.request.request_id) % len(healthy)]
         query.fallen_back = True
@@ -349,11 +354,15 @@ class CodedDispatcher(Dispatcher):
         task = asyncio.ensure_future(member.dispatch(_member_request(query.request, "f")))
 
         def done(task: asyncio.Task[Answer]) -> None:
-            if task.cancelled() or task.exception() is not None or query.result.done():
+            if task.cancelled() or query.result.done():
                 return
-            query.result.set_result(task.result())
-            if query.own is not None:
-                query.own.cancel()
+            if (error := task.exception()) is None:
+                query.result.set_result(task.result())
+                if query.own is not None:
+                    query.own.cancel()
+            elif query.own is None or query.own.done():  # nothing else will answer it
+                query.result.set_exception(query.error or error)
+            self._forget_if_done(group)
 
         task.add_done_callback(done)
         query.result.add_done_callback(lambda _: task.cancel())
@@ -370,8 +379,11 @@ class CodedDispatcher(Dispatcher):
             query.error = error
             self._feed(group, query.index, None)
             tracker = group.tracker
-            if not query.result.done() and (tracker is None or tracker.done) and not query.fallen_back:
-                query.result.set_exception(error)  # nothing left to decode it from
+            if not query.result.done() and (tracker is None or tracker.done):  # nothing to decode from
+                if group.closed:
+                    self._fall_back(group, query)  # uncoded: another data member serves the same model
+                if not query.fallen_back and not query.result.done():
+                    query.result.set_exception(error)
                 self._forget_if_done(group)
             return
         answer = task.result()
