@@ -67,6 +67,7 @@ from failsoft.errors import (
     DeadlineExceededError,
     FailsoftError,
     InvalidRequestError,
+    ModelNotLoadedError,
     NoRouteError,
 )
 from failsoft.orchestration.copies import CopyRequest
@@ -255,6 +256,8 @@ class Replication:
                         "service %s, node %s: primary on %s failed: %s",
                         self.service, name, copy.server, result.error,
                     )  # fmt: skip
+                    if isinstance(result.error, ModelNotLoadedError):  # its server lives: tell the core
+                        self._spawn(self._report_lost(copy))
                     await self._failover(node, seq, copy, deadline)
                     if node.primary is None:  # back to the route: wait until it leaves the dead server
                         await self._route_leaves(node.app, copy.server, deadline - clock.now())
@@ -596,6 +599,17 @@ class Replication:
                 return Copy(server, node.app, primary.variant)
             return None
         return None
+
+    async def _report_lost(self, copy: Copy) -> None:
+        """The primary's model is gone from a server that lives (it answered ModelNotLoadedError):
+        the core decides what follows (its pinned backup promoted, as for a crash), never this
+        dispatcher; without the report nothing would move the route, since the server heartbeats."""
+        try:
+            await self.context.copies.report_model_lost(copy.app, copy.server, copy.variant)
+        except FailsoftError as exc:  # the core's inspection of the server finds it too, later
+            log.warning(
+                "service %s: could not report %s lost on %s: %s", self.service, copy.app, copy.server, exc
+            )
 
     async def _unpin(self, copy: Copy) -> None:
         try:
