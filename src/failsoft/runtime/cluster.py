@@ -229,6 +229,10 @@ class AgentRef(_ActorRef):
     async def set_broken(self, broken: bool, timeout_s: float = 5.0) -> None:
         await self._call("set_broken", broken, timeout_s=timeout_s)
 
+    async def evict(self, app: str, timeout_s: float = 5.0) -> list[str]:
+        """The agent loses its models of ``app`` (``Agent.evict``, chaos); the variants dropped."""
+        return list(await self._call("evict", app, timeout_s=timeout_s))
+
     def crash_nowait(self) -> None:
         self._fire("crash")
 
