@@ -39,7 +39,10 @@ the protocol itself staying pure (events in, commands out):
   logged inputs after ``k`` on it in ``seq`` order (their outputs were released already and are not
   sent again: the replay rebuilds the state); then the request that found the failure is computed
   there, and the graph goes on. ``PlaceBackup`` asks for a new backup, which the newest state is
-  shipped to. Without a backup holding a state (both copies gone, the first one not placed yet, or
+  shipped to. A primary whose model is gone while its server lives on (``ModelNotLoadedError``)
+  moves no route by itself, since the server heartbeats: the request reports it to the controller
+  (``copies.report_model_lost``), whose core promotes the backup as for a crash, and the node
+  follows as above. Without a backup holding a state (both copies gone, the first one not placed yet, or
   the route went elsewhere) the node goes on at the app's new route, its state lost (``none``).
 
 Not carried out yet (docs/hams.md, "What comes next"): holding a client's answer until every stateful
