@@ -349,25 +349,24 @@ class Orchestrator:
         self._lost(app, server, variant, now, cause)
         return self._flush(now)
 
-    def _lost(self, app: str, server: str, variant: str, now: float, cause: str) -> bool:
-        """See :meth:`model_lost`; whether the report was acted on."""
+    def _lost(self, app: str, server: str, variant: str, now: float, cause: str) -> None:
+        """See :meth:`model_lost` (also the periodic inspection's path)."""
         rec = self.state.apps.get(app)
         where = Placement(server, variant)
         if rec is None or rec.route != where or not self.state.live(server) or app in self.operations:
-            return False
+            return
         self.state.servers[server].holdings.discard((app, variant))
         log.warning("server %s lost %s/%s (%s) while it lives", server, app, variant, cause)
         self.fx.emit("model_lost", app, where, detected_at=now, cause=cause)
         copy = self._pinned_copy(app, server)
         if copy is None:  # FailLite's reload in place: no copy elsewhere holds what it held
             self.operations.repair(app, where, now)
-            return True
+            return
         kind = self._take_backup(app, copy, now, now)
         self.warm.dirty = True
         self.fx.changes += 1
         self.fx.publish(force=True)
         self.fx.failover_event(app, kind, now, now, cause="model_lost")
-        return True
 
     def _pinned_copy(self, app: str, lost_on: str) -> str | None:
         """The server of ``app``'s warm pinned copy (not a replica) on a live server other than
