@@ -345,7 +345,8 @@ class Client:
         return checked_body(self._send_admin("GET", "/admin/status"))
 
     def admin(self, action: str, **body: Any) -> dict[str, Any]:
-        """``/admin/chaos/<action>`` (kill, hang, resume, slow, break), a JSON body; admin token needed."""
+        """``/admin/chaos/<action>`` (kill, hang, resume, slow, break, evict), a JSON body; admin
+        token needed."""
         return checked_body(self._send_admin("POST", f"/admin/chaos/{action}", json=body))
 
     def recoveries(self) -> dict[str, Any]:

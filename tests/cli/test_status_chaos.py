@@ -178,4 +178,6 @@ def test_chaos_prints_what_it_did_and_when_in_local_time():
     assert broke == [f"broke b1: every inference fails, heartbeats go on, from {local_time(at, zone=True)}"]
     mended = describe({"action": "break", "server": "b1", "broken": False, "at": at})
     assert mended == [f"mended b1: inferences work again from {local_time(at, zone=True)}"]
+    evicted = describe({"action": "evict", "server": "s1", "app": "p", "variants": ["gru_16"], "at": at})
+    assert evicted == [f"evicted p (gru_16) from s1 at {local_time(at, zone=True)}; the server lives on"]
     assert str(int(at)) not in "".join(describe(kill))  # no Unix time in the human line

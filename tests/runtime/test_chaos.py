@@ -81,3 +81,27 @@ def test_killing_an_agent_that_is_already_gone_is_no_error(stand_in):
     stand_in.kill()
     stand_in.wait()
     assert asyncio.run(chaos.kill("s1"))["killed"][0]["server"] == "s1"
+
+
+class HoldingAgent:
+    """Fake AgentRef that holds ``app``'s model in one variant until evicted."""
+
+    def __init__(self) -> None:
+        self.held = {"p": ["gru_16"]}
+
+    async def evict(self, app: str) -> list[str]:
+        return self.held.pop(app, [])
+
+
+def test_evict_says_what_the_server_lost_and_refuses_an_app_it_does_not_hold():
+    from failsoft.errors import UnknownNameError
+
+    chaos = Chaos([Server("s1", "a", 100.0)], {"s1": HoldingAgent()})
+    answer = asyncio.run(chaos.evict("s1", "p"))
+    assert {k: answer[k] for k in ("action", "server", "app", "variants")} == {
+        "action": "evict", "server": "s1", "app": "p", "variants": ["gru_16"],
+    }  # fmt: skip
+    with pytest.raises(UnknownNameError, match="holds no model of app 'p'"):
+        asyncio.run(chaos.evict("s1", "p"))  # gone already
+    with pytest.raises(UnknownNameError, match="unknown server 's9'"):
+        asyncio.run(chaos.evict("s9", "p"))

@@ -11,7 +11,9 @@ the run's answers must be bit-equal to it, before and after the failover (CPU, o
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,16 @@ FAMILY, VARIANT = "sp500_gru", "gru_16"
 REQUESTS, KILL_AFTER = 30, 12
 
 
-@pytest.fixture(scope="module")
-def gru_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+def gru_repository(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
     """The SP500 GRU family, built and quickly profiled (~10 s; cached beside FAILSOFT_TEST_ZOO)."""
     root = os.environ.get("FAILSOFT_TEST_ZOO")
     out = Path(root + "-stateful") if root else tmp_path_factory.mktemp("gru-zoo")
     return build_tiny_zoo(out, families=(FAMILY,))
+
+
+@pytest.fixture(scope="module")
+def gru_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
+    return gru_repository(tmp_path_factory)
 
 
 def chain_config(repo: ModelRepository, state_dir: str, q_stateful: bool = False) -> Any:
@@ -100,45 +106,68 @@ def replication(client: Client, node: str = "p") -> dict[str, Any]:
     return dict(index["replication"]["nodes"][node])
 
 
-def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_exact(gru_zoo, tmp_path):
-    config = chain_config(gru_zoo, str(tmp_path / "state"))
-    series = sp500_series()
-    inputs = [np.asarray([[series[i]]], dtype=np.float32) for i in range(REQUESTS)]
+def one_at_a_time(
+    client: Client, inputs: list[np.ndarray], at: int, fault: Callable[[], Any], what: str
+) -> tuple[dict[int, np.ndarray], list[float], dict[str, Any], dict[str, Any]]:
+    """Once p's backup holds a state, send ``inputs`` one at a time, ``fault()`` before request
+    ``at + 1`` (``what`` it does, for a failure's message), then wait until p's state is durable at
+    the last request: the answers by seq, their latencies (ms), and p's replication before and
+    after. A failure says at which step it came and where replication stood, for the next reader."""
+    wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
+    wait_for(lambda: replication(client)["backup_holds"] is not None, 120.0, "p's backup placed", 0.2)
+    placed = replication(client)
+    assert placed["primary"] == "s1" and placed["backup"] in ("s2", "s3")
     answers: dict[int, np.ndarray] = {}
     latency_ms: list[float] = []
-    with Session(config, num_cpus=2) as session:
-        client = session.client(timeout=30.0)
-        try:
-            wait_for(client.ready, 90.0, "the graph service deployed", 0.2)
-            wait_for(lambda: replication(client)["backup_holds"] is not None, 120.0, "p's backup placed", 0.2)
-            placed = replication(client)
-            assert placed["primary"] == "s1" and placed["backup"] in ("s2", "s3")
-            step = "the requests"
-            try:  # a failure says where it came and where replication stood, for the next reader
-                for i, x in enumerate(inputs):
-                    step = f"request {i + 1} of {REQUESTS} (s1 killed before request {KILL_AFTER + 1})"
-                    if i == KILL_AFTER:
-                        client.admin("kill", server="s1")
-                    raw = client.infer("chain", x, timeout=20.0)  # a slow machine is no failure here
-                    answers[int(raw.raw["parameters"]["seq"])] = np.asarray(raw.outputs)
-                    latency_ms.append(raw.latency_ms)
-                step = "p's state durable again"
-                wait_for(lambda: replication(client)["durable"] == REQUESTS, 120.0, step, 0.2)
-            except Exception as exc:
-                raise AssertionError(f"{step}: {exc!r}; p: {replication(client)}") from exc
-            after = replication(client)
-        finally:
-            client.close()
-    before, at = latency_ms[:KILL_AFTER], latency_ms[KILL_AFTER]
-    print(f"\nlatency ms: before the kill median {np.median(before):.1f}, the request at the kill {at:.1f}, "
-          f"after median {np.median(latency_ms[KILL_AFTER + 1 :]):.1f}; p: {after}")  # fmt: skip
-    assert sorted(answers) == list(range(1, REQUESTS + 1))  # every request answered, in order
-    expected = reference(gru_zoo, inputs)
+    step = "the requests"
+    try:
+        for i, x in enumerate(inputs):
+            step = f"request {i + 1} of {len(inputs)} ({what} before request {at + 1})"
+            if i == at:
+                fault()
+            raw = client.infer("chain", x, timeout=20.0)  # a slow machine is no failure here
+            answers[int(raw.raw["parameters"]["seq"])] = np.asarray(raw.outputs)
+            latency_ms.append(raw.latency_ms)
+        step = "p's state durable again"
+        wait_for(lambda: replication(client)["durable"] == len(inputs), 120.0, step, 0.2)
+    except Exception as exc:
+        raise AssertionError(f"{step}: {exc!r}; p: {replication(client)}") from exc
+    return answers, latency_ms, placed, replication(client)
+
+
+def assert_promoted_and_exact(
+    repo: ModelRepository,
+    inputs: list[np.ndarray],
+    answers: dict[int, np.ndarray],
+    placed: dict[str, Any],
+    after: dict[str, Any],
+) -> None:
+    """Every request answered in order, each answer bit-equal to the failure-free run; p failed over
+    once to its backup with its state (nothing lost, nothing divergent), and a new backup placed."""
+    assert sorted(answers) == list(range(1, len(inputs) + 1))
+    expected = reference(repo, inputs)
     for seq, got in answers.items():
         np.testing.assert_array_equal(got, expected[seq - 1], err_msg=f"request {seq}; p: {after}")
     assert after["failovers"] == 1 and after["lost"] == 0 and after["divergent"] == 0
     assert after["primary"] == placed["backup"]  # the backup was promoted
     assert after["backup"] not in (None, after["primary"])  # and a new one placed
+
+
+def test_a_killed_stateful_primary_is_replaced_by_its_backup_and_answers_stay_exact(gru_zoo, tmp_path):
+    config = chain_config(gru_zoo, str(tmp_path / "state"))
+    series = sp500_series()
+    inputs = [np.asarray([[series[i]]], dtype=np.float32) for i in range(REQUESTS)]
+    with Session(config, num_cpus=2) as session:
+        client = session.client(timeout=30.0)
+        try:
+            kill = functools.partial(client.admin, "kill", server="s1")
+            answers, latency_ms, placed, after = one_at_a_time(client, inputs, KILL_AFTER, kill, "s1 killed")
+        finally:
+            client.close()
+    before, at = latency_ms[:KILL_AFTER], latency_ms[KILL_AFTER]
+    print(f"\nlatency ms: before the kill median {np.median(before):.1f}, the request at the kill {at:.1f}, "
+          f"after median {np.median(latency_ms[KILL_AFTER + 1 :]):.1f}; p: {after}")  # fmt: skip
+    assert_promoted_and_exact(gru_zoo, inputs, answers, placed, after)
 
 
 def test_under_concurrent_requests_the_failover_replays_and_answers_stay_exact(gru_zoo, tmp_path):

@@ -16,7 +16,8 @@ from failsoft.cli.status import AdminUrlOpt, ConfigOpt, StateOpt, TokenOpt, loca
 from failsoft.errors import ConfigError
 
 app = typer.Typer(
-    help="Failure injection: kill, hang, resume, slow down or break servers.", no_args_is_help=True
+    help="Failure injection: kill, hang, resume, slow down or break servers, or evict a model.",
+    no_args_is_help=True,
 )
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the gateway's JSON answer")]
@@ -59,6 +60,9 @@ def describe(answer: dict[str, Any]) -> list[str]:
         if answer.get("broken"):
             return [f"broke {answer['server']}: every inference fails, heartbeats go on, from {at}"]
         return [f"mended {answer['server']}: inferences work again from {at}"]
+    if action == "evict":
+        variants = ", ".join(answer["variants"])
+        return [f"evicted {answer['app']} ({variants}) from {answer['server']} at {at}; the server lives on"]
     return [json.dumps(answer)]
 
 
@@ -142,3 +146,21 @@ def break_(
 ) -> None:
     """Make every inference of a server fail while it keeps heartbeating (app-level health sees it)."""
     _admin("break", admin_url, token, config, state_dir, as_json, server=server, broken=not mend)
+
+
+@app.command("evict")
+def evict(
+    server: Annotated[
+        str, typer.Argument(metavar="SERVER", help="Server that loses the model", show_default=False)
+    ],
+    app_name: Annotated[
+        str, typer.Argument(metavar="APP", help="App whose model it loses", show_default=False)
+    ],
+    admin_url: AdminUrlOpt = None,
+    token: TokenOpt = None,
+    config: ConfigOpt = None,
+    state_dir: StateOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a server lose one app's model while it lives on (a crashed model runtime, an eviction)."""
+    _admin("evict", admin_url, token, config, state_dir, as_json, server=server, app=app_name)

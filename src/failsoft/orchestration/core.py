@@ -126,6 +126,7 @@ class Orchestrator:
         self._next_sweep = now
         self._next_gc = now
         self._gc_pending: set[str] = set()
+        self._gc_asked: dict[str, float] = {}  # server -> when its pending GC inspection was sent
         self._verify_pending: set[str] = set()
         self._deploy_deadline = now + settings.deploy_wait_s
 
@@ -336,6 +337,51 @@ class Orchestrator:
             self._on_change(change, now)
             self.fx.send(Emit("unhealthy", {"server": server, "reason": reason, "at": now}))
         return self._flush(now)
+
+    def model_lost(self, app: str, server: str, variant: str, now: float, cause: str) -> list[Command]:
+        """``server`` lives on but no longer holds ``app``'s ``variant``, the app's route: its agent
+        refused a call for it (the gateway's report, ``cause`` ``call``) or an inspection of the
+        server found it missing (``inspection``). Handled as a crash of that one copy: an app with a
+        warm pinned copy on another live server is switched to it at once (route ``promoted``: HAMS's
+        backup, which holds the state the lost copy had); any other is reloaded in place (what state
+        it had is lost). A report about a copy that is not the app's route (it moved meanwhile) or
+        while an operation of the app is under way (a repair, a return home) is stale: ignored."""
+        self._lost(app, server, variant, now, cause)
+        return self._flush(now)
+
+    def _lost(self, app: str, server: str, variant: str, now: float, cause: str) -> None:
+        """See :meth:`model_lost` (also the periodic inspection's path)."""
+        rec = self.state.apps.get(app)
+        where = Placement(server, variant)
+        if rec is None or rec.route != where or not self.state.live(server) or app in self.operations:
+            return
+        self.state.servers[server].holdings.discard((app, variant))
+        log.warning("server %s lost %s/%s (%s) while it lives", server, app, variant, cause)
+        self.fx.emit("model_lost", app, where, detected_at=now, cause=cause)
+        copy = self._pinned_copy(app, server)
+        if copy is None:  # FailLite's reload in place: no copy elsewhere holds what it held
+            self.operations.repair(app, where, now)
+            return
+        kind = self._take_backup(app, copy, now, now)
+        self.warm.dirty = True
+        self.fx.changes += 1
+        self.fx.publish(force=True)
+        self.fx.failover_event(app, kind, now, now, cause="model_lost")
+
+    def _pinned_copy(self, app: str, lost_on: str) -> str | None:
+        """The server of ``app``'s warm pinned copy (not a replica) on a live server other than
+        ``lost_on``, the one a crash would promote (None: there is none)."""
+        for (name, server), w in sorted(self.state.warm.items()):
+            if (
+                name == app
+                and server != lost_on
+                and w.backup.pinned
+                and w.owner != REPLICA_OWNER
+                and w.state is BackupState.WARM
+                and self.state.live(server)
+            ):
+                return server
+        return None
 
     def link(self, server: str, incarnation: str | None, now: float) -> list[Command]:
         """The gateway's connection to ``server``'s agent (process ``incarnation``) is up: a
@@ -692,6 +738,7 @@ class Orchestrator:
 
     def _gc_report(self, server: str, report: dict[str, Any] | None, now: float) -> None:
         self._gc_pending.discard(server)
+        asked = self._gc_asked.pop(server, now)
         if report is None or self.state.servers[server].state is not ServerState.UP:
             return
         held = self._note_report(server, report)
@@ -700,10 +747,9 @@ class Orchestrator:
             if app not in self.operations and not self.warm.loading(app):
                 self.fx.unload(server, app, variant)
         for app, variant in sorted(needed - held):
-            route = self.state.apps[app].route
-            if app not in self.operations and route == Placement(server, variant):
-                log.warning("server %s lost %s/%s: reloading it", server, app, variant)
-                self.operations.repair(app, route, now)
+            routed_at = self.state.apps[app].route_at  # a route set since may be newer than the report
+            if routed_at is None or routed_at <= asked:
+                self._lost(app, server, variant, now, "inspection")
 
     def _finish_verify(self, now: float) -> None:
         if self.phase is not Phase.VERIFYING or self._verify_pending:
@@ -808,6 +854,7 @@ class Orchestrator:
         for name, rec in self.state.servers.items():
             if rec.state is ServerState.UP:
                 self._gc_pending.add(name)
+                self._gc_asked[name] = now
                 self.fx.send(Inspect(name, InspectPurpose.GC))
 
     # timers -----------------------------------------------------------------------------------------

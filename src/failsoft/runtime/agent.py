@@ -637,6 +637,16 @@ class Agent:
         serve, which only the gateway's app-level health can see; ``False`` mends it."""
         self._broken = bool(broken)
 
+    def evict(self, app: str) -> list[str]:
+        """Lose every variant held for ``app`` while the server lives on (``failsoft chaos evict``:
+        a model runtime that crashed, an out-of-memory eviction). The controller is not told: it
+        learns of it from the gateway's next call for it (ModelNotLoadedError) or from its periodic
+        inspection of what the server holds. The variants dropped (empty: none was held)."""
+        with self._lock:
+            variants = sorted(v for a, v in self._held if a == app)
+        log.warning("chaos: %s loses its models of %s (%s)", self.server.name, app, ", ".join(variants))
+        return [v for v in variants if self.unload(app, v)]
+
     def shutdown(self) -> None:
         """Unload every model and stop the heartbeat sidecar (an agent living in a test's process)."""
         with self._lock:

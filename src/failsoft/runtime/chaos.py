@@ -1,4 +1,5 @@
-"""Failure injection: crash, hang, resume or slow down servers (``failsoft chaos``, ``/admin/chaos``).
+"""Failure injection: crash, hang, resume, slow down or break servers, or make one lose a model
+(``failsoft chaos``, ``/admin/chaos``).
 
 FailLite injects a server failure by stopping its Triton container (5.1). Here a server *is* its
 agent's process, so:
@@ -13,6 +14,10 @@ agent's process, so:
 * **break** makes every inference of a server fail while its heartbeats go on (a server that is up
   but cannot serve: a corrupt model, a broken GPU): only the gateway's app-level health sees it;
   ``broken: false`` mends it.
+* **evict** makes a server lose one app's model while it lives on and heartbeats (a model runtime
+  that crashed, an out-of-memory eviction): the controller learns it from the gateway's next call
+  for it or from its periodic inspection, and promotes the app's pinned copy (a HAMS backup) or
+  reloads the model in place (``Orchestrator.model_lost``).
 
 Signals are sent from this process when the agent runs on this host (embedded mode); otherwise the
 agent is asked to kill itself. Every injection returns the wall time it happened at, so benchmarks
@@ -173,6 +178,15 @@ class Chaos:
         await self.agents[name].set_broken(broken)
         _record("break", [name], at, broken=broken)
         return {"action": "break", "server": name, "broken": broken, "at": at}
+
+    async def evict(self, server: str, app: str) -> dict[str, Any]:
+        (name,) = self.servers_of(server)
+        at = time.time()
+        variants = await self.agents[name].evict(app)
+        if not variants:
+            raise UnknownNameError(f"server {name!r} holds no model of app {app!r}")
+        _record("evict", [name], at, app=app, variants=variants)
+        return {"action": "evict", "server": name, "app": app, "variants": variants, "at": at}
 
     def _kill_companions(self, server: str) -> list[int]:
         """SIGKILL the server's other processes on this host (an llm service's workers)."""

@@ -229,6 +229,10 @@ class AgentRef(_ActorRef):
     async def set_broken(self, broken: bool, timeout_s: float = 5.0) -> None:
         await self._call("set_broken", broken, timeout_s=timeout_s)
 
+    async def evict(self, app: str, timeout_s: float = 5.0) -> list[str]:
+        """The agent loses its models of ``app`` (``Agent.evict``, chaos); the variants dropped."""
+        return list(await self._call("evict", app, timeout_s=timeout_s))
+
     def crash_nowait(self) -> None:
         self._fire("crash")
 
@@ -279,6 +283,10 @@ class ControllerRef(_ActorRef):
 
     async def unpin(self, app: str, server: str, owner: str, timeout_s: float = 5.0) -> None:
         await self._call("unpin", app, server, owner, timeout_s=timeout_s)
+
+    async def report_model_lost(self, app: str, server: str, variant: str, timeout_s: float = 5.0) -> None:
+        """``server`` lives but no longer holds ``app``'s ``variant`` (``Controller.report_model_lost``)."""
+        await self._call("report_model_lost", app, server, variant, timeout_s=timeout_s)
 
     async def deployment(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """What runs (``Controller.deployment``): the deployment, policy and config version."""

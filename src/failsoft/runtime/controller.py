@@ -272,6 +272,13 @@ class Controller:
         """``owner`` gives its copy of ``app`` on ``server`` up (unloaded after the drain period)."""
         self._feed(self.core.unpin(app, server, owner, self.clock.now()))
 
+    async def report_model_lost(self, app: str, server: str, variant: str) -> None:
+        """The gateway's call found ``server`` (heartbeating) without ``app``'s ``variant``
+        (ModelNotLoadedError): the core promotes the app's pinned copy as for a crash, or reloads
+        the model in place (``Orchestrator.model_lost``); a stale report changes nothing."""
+        if app in self.state.apps and server in self.state.servers:
+            self._feed(self.core.model_lost(app, server, variant, self.clock.now(), "call"))
+
     # API: deploys (failsoft deploy CONFIG through the gateway's admin API) --------------------------
     async def deployment(self) -> dict[str, Any]:
         """What runs: the deployment (every app's home), the failover policy and the config version."""

@@ -57,6 +57,7 @@ class FakeController:
         self.pins: list[tuple[str, str, str, str]] = []
         self.unpins: list[tuple[str, str, str]] = []
         self.fences: dict[str, float] = {}  # server -> its last failure's stamp, as the controller sends
+        self.lost_reports: list[tuple[str, str, str]] = []  # what report_model_lost() was told
         self._loading: set[asyncio.Task[Any]] = set()
 
     def set_route(self, app: str, entry: dict[str, Any] | None) -> None:
@@ -148,6 +149,19 @@ class FakeController:
         (whose routes this fake leaves as they are: a pinned copy's watch does not move)."""
         self.fences[server] = self.clock.now()
         self.table.publish(dict(self.table.value))
+
+    async def report_model_lost(self, app: str, server: str, variant: str) -> None:
+        """As ``Orchestrator.model_lost`` (tests/orchestration/test_model_lost.py tests the real
+        one): when the app's route is that copy and a ready pinned copy is on another server, that
+        copy is promoted; any other report is recorded only."""
+        self._check()
+        self.lost_reports.append((app, server, variant))
+        route = (self.table.value.get(app) or {}).get("route")
+        if route is None or (route["server"], route["variant"]) != (server, variant):
+            return
+        ready = [p for p in self.pinned(app) if p["ready"] and p["server"] != server]
+        if ready:
+            self.promote(app, ready[0]["server"], ready[0]["variant"])
 
     def promote(self, app: str, server: str, variant: str) -> None:
         """As the core's warm switch to a pinned copy: the copy becomes the route (``promoted``)."""

@@ -135,8 +135,8 @@ def _scenario(
     settle_s: float = 2.0,
 ) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
-    kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary) after the 15th
-    is sent. Returns the answers
+    kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary; ``"model"``:
+    c's primary loses its model, its server living on) after the 15th is sent. Returns the answers
     by seq, the agents, the dispatcher's replication report, and its route log."""
     out: dict[str, Any] = {}
 
@@ -173,7 +173,10 @@ def _scenario(
                 task.add_done_callback(lambda t, i=i: done_at.__setitem__(i, clock.now()))
                 tasks.append(task)
                 await clock.run_for(0.02)
-                if i == 15 and kill is not None:
+                if i == 15 and kill == "model":  # the primary's model is gone, its server lives on
+                    out["killed"] = victim = d.describe()["replication"]["nodes"]["c"]["primary"]
+                    del agents[victim].models[("app-c", "v")]
+                elif i == 15 and kill is not None:
                     report = d.describe()["replication"]["nodes"]["c"]
                     victim = report["backup"] if kill == "backup" else report["primary"]
                     out["killed"] = victim
@@ -192,7 +195,7 @@ def _scenario(
             out["done_at"] = {dict(a.extra)["seq"]: done_at[i] for i, a in enumerate(answers)}
             out["report"] = d.describe()["replication"]["nodes"]["c"]
             out["node"], out["ready"] = d.describe()["nodes"]["c"], d.ready()
-            out["agents"] = agents
+            out["agents"], out["lost_reports"] = agents, list(controller.lost_reports)
             pending = d.replication._tasks if d.replication is not None else set()
             out["working_before_close"] = sum(not t.done() for t in pending)
             await d.close()  # what the gateway does when it stops
@@ -267,6 +270,24 @@ def test_a_hung_primary_is_left_when_the_controller_moves_its_app() -> None:
     assert report["failovers"] == 1 and report["lost"] == 0
     assert report["primary"] == run["placed"]["backup"] and report["durable"] == 40
     assert sorted(run["answers"]) == list(range(1, 41))
+    assert _outputs(run) == _outputs(reference)
+
+
+def test_a_primary_that_lost_its_model_on_a_live_server_is_reported_and_its_backup_promoted() -> None:
+    """Nothing moves the route by itself (the server heartbeats): the request that finds the model
+    gone reports it (``report_model_lost``), the core's stand-in promotes the backup as the real core
+    does, and the node fails over exactly as for a crash. Without the report the request waits for
+    a route change until its deadline."""
+    reference = _scenario(kill=None, apply_s=0.025)
+    run = _scenario(kill="model", apply_s=0.025)
+    report = run["report"]
+    assert run["killed"] == "s1" and not run["agents"]["s1"].dead
+    assert set(run["lost_reports"]) == {("app-c", "s1", "v")}
+    assert report["failovers"] == 1 and report["lost"] == 0 and report["divergent"] == 0
+    assert report["primary"] == run["placed"]["backup"]  # the backup was promoted
+    assert report["backup"] not in (None, report["primary"])  # and a new one placed
+    assert report["durable"] == 40
+    assert sorted(run["answers"]) == list(range(1, 41))  # every request answered, none failed
     assert _outputs(run) == _outputs(reference)
 
 

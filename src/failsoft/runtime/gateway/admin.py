@@ -1,10 +1,10 @@
 """The gateway's admin API: bearer-token protected, size-limited, and every action logged.
 
-``GET /admin/status`` and ``GET /admin/recoveries`` read; ``POST /admin/chaos/{kill,hang,resume,slow,break}``
-inject failures. Every request must carry ``Authorization: Bearer <token>`` (compared in constant
-time); a refused one is logged at WARNING with the peer's address, an accepted action at INFO with
-who (the peer) and what (the path and its request), reads at DEBUG. Bodies are JSON objects of at
-most :data:`ADMIN_BODY_BYTES`.
+``GET /admin/status`` and ``GET /admin/recoveries`` read; ``POST
+/admin/chaos/{kill,hang,resume,slow,break,evict}`` inject failures. Every request must carry
+``Authorization: Bearer <token>`` (compared in constant time); a refused one is logged at WARNING
+with the peer's address, an accepted action at INFO with who (the peer) and what (the path and
+its request), reads at DEBUG. Bodies are JSON objects of at most :data:`ADMIN_BODY_BYTES`.
 
 The routes reach the gateway through :class:`AdminHost`, the few parts of it they use, so that this
 module does not import the gateway that installs it (:class:`~failsoft.runtime.gateway.app.Gateway`
@@ -105,6 +105,12 @@ class BreakBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     server: str
     broken: bool = True
+
+
+class EvictBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    server: str
+    app: str = Field(min_length=1, max_length=256)
 
 
 def peer(request: Request) -> str:
@@ -215,6 +221,11 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
     async def break_(body: bytes) -> dict[str, Any]:
         req = parse(BreakBody, body)
         return await gateway.chaos.break_(req.server, req.broken)
+
+    @guarded("/admin/chaos/evict")
+    async def evict(body: bytes) -> dict[str, Any]:
+        req = parse(EvictBody, body)
+        return await gateway.chaos.evict(req.server, req.app)
 
     @guarded("/admin/chaos/slow")
     async def slow(body: bytes) -> dict[str, Any]:

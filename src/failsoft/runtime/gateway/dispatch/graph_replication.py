@@ -39,7 +39,10 @@ the protocol itself staying pure (events in, commands out):
   logged inputs after ``k`` on it in ``seq`` order (their outputs were released already and are not
   sent again: the replay rebuilds the state); then the request that found the failure is computed
   there, and the graph goes on. ``PlaceBackup`` asks for a new backup, which the newest state is
-  shipped to. Without a backup holding a state (both copies gone, the first one not placed yet, or
+  shipped to. A primary whose model is gone while its server lives on (``ModelNotLoadedError``)
+  moves no route by itself, since the server heartbeats: the request reports it to the controller
+  (``copies.report_model_lost``), whose core promotes the backup as for a crash, and the node
+  follows as above. Without a backup holding a state (both copies gone, the first one not placed yet, or
   the route went elsewhere) the node goes on at the app's new route, its state lost (``none``).
 
 Not carried out yet (docs/hams.md, "What comes next"): holding a client's answer until every stateful
@@ -67,6 +70,7 @@ from failsoft.errors import (
     DeadlineExceededError,
     FailsoftError,
     InvalidRequestError,
+    ModelNotLoadedError,
     NoRouteError,
 )
 from failsoft.orchestration.copies import CopyRequest
@@ -255,6 +259,8 @@ class Replication:
                         "service %s, node %s: primary on %s failed: %s",
                         self.service, name, copy.server, result.error,
                     )  # fmt: skip
+                    if isinstance(result.error, ModelNotLoadedError):  # its server lives: tell the core
+                        self._spawn(self._report_lost(copy))
                     await self._failover(node, seq, copy, deadline)
                     if node.primary is None:  # back to the route: wait until it leaves the dead server
                         await self._route_leaves(node.app, copy.server, deadline - clock.now())
@@ -596,6 +602,17 @@ class Replication:
                 return Copy(server, node.app, primary.variant)
             return None
         return None
+
+    async def _report_lost(self, copy: Copy) -> None:
+        """The primary's model is gone from a server that lives (it answered ModelNotLoadedError):
+        the core decides what follows (its pinned backup promoted, as for a crash), never this
+        dispatcher; without the report nothing would move the route, since the server heartbeats."""
+        try:
+            await self.context.copies.report_model_lost(copy.app, copy.server, copy.variant)
+        except FailsoftError as exc:  # the core's inspection of the server finds it too, later
+            log.warning(
+                "service %s: could not report %s lost on %s: %s", self.service, copy.app, copy.server, exc
+            )
 
     async def _unpin(self, copy: Copy) -> None:
         try:

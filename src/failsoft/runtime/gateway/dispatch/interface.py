@@ -87,11 +87,16 @@ class CopyControl(Protocol):
     backup) and gives it up: the controller's ``pin``/``unpin`` (``ControllerRef``). The core loads,
     counts and publishes the copy; the dispatcher learns it is ready from the routing table
     (:meth:`~failsoft.runtime.gateway.routes.RouteMirror.wait_pinned`). A dispatcher never loads,
-    unloads or promotes a model itself."""
+    unloads or promotes a model itself: when a copy it relies on is gone from a server that lives
+    (a call answered :class:`~failsoft.errors.ModelNotLoadedError`), it says so
+    (``report_model_lost``) and the core decides (``Orchestrator.model_lost``: HAMS's backup is
+    promoted as for a crash), which the dispatcher learns from the routing table."""
 
     async def pin(self, request: CopyRequest) -> str: ...
 
     async def unpin(self, app: str, server: str, owner: str) -> None: ...
+
+    async def report_model_lost(self, app: str, server: str, variant: str) -> None: ...
 
 
 class FleetControl(Protocol):
@@ -125,6 +130,9 @@ class NoCopies:
         raise CapacityError(f"no controller to pin a copy of {request.app!r} with")
 
     async def unpin(self, app: str, server: str, owner: str) -> None:
+        return None
+
+    async def report_model_lost(self, app: str, server: str, variant: str) -> None:
         return None
 
 
