@@ -19,6 +19,7 @@ import pytest
 from failsoft.clock import ManualClock
 from failsoft.errors import InvalidRequestError, OverloadedError, ServerUnavailableError
 from failsoft.runtime.gateway.dispatch import CodedDispatcher, DispatchContext, Request, dispatcher_class
+from failsoft.runtime.gateway.dispatch.coded import ERRED_HOLD_S
 from failsoft.services import CodedParams, Service, ServiceMode
 from tests.runtime.gateway.fakes import FakeAgent, mirrored, route_entry, sync
 
@@ -294,30 +295,55 @@ async def test_a_member_that_refuses_its_query_is_decoded_around_and_fails_it_on
         await rig.clock.run_for(0.02)
         assert not t1.result().reconstructed and t2.result().reconstructed
         np.testing.assert_allclose(t2.result().outputs, x2 @ WEIGHTS, rtol=1e-4, atol=1e-4)
-        # the parity fails as well: nothing can decode it, the member's error is the answer
+        # the parity fails as well: nothing can decode it, the other data member serves it
         rig.agents["s-p0"].error = OverloadedError("s-p0/p0: overloaded")
+        await rig.clock.run_for(ERRED_HOLD_S)  # d1 is passed over a while after it refused
         (t3, _), (t4, _) = rig.send(1.0), rig.send(1.0)
         await rig.clock.run_for(0.02)
         assert not t3.result().reconstructed
-        with pytest.raises(OverloadedError, match="s-d1/d1: overloaded"):
-            t4.result()
+        assert t4.result().server == "s-d0" and not t4.result().reconstructed
         # a lone query in a group that goes uncoded: served by the other data member (same model)
         rig.agents["s-p0"].error = None
         rig.agents["s-d0"].latency_s = 0.05  # d0 busy: the lone query goes to d1, which refuses
         rig.dispatcher._in_flight[0] += 5
+        await rig.clock.run_for(ERRED_HOLD_S)
         lone, x = rig.send(1.0)
         await rig.clock.run_for(0.02)  # released uncoded at 10 ms, sent to d0 then
         assert not lone.done()
         await rig.clock.run_for(0.05)
         assert lone.result().server == "s-d0" and not lone.result().reconstructed
         np.testing.assert_allclose(lone.result().outputs, x @ WEIGHTS, rtol=1e-4, atol=1e-4)
-        assert rig.dispatcher.counts["served_by_another_member"] == 1
+        assert rig.dispatcher.counts["served_by_another_member"] == 2
         # ... and when that member refuses too, the first member's error, at once
         rig.agents["s-d0"].error = OverloadedError("s-d0/d0: overloaded")
+        await rig.clock.run_for(ERRED_HOLD_S)
         last, _ = rig.send(1.0)
         await rig.clock.run_for(0.02)
         with pytest.raises(OverloadedError, match="s-d1/d1: overloaded"):
             last.result()
+        rig.dispatcher._in_flight[0] -= 5
+        await rig.clock.run_for(1.0)
+        assert not rig.dispatcher._groups
+
+
+@sync
+async def test_two_queries_of_one_group_refused_by_one_member_are_served_by_the_other_and_it_is_passed_over():
+    """Both queries of a group went to d1 (fewest in flight) before its first refusal came back: a
+    parity decodes only one of them, so both are served by d0; d1 then gets no new query for a
+    while (it would win every tie again, refusing at once)."""
+    async with rigged() as rig:
+        rig.agents["s-d1"].error = OverloadedError("s-d1/d1: overloaded")
+        rig.dispatcher._in_flight[0] += 5  # d0 looks busy: both go to d1
+        sent = [rig.send(1.0) for _ in range(2)]
+        await rig.clock.run_for(0.02)
+        assert rig.calls("s-d1") == ["r1#d#1", "r2#d#1"]
+        for task, x in sent:
+            assert task.result().server == "s-d0" and not task.result().reconstructed
+            np.testing.assert_allclose(task.result().outputs, x @ WEIGHTS, rtol=1e-4, atol=1e-4)
+        more = [rig.send(1.0) for _ in range(2)]  # within the hold: d1 is passed over
+        await rig.clock.run_for(0.02)
+        assert rig.calls("s-d1") == ["r1#d#1", "r2#d#1"]
+        assert all(not t.result().reconstructed for t, _ in more)
         rig.dispatcher._in_flight[0] -= 5
         await rig.clock.run_for(1.0)
         assert not rig.dispatcher._groups

@@ -42,8 +42,10 @@ episode ends only once none of them is still waiting.
 
 A data member's call that ends in an error (its queue refused it as overloaded, it ran out of time,
 its model failed) is one more lost answer to the group, not the request's failure: the request gets
-the decoded output when the group's other answers make k, and the member's error only once they
-cannot (the group went uncoded, or too many of its members failed).
+the decoded output when the group's other answers make k; when they cannot (the group went
+uncoded, or too many of its members failed) another data member serves it, and only when none can
+does it get the member's error. A member whose call just failed gets no new query for
+``ERRED_HOLD_S``: refusing at once, it would have the fewest calls in flight and win every choice.
 
 A request whose shape does not match the service's input is refused (InvalidRequestError, 400)
 before it joins a group, so the group it would have joined is unaffected.
@@ -78,6 +80,7 @@ from failsoft.services import CodedParams, Service, ServiceMode
 
 log = logging.getLogger(__name__)
 TIMINGS = 10_000  # encode and decode times kept (microseconds), for their median in describe()
+ERRED_HOLD_S = 0.1  # a data member whose call just failed (refused, late) gets no new query this long
 
 
 class _Member(SingleDispatcher):
@@ -157,6 +160,7 @@ class CodedDispatcher(Dispatcher):
         self._straggled: dict[int, int] = {}  # ... while it was not failing, since its last answer
         self._seen: dict[int, Route | None] = {}  # data member -> its route at the last request
         self._in_flight = [0] * self.k  # calls of each data member not yet done
+        self._erred_at = [float("-inf")] * self.k  # when each data member's last call failed
         self.counts = {"requests": 0, "coded_groups": 0, "uncoded_groups": 0, "reconstructed": 0}
         self.counts["reconstructed_during_failover"] = 0
         self.counts["served_by_another_member"] = 0  # uncoded queries of a failing member
@@ -218,12 +222,16 @@ class CodedDispatcher(Dispatcher):
             raise
 
     def _least_busy(self, index: int) -> int:
-        """The healthy data member with the fewest calls in flight (member ``index`` on a tie)."""
+        """The healthy data member with the fewest calls in flight (member ``index`` on a tie). A
+        member that refuses at once has the fewest: one whose call failed in the last
+        :data:`ERRED_HOLD_S` is passed over, or one group could hold two of its queries, and a
+        parity decodes only one."""
         best, best_load = index, None
+        now = self.context.clock.now()
         for step in range(self.k):
             i = (index + step) % self.k
             member = self.data[i]
-            if member.failing or not member.ready():
+            if member.failing or not member.ready() or now - self._erred_at[i] < ERRED_HOLD_S:
                 continue
             if best_load is None or self._in_flight[i] < best_load:
                 best, best_load = i, self._in_flight[i]
@@ -377,6 +385,7 @@ class CodedDispatcher(Dispatcher):
         error = task.exception()
         if error is not None:  # refused, late or failed: the group's other answers may decode it
             query.error = error
+            self._erred_at[query.member] = self.context.clock.now()
             self._feed(group, query.index, None)
             tracker = group.tracker
             if not query.result.done() and (tracker is None or tracker.done):  # nothing to decode from
@@ -433,7 +442,9 @@ class CodedDispatcher(Dispatcher):
         for index in progress.unrecoverable:  # lost, and too few answers to decode it from
             query = group.queries.get(index)
             if query is not None and query.error is not None and not query.result.done():
-                query.result.set_exception(query.error)
+                self._fall_back(group, query)  # another data member serves the same model
+                if not query.fallen_back and not query.result.done():
+                    query.result.set_exception(query.error)
         for index in progress.cancel:
             task = group.queries[index].own if index < self.k else group.parity.get(index)
             if task is not None and not task.done():
