@@ -10,7 +10,7 @@ copy pinned by ``graph:g`` away from ``s0``. The loss reaches the core as an inp
 from __future__ import annotations
 
 from failsoft.domain import Placement, ServerState
-from failsoft.orchestration import CopyRequest, Inspect, InspectPurpose, Load, Publish
+from failsoft.orchestration import CopyRequest, Inspect, InspectPurpose, Load, PlanFailover, Publish
 from tests.orchestration.test_core import HB, Harness, cluster
 
 OWNER = "graph:g"
@@ -62,14 +62,60 @@ def test_a_stale_report_changes_nothing():
     assert len(h.events("model_lost")) == 1 and len(h.events("failover")) == 1
 
 
-def test_a_lost_model_without_a_pinned_copy_is_reloaded_in_place():
+def test_a_lost_model_without_a_copy_elsewhere_is_unrouted_while_it_reloads_in_place():
+    """The route goes while the model reloads (the gateway's requests wait for one instead of
+    calling a server that refuses them) and comes back as a new route (a newer ``route_at``), which
+    the requests that found the loss retry on; the reload is a ``failover`` of kind ``reload``."""
     h = with_backup()
+    routed_at = h.state.apps["C"].route_at
     out = h.take(h.core.model_lost("C", "s0", "big", 1.0, "call"))
     (repair,) = h.of(Load, out)
     assert (repair.app, repair.server, repair.variant) == ("C", "s0", "big")
-    assert h.state.apps["C"].route == Placement("s0", "big") and len(h.events("model_lost")) == 1
+    rec = h.state.apps["C"]
+    assert rec.route is None and h.state.routes()["C"]["route"] is None and h.of(Publish, out)
+    assert rec.final == Placement("s0", "big")  # its memory there stays reserved meanwhile
+    assert h.state.servers["s0"].state is ServerState.UP and len(h.events("model_lost")) == 1
     out = h.take(h.core.model_lost("C", "s0", "big", 1.01, "call"))  # under repair: not again
     assert not h.of(Load, out) and len(h.events("model_lost")) == 1
+    assert not h.of(PlanFailover)  # an unrouted app on a live server is no failover to plan
+    out = h.finish("C", "big", 1.2)
+    assert rec.route == Placement("s0", "big") and rec.kind.value == "primary" and rec.final is None
+    assert rec.route_at == 1.2 and routed_at != 1.2 and h.of(Publish, out)
+    (reload,) = h.events("failover")
+    assert (reload["app"], reload["server"], reload["kind"]) == ("C", "s0", "reload")
+    assert reload["cause"] == "model_lost"
+    assert reload["route_ms"] == 200.0 and reload["load_ms"] == 1.0
+
+
+def test_a_failed_reload_leaves_the_app_unrouted_and_backing_off_then_home_again():
+    h = with_backup(reconcile_s=0.25)
+    h.take(h.core.model_lost("C", "s0", "big", 1.0, "call"))
+    h.finish("C", "big", 1.1, ok=False)
+    assert h.state.apps["C"].route is None and h.state.apps["C"].final is None
+    assert not [c for c in h.of(Load, h.take(h.core.advance(1.2))) if c.app == "C"]  # backing off
+    out = h.take(h.core.advance(1.7))  # 0.5 s later: its return home reloads it
+    (home,) = [c for c in h.of(Load, out) if c.app == "C"]
+    assert (home.server, home.variant) == ("s0", "big")
+    h.finish("C", "big", 1.8)
+    assert h.state.apps["C"].route == Placement("s0", "big")
+
+
+def test_a_lost_model_with_a_warm_backup_switches_to_it_at_once_then_returns_home():
+    """FailLite's warm backup serves at once, as after a crash (no wait for a reload); the home,
+    whose server lives, is reloaded meanwhile and the traffic returns to it."""
+    h = with_backup()
+    out = h.take(h.core.model_lost("A", "s0", "big", 1.0, "call"))
+    rec = h.state.apps["A"]
+    assert rec.route == Placement("s1", "small") and rec.kind.value == "warm" and h.of(Publish, out)
+    (failover,) = h.events("failover")
+    assert (failover["app"], failover["kind"], failover["cause"]) == ("A", "warm", "model_lost")
+    assert failover["route_ms"] == 0.0
+    (home,) = h.of(Load, out)  # the return home starts at once
+    assert (home.app, home.server, home.variant) == ("A", "s0", "big")
+    h.finish("A", "big", 1.3)
+    assert rec.route == Placement("s0", "big") and rec.kind.value == "primary"
+    (restore,) = h.events("restore")
+    assert (restore["app"], restore["server"]) == ("A", "s0")
 
 
 def test_the_periodic_inspection_finds_the_loss_and_promotes_the_same_way():

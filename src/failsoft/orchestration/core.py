@@ -341,11 +341,16 @@ class Orchestrator:
     def model_lost(self, app: str, server: str, variant: str, now: float, cause: str) -> list[Command]:
         """``server`` lives on but no longer holds ``app``'s ``variant``, the app's route: its agent
         refused a call for it (the gateway's report, ``cause`` ``call``) or an inspection of the
-        server found it missing (``inspection``). Handled as a crash of that one copy: an app with a
-        warm pinned copy on another live server is switched to it at once (route ``promoted``: HAMS's
-        backup, which holds the state the lost copy had); any other is reloaded in place (what state
-        it had is lost). A report about a copy that is not the app's route (it moved meanwhile) or
-        while an operation of the app is under way (a repair, a return home) is stale: ignored."""
+        server found it missing (``inspection``). Handled as a crash of that one copy, by the rule a
+        crash follows: an app with a warm pinned copy on another live server is switched to it at
+        once (route ``promoted``: HAMS's backup, which holds the state the lost copy had), else one
+        with a warm backup on another live server is switched to the most accurate one (route
+        ``warm``; it returns home once its home holds the model again, as after a crash). Any other
+        is reloaded in place, *unrouted meanwhile*: the gateway's requests then wait for a route
+        rather than call a server that refuses them, and the reloaded model comes back as a new
+        route (a new ``route_at``), which the requests that found the loss retry on. A report about
+        a copy that is not the app's route (it moved meanwhile) or while an operation of the app is
+        under way (a repair, a return home) is stale: ignored."""
         self._lost(app, server, variant, now, cause)
         return self._flush(now)
 
@@ -358,13 +363,17 @@ class Orchestrator:
         self.state.servers[server].holdings.discard((app, variant))
         log.warning("server %s lost %s/%s (%s) while it lives", server, app, variant, cause)
         self.fx.emit("model_lost", app, where, detected_at=now, cause=cause)
-        copy = self._pinned_copy(app, server)
-        if copy is None:  # FailLite's reload in place: no copy elsewhere holds what it held
+        copy = self._pinned_copy(app, server) or self._warm_copy(app, server)
+        if copy is None:  # FailLite's reload in place: no copy elsewhere holds the model
+            self.fx.set_route(rec, None, rec.kind, rec.detected_at, now)
+            rec.final = where  # its capacity stays reserved there while it reloads
+            self.fx.publish(force=True)
             self.operations.repair(app, where, now)
             return
         kind = self._take_backup(app, copy, now, now)
         self.warm.dirty = True
         self.fx.changes += 1
+        self.fx.attention.add(app)  # a warm switch returns home (reloaded there) at once
         self.fx.publish(force=True)
         self.fx.failover_event(app, kind, now, now, cause="model_lost")
 
@@ -382,6 +391,18 @@ class Orchestrator:
             ):
                 return server
         return None
+
+    def _warm_copy(self, app: str, lost_on: str) -> str | None:
+        """The server of the warm backup a crash of ``lost_on`` would switch ``app`` to (the most
+        accurate live one: :func:`~failsoft.policies.failover.common.warm_switches`, the warm
+        switch's one rule); None when it has none."""
+        if not any(a == app and s != lost_on for a, s in self.state.warm):
+            return None  # the common case: no snapshot to take
+        scenario = self.state.snapshot()
+        down = self.state.down() | {lost_on}
+        apps = [a for a in scenario.apps if a.name == app]
+        actions, _ = warm_switches(scenario, apps, down, initial_ledger(scenario, down))
+        return actions[0].server if actions else None
 
     def link(self, server: str, incarnation: str | None, now: float) -> list[Command]:
         """The gateway's connection to ``server``'s agent (process ``incarnation``) is up: a

@@ -8,7 +8,8 @@ An operation is a small state machine the core advances as its loads finish:
 * **upgrade**: take the final server's upgrade turn (one upgrade at a time per server), load the
   final variant in the background, switch the route, unload the stand-in after a drain period;
 * **home**: load the app's home variant on its returning server and move its traffic back;
-* **repair**: reload a routed model a server lost (found by the periodic inspection).
+* **repair**: reload in place a routed model a live server lost (``Orchestrator.model_lost``),
+  the app unrouted meanwhile; routed there again once loaded (a ``failover`` of kind ``reload``).
 
 A failure of any server an operation works with cancels it; its load is orphaned (what it loads
 anyway is unloaded when nobody needs it). A failed load backs the app off (0.5 s, doubling to 30 s)
@@ -51,7 +52,7 @@ class Op:
     servers: frozenset[str]  # a failure of any of them cancels the operation
     load_id: int | None = None
     action: FailoverAction | None = None  # recover
-    detected_at: float | None = None  # recover: the failure its route answers
+    detected_at: float | None = None  # recover: the failure its route answers; repair: the loss
     group: Group | None = None  # recover: its failover's group
     current: Placement | None = None  # upgrade: serving now
     goal: Placement | None = None  # upgrade, home, repair: where it goes
@@ -160,7 +161,9 @@ class Operations:
         return op
 
     def repair(self, app: str, where: Placement, now: float) -> None:
-        self._start(Op(app, OpKind.REPAIR, frozenset({where.server}), goal=where), now)
+        """Reload ``app`` at ``where``, the route a live server lost (the core unrouted it)."""
+        op = Op(app, OpKind.REPAIR, frozenset({where.server}), goal=where, detected_at=now)
+        self._start(op, now)
 
     # cancelling ---------------------------------------------------------------------------------
     def cancel(self, app: str, now: float) -> None:
@@ -192,7 +195,7 @@ class Operations:
         elif op.kind is OpKind.HOME:
             self._home_loaded(op, ok, info, now)
         else:
-            self._repaired(op, ok, now)
+            self._repaired(op, ok, info, now)
 
     # recover ------------------------------------------------------------------------------------
     def _recover_first(self, op: Op) -> None:
@@ -319,11 +322,26 @@ class Operations:
         self._end(op)
         self._home_ended(op, True, now)
 
-    def _repaired(self, op: Op, ok: bool, now: float) -> None:
+    def _repaired(self, op: Op, ok: bool, info: dict[str, Any], now: float) -> None:
+        """The reload in place finished: the app, unrouted meanwhile, is routed there again (a new
+        route: the requests that found the model gone retry on it), or stays unrouted and backs
+        off (a return home follows when its home is up)."""
         rec = self.state.apps[op.app]
-        if not ok and rec.route == op.goal:
-            self.fx.set_route(rec, None, rec.kind, rec.detected_at, now)
-            self.fx.publish()
+        assert op.goal is not None
+        if rec.route not in (None, op.goal):  # routed elsewhere meanwhile: nothing to restore
+            self._end(op)
+            return
+        self.fx.set_route(rec, op.goal if ok else None, rec.kind, rec.detected_at, now)
+        rec.final = None  # reserved there while it reloaded
+        self.fx.publish()
+        if ok:
+            self.backoff.pop(op.app, None)
+            lost_at = now if op.detected_at is None else op.detected_at
+            self.fx.failover_event(
+                op.app, "reload", lost_at, now, cause="model_lost", load_ms=info.get("load_ms")
+            )
+        else:
+            self._back_off(op.app, now)
         self._end(op)
 
     # helpers ------------------------------------------------------------------------------------

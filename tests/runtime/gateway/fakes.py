@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from failsoft.clock import ManualClock
-from failsoft.errors import CapacityError, FailsoftError, ServerUnavailableError
+from failsoft.errors import CapacityError, FailsoftError, ModelNotLoadedError, ServerUnavailableError
 from failsoft.orchestration import CopyRequest
 from failsoft.runtime.gateway.routes import RouteMirror
 from failsoft.runtime.longpoll import EventLog, VersionedValue, wait_event
@@ -58,6 +58,9 @@ class FakeController:
         self.unpins: list[tuple[str, str, str]] = []
         self.fences: dict[str, float] = {}  # server -> its last failure's stamp, as the controller sends
         self.lost_reports: list[tuple[str, str, str]] = []  # what report_model_lost() was told
+        # a report with no ready pinned copy elsewhere: as the core's reload in place (the app
+        # unrouted this long, the model loaded back, then routed again), None: recorded only
+        self.reload_s: float | None = None
         self._loading: set[asyncio.Task[Any]] = set()
 
     def set_route(self, app: str, entry: dict[str, Any] | None) -> None:
@@ -162,6 +165,18 @@ class FakeController:
         ready = [p for p in self.pinned(app) if p["ready"] and p["server"] != server]
         if ready:
             self.promote(app, ready[0]["server"], ready[0]["variant"])
+        elif self.reload_s is not None:
+            task = asyncio.ensure_future(self._reload(app, route))
+            self._loading.add(task)
+            task.add_done_callback(self._loading.discard)
+
+    async def _reload(self, app: str, route: dict[str, Any]) -> None:
+        """As the core's reload in place: unrouted while the agent loads the model back, then the
+        same placement routed again as a new route (a newer ``route_at``)."""
+        self.set_route(app, None)
+        await self.clock.sleep(self.reload_s or 0.0)
+        await self.agents[route["server"]].load(app, "fam", route["variant"], background=False)
+        self.set_route(app, {"route": {**route, "route_at": self.clock.now()}})
 
     def promote(self, app: str, server: str, variant: str) -> None:
         """As the core's warm switch to a pinned copy: the copy becomes the route (``promoted``)."""
@@ -211,6 +226,12 @@ class FakeAgent:
 
     def cancel_nowait(self, request_id: str) -> None:
         self.cancelled.append(request_id)
+
+    async def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
+        """The model loaded back (the controller's reload in place): a lost model is held again."""
+        if isinstance(self.error, ModelNotLoadedError):
+            self.error = None
+        return {}
 
 
 def sync(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:

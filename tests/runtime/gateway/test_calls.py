@@ -32,6 +32,7 @@ from failsoft.errors import (
 )
 from failsoft.runtime.gateway.dispatch import DispatchContext
 from failsoft.runtime.gateway.dispatch.calls import CallResult, CallStatus, Target, Watch, call_on_route
+from failsoft.runtime.gateway.dispatch.interface import LossReports
 from failsoft.runtime.gateway.routes import RouteMirror
 from tests.runtime.gateway.fakes import FakeAgent, FakeController, mirrored, route_entry, sync
 
@@ -46,6 +47,7 @@ class Rig:
     mirror: RouteMirror
     agents: dict[str, FakeAgent]
     outcomes: list[tuple[str, bool, str]] = field(default_factory=list)
+    losses: LossReports = field(default_factory=LossReports)  # one per gateway, shared by its calls
 
     @property
     def context(self) -> DispatchContext:
@@ -57,7 +59,9 @@ class Rig:
         def outcome(server: str, ok: bool, error: str) -> None:
             self.outcomes.append((server, ok, error))
 
-        return DispatchContext(self.mirror, agent, self.clock, outcome)  # type: ignore[arg-type]
+        return DispatchContext(
+            self.mirror, agent, self.clock, outcome, copies=self.controller, losses=self.losses
+        )  # type: ignore[arg-type]
 
     def call(self, server: str = "s1", watch: Watch | str | None = "route") -> asyncio.Task[CallResult]:
         """A call to ``server``'s ``cam`` (variant big) with DEADLINE_S left, watching cam's route
@@ -311,3 +315,20 @@ async def test_on_the_runtime_clock_a_call_ends_at_a_move_or_its_deadline_withou
         result = await rig.call("s2", watch=None)  # hung too, nothing to watch: its deadline ends it
         assert result.status is CallStatus.DEADLINE and rig.clock.now() - started >= DEADLINE_S
         assert rig.agents["s2"].cancelled == ["r1#1"] and [s for s, _, _ in rig.outcomes] == ["s2"]
+
+
+@sync
+async def test_an_unloaded_model_is_told_to_the_controller_once_per_finding():
+    """A live server that no longer holds the model (ModelNotLoadedError) is told to the controller
+    (``report_model_lost``), whose core decides what follows; calls that find the same loss while
+    the report is under way add no other; a dead server (ServerUnavailableError) is the failure
+    detector's, not reported."""
+    async with rigged() as rig:
+        rig.agents["s1"].error = ModelNotLoadedError("server 's1' does not hold 'big' for 'cam'")
+        calls = [rig.call() for _ in range(3)]
+        await rig.clock.run_for(0.01)
+        assert [c.result().status for c in calls] == [CallStatus.MOVED] * 3
+        assert rig.controller.lost_reports == [("cam", "s1", "big")] and rig.losses.under_way == 0
+        rig.agents["s2"].error = ServerUnavailableError("gone")
+        await rig.call("s2", watch=None)
+        assert rig.controller.lost_reports == [("cam", "s1", "big")] and rig.outcomes == []

@@ -22,6 +22,7 @@ from failsoft.clock import ManualClock
 from failsoft.errors import DeadlineExceededError, ModelNotLoadedError, ServerUnavailableError
 from failsoft.runtime.gateway.dispatch import DispatchContext, GraphDispatcher, Request
 from failsoft.runtime.gateway.dispatch.graph_replication import state_seq
+from failsoft.runtime.gateway.routes import Route
 from failsoft.services import GraphNode, GraphParams, Service, ServiceMode
 from tests.runtime.gateway.fakes import mirrored, route_entry, sync
 
@@ -133,10 +134,14 @@ def _scenario(
     service: Service = SERVICE,
     state_errors: int = 0,
     settle_s: float = 2.0,
+    reload_s: float | None = None,
+    fails: bool = False,
 ) -> dict[str, Any]:
     """Send ``n`` requests 20 ms apart (each walks the graph in ~30 ms: two in flight at a time);
     kill ``kill`` (``"primary"`` or ``"backup"`` of c; ``"hang"``: stop c's primary; ``"model"``:
-    c's primary loses its model, its server living on) after the 15th is sent. Returns the answers
+    c's primary loses its model, its server living on; ``reload_s``: the controller's stand-in then
+    reloads it in place when no pinned copy is ready) after the 15th is sent (``fails``: requests
+    may fail, counted in ``failed``; otherwise the first failure is raised). Returns the answers
     by seq, the agents, the dispatcher's replication report, and its route log."""
     out: dict[str, Any] = {}
 
@@ -157,6 +162,7 @@ def _scenario(
 
         async with mirrored(clock, routes) as (controller, mirror):
             controller.agents, controller.allowed = agents, servers  # the core's stand-in places backups
+            controller.reload_s = reload_s
             context = DispatchContext(mirror, agent, clock, copies=controller)  # type: ignore[arg-type]
             d = GraphDispatcher(service, context)
             assert d.ready()
@@ -190,9 +196,15 @@ def _scenario(
                         move = _move(clock, controller, victim, agents[other], delay)
                         moves.append(asyncio.ensure_future(move))
             await clock.run_for(settle_s)
-            answers = [t.result() for t in tasks]
-            out["answers"] = {dict(a.extra)["seq"]: a for a in answers}
-            out["done_at"] = {dict(a.extra)["seq"]: done_at[i] for i, a in enumerate(answers)}
+            waiting = sum(not t.done() for t in tasks)
+            assert not waiting, f"{waiting} requests still waiting after the run"
+            failed = [t.exception() for t in tasks if t.exception() is not None]
+            if failed and not fails:
+                raise failed[0]  # type: ignore[misc]
+            out["failed"] = len(failed)
+            answered = [(i, t.result()) for i, t in enumerate(tasks) if t.exception() is None]
+            out["answers"] = {dict(a.extra)["seq"]: a for _, a in answered}
+            out["done_at"] = {dict(a.extra)["seq"]: done_at[i] for i, a in answered}
             out["report"] = d.describe()["replication"]["nodes"]["c"]
             out["node"], out["ready"] = d.describe()["nodes"]["c"], d.ready()
             out["agents"], out["lost_reports"] = agents, list(controller.lost_reports)
@@ -289,6 +301,30 @@ def test_a_primary_that_lost_its_model_on_a_live_server_is_reported_and_its_back
     assert report["durable"] == 40
     assert sorted(run["answers"]) == list(range(1, 41))  # every request answered, none failed
     assert _outputs(run) == _outputs(reference)
+
+
+def test_a_primary_that_lost_its_model_with_no_backup_is_reloaded_in_place_and_its_request_answered() -> None:
+    """No backup holds a state (only s1 may hold a copy, as before the first backup is placed):
+    the core reloads the model in place, unrouting the app meanwhile (200 ms here). The request that
+    found the model gone waits for the new route on the same server and is computed there from the
+    initial state (``lost: 1``), as after a crash without a backup; none fails at its deadline."""
+    reference = _scenario(kill=None, servers=("s1",))
+    run = _scenario(kill="model", servers=("s1",), reload_s=0.2)
+    report = run["report"]
+    assert run["placed"]["backup"] is None and report["backup"] is None
+    assert run["killed"] == "s1" and not run["agents"]["s1"].dead
+    assert set(run["lost_reports"]) == {("app-c", "s1", "v")}
+    assert report["primary"] == "s1" and report["failovers"] == 1 and report["lost"] == 1
+    assert sorted(run["answers"]) == list(range(1, 41))  # every request answered, none failed
+    same = sum(a == b for a, b in zip(_outputs(run), _outputs(reference), strict=True))
+    assert 15 <= same < 40  # equal until the loss, then from the initial state: they differ
+
+
+def test_without_a_reload_a_primary_that_lost_its_model_with_no_backup_never_answers() -> None:
+    """The same loss with the controller's stand-in only recording the report: the route never
+    changes, so the node waits until every request's deadline (what the reload in place ends)."""
+    run = _scenario(kill="model", servers=("s1",), settle_s=6.0, reload_s=None, fails=True)
+    assert run["failed"] and run["report"]["lost"] == 0
 
 
 def test_a_killed_backup_is_replaced_and_the_primary_never_stops() -> None:
@@ -465,7 +501,8 @@ def test_an_apply_commanded_just_before_the_failover_is_carried_out_before_the_p
             assert mirror.route("app-c") is not None and mirror.route("app-c").server == "s2"
             # request 6 found s1 dead and begins its failover; in the same turn, state 5's apply is
             # commanded (its transfer had just come in): its task starts after the failover's
-            failover = asyncio.ensure_future(rep._failover(node, 6, dead, clock.now() + 5.0))
+            sent_on = Route("s1", "v", "primary", False, 0.9, None, None)  # the route request 6 was sent on
+            failover = asyncio.ensure_future(rep._failover(node, 6, dead, sent_on, clock.now() + 5.0))
             node.buffered[5] = states[5]
             rep._run([c for c in commands if isinstance(c, ApplyState)])
             await clock.run_for(0.5)

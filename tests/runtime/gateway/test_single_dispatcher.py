@@ -255,3 +255,59 @@ async def test_app_level_health_hears_a_timeout_but_not_a_move(rig):
     await rig.clock.run_for(0.1)
     assert moved.result().server == "s2"
     assert rig.outcomes == [("s2", True, "")]
+
+
+@contextlib.asynccontextmanager
+async def reporting(reload_s: float | None) -> AsyncIterator[Rig]:
+    """The rig with the controller told of lost models (``copies``), reloading them in place as
+    the core does when ``reload_s`` is set (tests/orchestration/test_model_lost.py tests the core)."""
+    async with rigged() as rig:
+        rig.controller.agents, rig.controller.reload_s = rig.agents, reload_s
+        context = DispatchContext(
+            rig.dispatcher.context.routes, rig.agents.__getitem__, rig.clock, copies=rig.controller
+        )  # type: ignore[arg-type]
+        rig.dispatcher = SingleDispatcher(Service.single("cam"), context)
+        yield rig
+
+
+@sync
+async def test_a_model_lost_on_a_live_server_is_reported_once_and_its_requests_retry_on_the_reload():
+    """s1 lives on but lost cam's model: the calls that find it gone tell the controller once
+    (however many find it at once), the core unroutes the app while it reloads it in place (0.3 s
+    here) and routes it again as a new route, and every request waiting meanwhile is answered there,
+    none at its deadline; the requests that came while it was unrouted wait for the route too."""
+    async with reporting(reload_s=0.3) as rig:
+        rig.agents["s1"].error = ModelNotLoadedError("server 's1' does not hold 'big' for 'cam'")
+        found = [rig.send(f"r{i}") for i in range(3)]
+        await rig.clock.run_for(0.05)
+        assert rig.controller.lost_reports == [("cam", "s1", "big")]  # three findings, one report
+        assert rig.dispatcher.context.routes.route("cam") is None and not rig.dispatcher.ready()
+        later = rig.send("r3")  # while it reloads: waits for the route, not sent to s1
+        await rig.clock.run_for(0.5)
+        answers = [t.result() for t in (*found, later)]
+        assert [(a.server, a.variant) for a in answers] == [("s1", "big")] * 4
+        assert [a.attempts for a in answers] == [2, 2, 2, 1]
+        assert rig.controller.lost_reports == [("cam", "s1", "big")]
+        assert len(rig.agents["s1"].calls) == 3 + 4  # the three refused, then the four answered
+
+
+@sync
+async def test_a_model_lost_with_a_warm_backup_is_answered_there_once_the_core_switches():
+    async with reporting(reload_s=None) as rig:
+        rig.agents["s1"].error = ModelNotLoadedError("not held")
+        task = rig.send()
+        await rig.clock.run_for(0.05)
+        assert rig.controller.lost_reports == [("cam", "s1", "big")] and not task.done()
+        rig.controller.set_route("cam", route_entry("s2", "small", "warm"))  # the core's warm switch
+        await rig.clock.run_for(0.05)
+        assert (task.result().server, task.result().kind, task.result().attempts) == ("s2", "warm", 2)
+
+
+@sync
+async def test_without_the_report_a_model_lost_on_a_live_server_fails_its_request_at_the_deadline():
+    async with rigged() as rig:  # no controller to tell (NoCopies): the route never changes
+        rig.agents["s1"].error = ModelNotLoadedError("not held")
+        task = rig.send()
+        await rig.clock.run_for(DEADLINE_S)
+        with pytest.raises(NoRouteError):
+            task.result()

@@ -194,6 +194,7 @@ class Gateway:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             closing = [s.dispatcher.close() for s in self.served.values()]
+            closing.append(self._context.losses.close())  # reports of lost models under way
             await asyncio.gather(*closing, return_exceptions=True)  # their background work
             for agent in self._agents.values():  # before the agents stop: no "connection lost"
                 link = getattr(agent, "data_plane", None)

@@ -23,7 +23,12 @@ what every one of them must do the same way around the call itself:
   that did not move, is not. The server's queue refusing or dropping the work (back-pressure:
   :class:`~failsoft.errors.OverloadedError`, :class:`~failsoft.errors.DroppedError`), bad input, a
   route that moved, a server that is gone or no longer holds the model are not outcomes: the first
-  is the queue working as designed, the second the client's mistake, the rest the failover's.
+  is the queue working as designed, the second the client's mistake, the rest the failover's;
+* **a model lost on a live server**: a call answered :class:`~failsoft.errors.ModelNotLoadedError`
+  is told to the orchestration core (:class:`~failsoft.runtime.gateway.dispatch.interface.LossReports`,
+  once per finding), since its server heartbeats on and nothing else would move the route: the
+  core promotes the app's pinned copy, switches it to a warm backup, or unroutes it while it
+  reloads in place (``Orchestrator.model_lost``); the caller waits for that route, as after a crash.
 
 The result is a small :class:`CallResult`; only bad input and the server's own errors are raised
 (after being reported), and :class:`asyncio.CancelledError` passes through once the call is withdrawn.
@@ -228,8 +233,12 @@ def _settled(
     the one rule."""
     try:
         outputs = call.result()
-    except (ServerUnavailableError, ModelNotLoadedError) as exc:
+    except ServerUnavailableError as exc:
         log.debug("%s on %s: %s; the call moves", target.key, target.server, exc)
+        return CallResult(CallStatus.MOVED, error=exc)
+    except ModelNotLoadedError as exc:  # the server lives: nothing else would move the route
+        log.info("%s on %s: %s; told to the controller, the call moves", target.key, target.server, exc)
+        context.losses.report(context.copies, target.key, target.server, target.variant)
         return CallResult(CallStatus.MOVED, error=exc)
     except (OverloadedError, DroppedError) as exc:  # back-pressure: the queue's verdict
         return CallResult(CallStatus.REFUSED, error=exc)

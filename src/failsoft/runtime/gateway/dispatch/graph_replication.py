@@ -40,10 +40,13 @@ the protocol itself staying pure (events in, commands out):
   sent again: the replay rebuilds the state); then the request that found the failure is computed
   there, and the graph goes on. ``PlaceBackup`` asks for a new backup, which the newest state is
   shipped to. A primary whose model is gone while its server lives on (``ModelNotLoadedError``)
-  moves no route by itself, since the server heartbeats: the request reports it to the controller
-  (``copies.report_model_lost``), whose core promotes the backup as for a crash, and the node
-  follows as above. Without a backup holding a state (both copies gone, the first one not placed yet, or
-  the route went elsewhere) the node goes on at the app's new route, its state lost (``none``).
+  moves no route by itself, since the server heartbeats: the call primitive reports it to the
+  controller (``copies.report_model_lost``), whose core promotes the backup as for a crash, and
+  the node follows as above. Without a backup holding a state (both copies gone, the first one
+  not placed yet, or the route went elsewhere) the node goes on at the app's new route, its state
+  lost (``none``, counted in ``lost``): a route on another server, or, for a model its live server
+  lost, the same server's new route once the core has reloaded the model in place (it unroutes
+  the app meanwhile); the request that found the failure is computed there.
 
 Not carried out yet (docs/hams.md, "What comes next"): holding a client's answer until every stateful
 model is durable past it (``ReleaseToClient``), and, after a failover, the ``Replay`` of the nodes
@@ -70,7 +73,6 @@ from failsoft.errors import (
     DeadlineExceededError,
     FailsoftError,
     InvalidRequestError,
-    ModelNotLoadedError,
     NoRouteError,
 )
 from failsoft.orchestration.copies import CopyRequest
@@ -94,6 +96,7 @@ from failsoft.policies.replication.interface import (
 )
 from failsoft.runtime.gateway.dispatch.calls import CallResult, CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext
+from failsoft.runtime.gateway.routes import Route
 from failsoft.services import GraphParams
 
 log = logging.getLogger(__name__)
@@ -243,6 +246,7 @@ class Replication:
                     continue
                 node.primary = copy
                 attempts += 1
+                sent_on = self.context.routes.route(node.app)  # the route a failure must see move
                 rows = len(batch)
                 node.pending = None if node.rows_now is None else (seq, node.rows_now + rows)
                 try:
@@ -259,11 +263,7 @@ class Replication:
                         "service %s, node %s: primary on %s failed: %s",
                         self.service, name, copy.server, result.error,
                     )  # fmt: skip
-                    if isinstance(result.error, ModelNotLoadedError):  # its server lives: tell the core
-                        self._spawn(self._report_lost(copy))
-                    await self._failover(node, seq, copy, deadline)
-                    if node.primary is None:  # back to the route: wait until it leaves the dead server
-                        await self._route_leaves(node.app, copy.server, deadline - clock.now())
+                    await self._failover(node, seq, copy, sent_on, deadline)
                     continue
                 if result.status is CallStatus.REFUSED:
                     node.pending = None  # refused or dropped before computing: the count holds
@@ -298,12 +298,16 @@ class Replication:
         target = Target(copy.server, copy.app, copy.variant)
         return await call_on_route(self.context, target, batch, call_id, deadline, watch)
 
-    async def _route_leaves(self, app: str, server: str, timeout_s: float) -> bool:
+    async def _route_moves(self, app: str, dead: Copy, sent_on: Route | None, timeout_s: float) -> bool:
+        """Wait until the controller has decided where ``app`` goes after ``dead`` failed under a
+        call sent while its route was ``sent_on``: a route on another server (the backup promoted,
+        a fresh copy), or a new route on the same one (the model reloaded in place: its server
+        lives). False at the timeout (not decided yet)."""
         routes, clock = self.context.routes, self.context.clock
         deadline = clock.now() + timeout_s
         while True:
             route = routes.route(app)
-            if route is not None and route.server != server:
+            if route is not None and (route.server != dead.server or route != sent_on):
                 return True
             left = deadline - clock.now()
             if left <= 0:
@@ -329,15 +333,20 @@ class Replication:
         self._handle(OutputComputed(node.name, seq))
 
     # failover ----------------------------------------------------------------------------------
-    async def _failover(self, node: NodeCopies, seq: int, dead: Copy, deadline: float) -> None:
-        """The primary ``dead`` failed while request ``seq`` waited at the node (the lock is held).
+    async def _failover(
+        self, node: NodeCopies, seq: int, dead: Copy, sent_on: Route | None, deadline: float
+    ) -> None:
+        """The primary ``dead`` failed while request ``seq`` waited at the node (the lock is held),
+        its call sent while the app's route was ``sent_on``.
 
         The controller decides where the app goes (it promotes a warm pinned backup, the one that
-        holds the state): this waits until the app's route leaves the dead server (no longer than
-        the request's deadline; the next request finds the failure again), then promotes the backup
-        if the route is the backup, or starts the node over on the route (its state lost)."""
+        holds the state, or reloads a model its live server lost in place): this waits until it has
+        decided (:meth:`_route_moves`; no longer than the request's deadline: the next request
+        finds the failure again), then promotes the backup if the route is the backup, or starts
+        the node over on the route, its state lost (``lost``): the caller computes the request
+        there."""
         left = deadline - self.context.clock.now()
-        if not await self._route_leaves(node.app, dead.server, left):
+        if not await self._route_moves(node.app, dead, sent_on, left):
             return  # not decided yet: the caller's deadline passes, the next request retries
         node.failovers += 1
         node.last_failed = dead.server
@@ -602,17 +611,6 @@ class Replication:
                 return Copy(server, node.app, primary.variant)
             return None
         return None
-
-    async def _report_lost(self, copy: Copy) -> None:
-        """The primary's model is gone from a server that lives (it answered ModelNotLoadedError):
-        the core decides what follows (its pinned backup promoted, as for a crash), never this
-        dispatcher; without the report nothing would move the route, since the server heartbeats."""
-        try:
-            await self.context.copies.report_model_lost(copy.app, copy.server, copy.variant)
-        except FailsoftError as exc:  # the core's inspection of the server finds it too, later
-            log.warning(
-                "service %s: could not report %s lost on %s: %s", self.service, copy.app, copy.server, exc
-            )
 
     async def _unpin(self, copy: Copy) -> None:
         try:

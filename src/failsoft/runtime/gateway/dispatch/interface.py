@@ -44,6 +44,8 @@ its fields (:meth:`Answer.parameters`).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,7 +53,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from failsoft.clock import AsyncClock
 from failsoft.domain import App, Family
-from failsoft.errors import CapacityError
+from failsoft.errors import CapacityError, FailsoftError
 from failsoft.orchestration.copies import CopyRequest
 from failsoft.services import Service, ServiceMode
 
@@ -60,6 +62,8 @@ if TYPE_CHECKING:
 
     from failsoft.runtime.cluster import AgentRef
     from failsoft.runtime.gateway.routes import RouteMirror
+
+log = logging.getLogger(__name__)
 
 
 def _ignore(server: str, ok: bool, error: str) -> None:
@@ -136,6 +140,50 @@ class NoCopies:
         return None
 
 
+class LossReports:
+    """Copies found gone from a live server, told to the orchestration core: a call answered
+    :class:`~failsoft.errors.ModelNotLoadedError` (the call primitive reports it, for every
+    dispatcher), and nothing else would move the route, since the server heartbeats on.
+
+    One report per finding: while a report of a copy is under way, the other requests that find
+    the same copy gone add none (the core would ignore them: its repair or promotion has begun).
+    A report is sent in the background (the request does not wait for the controller's answer; it
+    waits for the route the core publishes) and one that fails is logged: the core's periodic
+    inspection of the server finds the loss too, later."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+
+    def report(self, copies: CopyControl, app: str, server: str, variant: str) -> None:
+        """Tell the core that ``server`` no longer holds ``app``'s ``variant`` (once per finding)."""
+        key = (app, server, variant)
+        if key in self._open:
+            return
+        task = asyncio.ensure_future(self._send(copies, key))
+        self._open[key] = task
+        task.add_done_callback(lambda _: self._open.pop(key, None))
+
+    @staticmethod
+    async def _send(copies: CopyControl, key: tuple[str, str, str]) -> None:
+        app, server, variant = key
+        try:
+            await copies.report_model_lost(app, server, variant)
+        except FailsoftError as exc:
+            log.warning("could not report %s/%s lost on %s: %s", app, variant, server, exc)
+
+    @property
+    def under_way(self) -> int:
+        """Reports sent and not answered yet."""
+        return len(self._open)
+
+    async def close(self) -> None:
+        """Stop the reports under way (the gateway stops)."""
+        tasks = list(self._open.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @dataclass(frozen=True, slots=True)
 class DispatchContext:
     """What a dispatcher may use. ``agents(server)`` raises ServerUnavailableError when the server
@@ -150,7 +198,8 @@ class DispatchContext:
     for a copy of the dispatcher's own (:class:`CopyControl`). ``llm`` holds the ``llm`` services'
     settings by name (:class:`~failsoft.runtime.llm_config.LlmServing`) and ``fleet`` their worker
     tables (:class:`FleetControl`). ``moved(Move)`` hears of each request answered after it left a
-    dead server (what ``/admin/recoveries`` lists under ``moves``)."""
+    dead server (what ``/admin/recoveries`` lists under ``moves``). ``losses`` tells the core of the
+    copies calls found gone from a live server, through ``copies`` (:class:`LossReports`)."""
 
     routes: RouteMirror
     agents: Callable[[str], AgentRef]
@@ -165,6 +214,7 @@ class DispatchContext:
     llm: Mapping[str, Any] = field(default_factory=dict)
     fleet: FleetControl = field(default_factory=NoFleet)
     moved: Callable[[Move], None] = _no_move
+    losses: LossReports = field(default_factory=LossReports)
 
 
 @dataclass(frozen=True, slots=True)
