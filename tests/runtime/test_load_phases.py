@@ -125,8 +125,9 @@ def test_an_agents_load_reports_its_phases_in_the_order_they_ran(agent):
     phases = described["phases"]
     assert list(phases)[:2] == ["entered_at", "left_at"]
     assert [p for p in phases if p.endswith("_at") is False] == [
-        "reserve", "start", "read", "warm_up", "serving_queue"
+        "reserve", "start", "read", "warm_up", "serving_queue", "skeleton"
     ]  # fmt: skip
+    assert phases["skeleton"] in ("prepared", "built")  # a note: whether one was ready ahead
     assert phases["entered_at"] <= phases["left_at"]
     # the load's time holds the phases after the reservation (and, between them, the reading of
     # the counters: on a busy host a thread may wait for a core there too); its CPU is the read's
