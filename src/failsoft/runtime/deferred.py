@@ -123,9 +123,10 @@ def warm_rest(model: Any, queue: ServingQueue, sizes: Sequence[int]) -> None:
     with zeros, then the queue calibrated to them unless real batches already did
     (:meth:`ServingQueue.warmed`). It stops when the model is unloaded meanwhile.
 
-    Each call is timed as the smaller of its wall and this thread's CPU time: at the lowest priority
-    on a busy host the wall time is mostly waiting for a core, which the queue must not learn as
-    the model's speed (with one torch thread per agent, the CPU time is the compute)."""
+    On the CPU each call is timed as the smaller of its wall and this thread's CPU time: at the
+    lowest priority on a busy host the wall time is mostly waiting for a core, which the queue must
+    not learn as the model's speed (with one torch thread per agent, the CPU time is the compute).
+    On a GPU the compute is the device's, so the wall time is taken."""
     timings = []
     for rows in sizes:
         if queue.closed:
@@ -135,6 +136,7 @@ def warm_rest(model: Any, queue: ServingQueue, sizes: Sequence[int]) -> None:
             model.predict(np.zeros((rows, *model.input_shape), dtype=np.float32))
         except ConfigError:  # closed (unloaded) under us
             return
-        ms = min(time.perf_counter() - wall, time.thread_time() - cpu) * 1000.0
+        wall_s, cpu_s = time.perf_counter() - wall, time.thread_time() - cpu
+        ms = (wall_s if str(model.device).startswith("cuda") else min(wall_s, cpu_s)) * 1000.0
         timings.append((rows, ms))
     queue.warmed(timings)
