@@ -96,6 +96,9 @@ def test_the_timeline_cuts_the_mttr_into_consecutive_segments():
     late = stamps | {"plan_asked_at": detected + 0.030, "plan_done_at": detected + 0.032}
     out = timeline(late, detected, 45.0)
     assert "plan_ms" not in out and out["slot_wait_ms"] == pytest.approx(25.0)
+    # the agent's note on its skeleton travels with its phases
+    noted = timeline(stamps | {"skeleton": "prepared"}, detected, 45.0)
+    assert noted["skeleton"] == "prepared" and noted["agent"] == {"read": stamps["read"]}
 
 
 @pytest.fixture

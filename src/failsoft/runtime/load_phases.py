@@ -105,7 +105,8 @@ def timeline(phases: dict[str, Any], detected_at: float, mttr_ms: float) -> dict
     made to the load sent: a load slot), ``call_ms`` (sent to the agent's method running: Ray's
     call, the agent's threads), ``agent_ms`` (in the agent; its phases under ``agent``),
     ``reply_ms`` (the answer's way back) and ``route_ms`` (the rest: the controller, to the route
-    set). A segment whose end was not stamped is None, and the next one spans it."""
+    set). A segment whose end was not stamped is None, and the next one spans it. ``skeleton``:
+    whether the load took a skeleton prepared ahead (``prepared``) or built one (``built``)."""
 
     def at(name: str) -> float | None:
         value = phases.get(name)
@@ -129,4 +130,6 @@ def timeline(phases: dict[str, Any], detected_at: float, mttr_ms: float) -> dict
         last = mark if mark is not None else last
     out["route_ms"] = round(mttr_ms - (last - detected_at) * 1000.0, 3)
     out["agent"] = {name: phases[name] for name in AGENT_PHASES if isinstance(phases.get(name), dict)}
+    if isinstance(phases.get("skeleton"), str):  # the agent's note: prepared ahead, or built in the load
+        out["skeleton"] = phases["skeleton"]
     return out
