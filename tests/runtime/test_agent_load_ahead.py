@@ -69,7 +69,10 @@ def test_a_load_without_a_prepared_skeleton_builds_its_own_and_answers_as_the_mo
 def test_a_recovery_load_returns_after_its_first_answer_and_warms_up_after_the_reply(agent):
     assert agent._deferred.drain(30.0)
     described = agent.load("app", "digits_mlp", "mlp_s")
-    left_at = described["phases"]["left_at"]
+    phases = described["phases"]
+    # the first answer before the route; the rest of the warm-up (max batch, batch 1) after it
+    assert phases["warm_up_sizes"] == "1" and phases["warm_up_after_route"] == "8,1,8,1"
+    left_at = phases["left_at"]
     assert agent._deferred.drain(30.0)
     deferred = agent.info()["deferred"]
     assert deferred["done"].get("warm_up") == 1 and deferred["failed"] == 0
@@ -82,7 +85,8 @@ def test_a_recovery_load_returns_after_its_first_answer_and_warms_up_after_the_r
 def test_a_background_load_warms_up_in_full_before_it_returns(agent):
     assert agent._deferred.drain(30.0)
     before = dict(agent.info()["deferred"]["done"])
-    agent.load("app", "digits_mlp", "mlp_s", background=True)
+    phases = agent.load("app", "digits_mlp", "mlp_s", background=True)["phases"]
+    assert phases["warm_up_sizes"] == "1,8,1,8,1" and phases["warm_up_after_route"] == ""
     assert agent._deferred.drain(30.0)
     assert agent.info()["deferred"]["done"].get("warm_up", 0) == before.get("warm_up", 0)
 

@@ -128,7 +128,8 @@ def test_an_agents_load_reports_its_phases_in_the_order_they_ran(agent):
     phases = described["phases"]
     assert list(phases)[:2] == ["entered_at", "left_at"]
     assert [p for p in phases if p.endswith("_at") is False] == [
-        "reserve", "start", "read", "warm_up", "serving_queue", "skeleton"
+        "reserve", "start", "read", "warm_up", "serving_queue",
+        "skeleton", "warm_up_sizes", "warm_up_after_route",
     ]  # fmt: skip
     assert phases["skeleton"] in ("prepared", "built")  # a note: whether one was ready ahead
     assert phases["entered_at"] <= phases["left_at"]

@@ -321,6 +321,8 @@ class Agent:
             service = calibrated(service, warm_up(model.predict, model.input_shape, now))
             if isinstance(model, Stateful):  # warm-up inferences are no requests: from the initial state
                 model.reset()
+        phases.note("warm_up_sizes", ",".join(map(str, now)))  # batch sizes answered before the route
+        phases.note("warm_up_after_route", ",".join(map(str, later)))
         return model, service, later
 
     def _serving_queue(self, app: str, variant: str, model: Any, service: ServiceModel) -> ServingQueue:
