@@ -3,39 +3,15 @@ answer, the rest of it after the route (an agent in this process, the real tiny 
 
 from __future__ import annotations
 
-import gc
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from failsoft.domain import Server
 from failsoft.runtime.deferred import Deferred
 
 pytestmark = pytest.mark.runtime
-
-
-@pytest.fixture
-def agent(tiny_zoo):
-    import torch
-
-    from failsoft.runtime.agent import Agent, AgentSpec
-    from failsoft.runtime.heartbeat import HeartbeatEndpoint
-
-    switch, threads = sys.getswitchinterval(), torch.get_num_threads()
-    server = Server("s1", "a", 100.0)
-    agent = Agent(
-        AgentSpec(server, tiny_zoo.root, HeartbeatEndpoint.make("127.0.0.1"), families=("digits_mlp",))
-    )
-    try:
-        yield agent
-    finally:  # the agent changed process-wide settings: give them back
-        agent.shutdown()
-        sys.setswitchinterval(switch)
-        torch.set_num_threads(threads)
-        gc.unfreeze()
 
 
 def _answer(tiny_zoo, variant: str, batch: np.ndarray) -> np.ndarray:

@@ -3,14 +3,11 @@ thread by the kernel's counters; an MTTR cut at a load's stamps; an agent's load
 
 from __future__ import annotations
 
-import gc
-import sys
 import threading
 import time
 
 import pytest
 
-from failsoft.domain import Server
 from failsoft.runtime.load_phases import LoadPhases, split_ms, thread_times, timeline
 
 
@@ -99,27 +96,6 @@ def test_the_timeline_cuts_the_mttr_into_consecutive_segments():
     # the agent's note on its skeleton travels with its phases
     noted = timeline(stamps | {"skeleton": "prepared"}, detected, 45.0)
     assert noted["skeleton"] == "prepared" and noted["agent"] == {"read": stamps["read"]}
-
-
-@pytest.fixture
-def agent(tiny_zoo):
-    import torch
-
-    from failsoft.runtime.agent import Agent, AgentSpec
-    from failsoft.runtime.heartbeat import HeartbeatEndpoint
-
-    switch, threads = sys.getswitchinterval(), torch.get_num_threads()
-    server = Server("s1", "a", 100.0)
-    agent = Agent(
-        AgentSpec(server, tiny_zoo.root, HeartbeatEndpoint.make("127.0.0.1"), families=("digits_mlp",))
-    )
-    try:
-        yield agent
-    finally:  # the agent changed process-wide settings: give them back
-        agent.shutdown()
-        sys.setswitchinterval(switch)
-        torch.set_num_threads(threads)
-        gc.unfreeze()
 
 
 @pytest.mark.runtime
