@@ -131,3 +131,30 @@ def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.05) -> 
             return last
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def agent(tiny_zoo: Any) -> Iterator[Any]:
+    """An agent in this process (no Ray) serving the tiny zoo's digits_mlp family on server s1; it
+    changes process-wide settings (switch interval, torch threads, a frozen GC), given back after."""
+    import gc
+    import sys
+
+    import torch
+
+    from failsoft.domain import Server
+    from failsoft.runtime.agent import Agent, AgentSpec
+    from failsoft.runtime.heartbeat import HeartbeatEndpoint
+
+    switch, threads = sys.getswitchinterval(), torch.get_num_threads()
+    spec = AgentSpec(
+        Server("s1", "a", 100.0), tiny_zoo.root, HeartbeatEndpoint.make("127.0.0.1"), families=("digits_mlp",)
+    )
+    agent = Agent(spec)
+    try:
+        yield agent
+    finally:
+        agent.shutdown()
+        sys.setswitchinterval(switch)
+        torch.set_num_threads(threads)
+        gc.unfreeze()

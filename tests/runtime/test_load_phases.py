@@ -3,14 +3,11 @@ thread by the kernel's counters; an MTTR cut at a load's stamps; an agent's load
 
 from __future__ import annotations
 
-import gc
-import sys
 import threading
 import time
 
 import pytest
 
-from failsoft.domain import Server
 from failsoft.runtime.load_phases import LoadPhases, split_ms, thread_times, timeline
 
 
@@ -96,27 +93,9 @@ def test_the_timeline_cuts_the_mttr_into_consecutive_segments():
     late = stamps | {"plan_asked_at": detected + 0.030, "plan_done_at": detected + 0.032}
     out = timeline(late, detected, 45.0)
     assert "plan_ms" not in out and out["slot_wait_ms"] == pytest.approx(25.0)
-
-
-@pytest.fixture
-def agent(tiny_zoo):
-    import torch
-
-    from failsoft.runtime.agent import Agent, AgentSpec
-    from failsoft.runtime.heartbeat import HeartbeatEndpoint
-
-    switch, threads = sys.getswitchinterval(), torch.get_num_threads()
-    server = Server("s1", "a", 100.0)
-    agent = Agent(
-        AgentSpec(server, tiny_zoo.root, HeartbeatEndpoint.make("127.0.0.1"), families=("digits_mlp",))
-    )
-    try:
-        yield agent
-    finally:  # the agent changed process-wide settings: give them back
-        agent.shutdown()
-        sys.setswitchinterval(switch)
-        torch.set_num_threads(threads)
-        gc.unfreeze()
+    # the agent's note on its skeleton travels with its phases
+    noted = timeline(stamps | {"skeleton": "prepared"}, detected, 45.0)
+    assert noted["skeleton"] == "prepared" and noted["agent"] == {"read": stamps["read"]}
 
 
 @pytest.mark.runtime
@@ -125,8 +104,10 @@ def test_an_agents_load_reports_its_phases_in_the_order_they_ran(agent):
     phases = described["phases"]
     assert list(phases)[:2] == ["entered_at", "left_at"]
     assert [p for p in phases if p.endswith("_at") is False] == [
-        "reserve", "start", "read", "warm_up", "serving_queue"
+        "reserve", "start", "read", "warm_up", "serving_queue",
+        "skeleton", "warm_up_sizes", "warm_up_after_route",
     ]  # fmt: skip
+    assert phases["skeleton"] in ("prepared", "built")  # a note: whether one was ready ahead
     assert phases["entered_at"] <= phases["left_at"]
     # the load's time holds the phases after the reservation (and, between them, the reading of
     # the counters: on a busy host a thread may wait for a core there too); its CPU is the read's

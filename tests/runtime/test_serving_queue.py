@@ -7,10 +7,8 @@ at the end load the real digits MLP of the tiny zoo into an in-process :class:`A
 
 from __future__ import annotations
 
-import gc
 import math
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from failsoft.domain import Server, Variant
+from failsoft.domain import Variant
 from failsoft.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -453,28 +451,7 @@ def test_warm_up_calibrates_from_the_repeated_runs_only():
     assert calibrated(service, [(1, 900.0)]) is service
 
 
-# the agent -----------------------------------------------------------------------------------------------
-@pytest.fixture
-def agent(tiny_zoo):
-    import torch
-
-    from failsoft.runtime.agent import Agent, AgentSpec
-    from failsoft.runtime.heartbeat import HeartbeatEndpoint
-
-    switch, threads = sys.getswitchinterval(), torch.get_num_threads()
-    spec = AgentSpec(
-        Server("s1", "a", 100.0), tiny_zoo.root, HeartbeatEndpoint.make("127.0.0.1"), families=("digits_mlp",)
-    )
-    agent = Agent(spec)
-    try:
-        yield agent
-    finally:
-        agent.shutdown()  # the agent changed process-wide settings: give them back
-        sys.setswitchinterval(switch)
-        torch.set_num_threads(threads)
-        gc.unfreeze()
-
-
+# the agent (the `agent` fixture: tests/runtime/conftest.py) -------------------------------------------
 @pytest.mark.runtime
 def test_an_agent_serves_through_a_warm_queue_at_its_own_priority(agent, tiny_zoo):
     described = agent.load("app", "digits_mlp", "mlp_s")

@@ -227,5 +227,17 @@ def test_bench_load_times_each_phase_with_the_loaders_functions(tiny_zoo):
     assert row["weight_bytes"] == (tiny_zoo.variant_dir("digits_mlp", "mlp_l") / WEIGHTS_FILE).stat().st_size
     assert row["limit_ms"] == pytest.approx(row["copy_ms"] + row["answer_ms"], abs=0.02)
     assert row["ratio"] == pytest.approx(row["load_ms"] / row["limit_ms"], rel=0.02)
+    # the recovery load to its route, before and after: the skeleton taken (built ahead, apart) and
+    # the warm-up cut to the first answer (the rest after the route, apart)
+    route = row["to_route"]
+    before, after = route["cpu_ms"]["before"], route["cpu_ms"]["after"]
+    assert route["warmup_sizes"][0] == 1 and len(route["warmup_sizes"]) > 1
+    assert after["total"] == pytest.approx(
+        after["read"] + after["skeleton"] + after["assign"] + after["first_answer"], abs=0.05
+    )
+    assert after["warm_up_after_route"] > 0 and after["skeleton_ahead"] > 0
+    assert before["warm_up"] > after["first_answer"]  # every warm-up size against one answer
+    assert route["ratio"] == pytest.approx(after["total"] / before["total"], abs=0.01)
+    assert route["skeleton_kib"] > 0
     with pytest.raises(ConfigError, match="family/variant"):
         LoadBenchSettings(("mlp_l",))

@@ -372,7 +372,8 @@ def warmup_budget_ms(load_ms: float) -> float:
 def warmup_ms(variant: Variant, max_batch: int) -> float:
     """The profiled cost of a load's warm-up inferences beyond ``load_ms``: a profiled load already
     ends with the first answer at batch 1 (the profiler's definition), so the warm-up's first
-    inference is in it; the rest comes on top."""
+    inference is in it; the rest comes on top (before a background load is ready; after a recovery
+    load's route, which waits for the first answer only: the runtime's agent defers it)."""
     service = ServiceModel(variant)
     sizes = warmup_sizes(service, max_batch, warmup_budget_ms(variant.load_ms))
     return sum(service.batch_s(rows) for rows in sizes[1:]) * 1000.0

@@ -12,7 +12,12 @@ failsoft's agent is a Ray actor doing the same with :class:`failsoft.zoo.ModelRe
   a load already done is a no-op, so the controller may safely repeat one.
   Before a load returns, the model answers a few warm-up inferences (Triton's ``model_warmup``: at
   batch 1 and at the serving queue's max batch), so the first request routed to it costs the
-  model's usual latency, not a first call's kernel selection and allocations.
+  model's usual latency, not a first call's kernel selection and allocations. A *recovery* load
+  (not ``background``) of a zoo model returns after the first of them (the batch-1 answer: what
+  the first request needs) and runs the rest after its route is published, at the lowest priority
+  (:mod:`failsoft.runtime.deferred`); and it builds no module skeleton when one was prepared ahead
+  (:mod:`failsoft.zoo.skeletons`: the agent keeps one of each family's smallest variant, the first
+  one a progressive failover loads, and replaces it after each load).
 * :meth:`Agent.infer` queues a request on the model's serving queue (:mod:`failsoft.runtime.serving`:
   one queue and one worker thread per loaded model, batching, deadlines, admission, cancellation by
   :meth:`Agent.cancel`) and waits for its answer; :meth:`Agent.set_slow` injects latency into every
@@ -56,16 +61,19 @@ import numpy as np
 
 from failsoft.domain import Server, Variant
 from failsoft.errors import CapacityError, ConfigError, ModelNotLoadedError, OverloadedError, ServingError
-from failsoft.orchestration.loads import LOAD_NICE, load_nice
+from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE, load_nice
 from failsoft.policies import registry
 from failsoft.policies.queueing import QueueParams, ServiceModel, warmup_budget_ms, warmup_sizes
 from failsoft.runtime import devices, telemetry
 from failsoft.runtime.agent_metrics import AgentMetrics
+from failsoft.runtime.deferred import Deferred, warm_rest
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.load_phases import LoadPhases
 from failsoft.runtime.pulse import Pulse
 from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
 from failsoft.zoo.formats.model import import_code as import_user_code
+from failsoft.zoo.loaded import LoadedModel
+from failsoft.zoo.skeletons import Skeletons, skeleton_targets
 from failsoft.zoo.state import Stateful
 
 log = logging.getLogger(__name__)
@@ -132,6 +140,9 @@ class Agent:
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str], _Held] = {}
         self._loading: dict[tuple[str, str], threading.Event] = {}
+        self._recovering = 0  # recovery (not background) loads running: deferred work waits for them
+        self._skeletons = Skeletons()
+        self._deferred = Deferred(spec.server.name, lambda: self._recovering > 0, BACKGROUND_NICE)
         self._reserved_mb = 0.0
         self._releasing_mb = 0.0  # unloaded models whose last batch is still running
         self._loads_total = 0
@@ -155,6 +166,10 @@ class Agent:
         gc.freeze()  # the imports' ~400k objects leave the collector: no 400 ms pauses on unload
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._data_plane, self._data_plane_error = self._serve_data_plane()
+        families = spec.families or self._repo.family_names()
+        self._skeleton_targets = skeleton_targets(((f, v) for (f, _), v in self._profiles.items()), families)
+        for family, variant in self._skeleton_targets:
+            self._deferred.submit("skeleton", self._prepare_skeleton, family, variant)
         hb = spec.heartbeat
         self._pulse = Pulse(
             hb.host, hb.port, hb.key, spec.server.name, self.incarnation, spec.heartbeat_interval_s, WEDGE_S,
@@ -244,14 +259,19 @@ class Agent:
             event.wait()
             return self._describe(key, cached=True)
         started = time.perf_counter()
+        with self._lock:
+            self._recovering += not background
         try:
             nice = load_nice(profile, background)
-            model, service = _run_at_priority(nice, self._read, family, profile, phases, started)
+            model, service, later = _run_at_priority(
+                nice, self._read, family, profile, phases, started, background
+            )
             with phases.phase("serving_queue"):
                 queue = self._serving_queue(app, variant, model, service)
         except BaseException:
             with self._lock:
                 self._reserved_mb -= memory
+                self._recovering -= not background
                 self._loading.pop(key).set()
             raise
         load_ms = (time.perf_counter() - started) * 1000.0
@@ -261,32 +281,49 @@ class Agent:
             self._held[key] = _Held(model, memory, load_ms, queue, cpu_ms, phases.report())
             self._loads_total += 1
             self._loads_cpu_ms += cpu_ms
+            self._recovering -= not background
             self._loading.pop(key).set()
         self._metrics.loaded(family, variant, load_ms / 1000.0)
+        if later:  # after the reply and the route: the warm-up the first answer did not need
+            self._deferred.submit("warm_up", warm_rest, model, queue, later)
+        if (family, variant) in self._skeleton_targets:  # the next load of it finds one again
+            self._deferred.submit("skeleton", self._prepare_skeleton, family, variant)
         return self._describe(key, cached=False)
 
+    def _prepare_skeleton(self, family: str, variant: str) -> None:
+        config = self._repo.config(family, variant)
+        if config.model_format == "builtin":  # a user's format has no skeleton to build ahead
+            self._skeletons.build(config)
+
     def _read(
-        self, family: str, profile: Variant, phases: LoadPhases, handed_at: float
-    ) -> tuple[Any, ServiceModel]:
-        """Disk to a warm model: loaded, and answering at its usual speed at every batch size it
-        will serve. Returns the model and its service time calibrated by the warm-up; ``phases``
-        gets the hand-over to this thread (``start``: from ``handed_at``), the read (an injected
-        slow disk included) and the warm-up, each with this thread's CPU and waits (torch runs one
-        thread per agent: its compute is counted)."""
+        self, family: str, profile: Variant, phases: LoadPhases, handed_at: float, background: bool
+    ) -> tuple[Any, ServiceModel, tuple[int, ...]]:
+        """Disk to a model that answers its first request at its usual speed. Returns the model, its
+        service time (calibrated by the warm-up when it ran here) and the warm-up's batch sizes left
+        for after the route (a recovery load of a zoo model runs only the batch-1 first answer
+        here: :func:`defers_warm_up`). ``phases`` gets the hand-over to this thread (``start``:
+        from ``handed_at``), the read (an injected slow disk included; ``skeleton``: whether one
+        prepared ahead was used) and the warm-up, each with this thread's CPU and waits (torch runs
+        one thread per agent: its compute is counted)."""
         phases.gap("start", handed_at)
         with phases.phase("read"):
             if self._slow_load_s > 0:  # injected: a slow disk or a remote repository
                 time.sleep(self._slow_load_s)
             if self._device_error is not None:
                 raise ConfigError(self._device_error)
-            model = self._repo.load(family, profile.name, self._device)
+            skeleton = self._skeletons.take(self._repo.config(family, profile.name))
+            model = self._repo.load(family, profile.name, self._device, skeleton)
+        phases.note("skeleton", "prepared" if skeleton is not None else "built")
         with phases.phase("warm_up"):
             service = ServiceModel(profile)
             sizes = warmup_sizes(service, self.spec.queue.max_batch, warmup_budget_ms(profile.load_ms))
-            service = calibrated(service, warm_up(model.predict, model.input_shape, sizes))
+            now, later = (sizes[:1], sizes[1:]) if defers_warm_up(model, background) else (sizes, ())
+            service = calibrated(service, warm_up(model.predict, model.input_shape, now))
             if isinstance(model, Stateful):  # warm-up inferences are no requests: from the initial state
                 model.reset()
-        return model, service
+        phases.note("warm_up_sizes", ",".join(map(str, now)))  # batch sizes answered before the route
+        phases.note("warm_up_after_route", ",".join(map(str, later)))
+        return model, service, later
 
     def _serving_queue(self, app: str, variant: str, model: Any, service: ServiceModel) -> ServingQueue:
         params = self.spec.queue
@@ -564,6 +601,8 @@ class Agent:
             "nice": os.getpriority(os.PRIO_PROCESS, 0),
             "queues": self.queue_stats(),
             "startup": dict(self.startup),
+            "skeletons": self._skeletons.stats(),  # prepared ahead of loads (failsoft.zoo.skeletons)
+            "deferred": self._deferred.stats(),  # warm-ups and skeletons left for after (runtime.deferred)
             "device": self.device_report(),
             # admitted infer calls and their summed time here, entry to return (the request path's
             # agent phase; the queues split it into wait, batch, predict and answer)
@@ -654,12 +693,21 @@ class Agent:
         for app, variant in keys:
             self.unload(app, variant)
         self._pulse.stop()
+        self._deferred.close()
         if self._data_plane is not None:
             self._data_plane.close()
 
     def crash(self) -> None:
         """Die at once, like a server losing power (used where the caller cannot signal the process)."""
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def defers_warm_up(model: Any, background: bool) -> bool:
+    """Whether a load leaves its warm-up beyond the first answer for after its route: a recovery
+    load (its app waits for the route) of a zoo model without state. A stateful model's warm-up
+    must end before it serves (it is reset after it), and a user's handler is not known to answer
+    two calls at once; background loads (warm backups, upgrades) have no app waiting on them."""
+    return not background and type(model) is LoadedModel
 
 
 def _process_started_at() -> float:

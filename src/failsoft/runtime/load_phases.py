@@ -45,6 +45,7 @@ class LoadPhases:
     def __init__(self) -> None:
         self.entered_at = time.time()  # wall clock: comparable with the controller's stamps
         self.phases: dict[str, dict[str, float | None]] = {}
+        self.notes: dict[str, str] = {}  # how the load went, beside its timings (e.g. ``skeleton``)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -64,13 +65,18 @@ class LoadPhases:
         between threads (a thread's start and first turn on a core)."""
         self.phases[name] = {"wall_ms": _ms(time.perf_counter() - since)}
 
+    def note(self, name: str, value: str) -> None:
+        """Record ``name``: ``value`` in the report (not a phase: a fact about how the load went)."""
+        self.notes[name] = value
+
     def cpu_ms(self, *names: str) -> float:
         """The CPU the phases ``names`` took (those timed), summed."""
         return sum(self.phases.get(name, {}).get("cpu_ms") or 0.0 for name in names)
 
     def report(self) -> dict[str, Any]:
-        """The phases, in the order they ran, and the agent's entry and exit stamps (wall clock)."""
-        return {"entered_at": self.entered_at, "left_at": time.time(), **self.phases}
+        """The phases, in the order they ran, the agent's entry and exit stamps (wall clock), and
+        the notes."""
+        return {"entered_at": self.entered_at, "left_at": time.time(), **self.phases, **self.notes}
 
 
 def split_ms(wall_s: float, cpu_s: float, runnable_s: float | None) -> dict[str, float | None]:
@@ -99,7 +105,8 @@ def timeline(phases: dict[str, Any], detected_at: float, mttr_ms: float) -> dict
     made to the load sent: a load slot), ``call_ms`` (sent to the agent's method running: Ray's
     call, the agent's threads), ``agent_ms`` (in the agent; its phases under ``agent``),
     ``reply_ms`` (the answer's way back) and ``route_ms`` (the rest: the controller, to the route
-    set). A segment whose end was not stamped is None, and the next one spans it."""
+    set). A segment whose end was not stamped is None, and the next one spans it. ``skeleton``:
+    whether the load took a skeleton prepared ahead (``prepared``) or built one (``built``)."""
 
     def at(name: str) -> float | None:
         value = phases.get(name)
@@ -123,4 +130,6 @@ def timeline(phases: dict[str, Any], detected_at: float, mttr_ms: float) -> dict
         last = mark if mark is not None else last
     out["route_ms"] = round(mttr_ms - (last - detected_at) * 1000.0, 3)
     out["agent"] = {name: phases[name] for name in AGENT_PHASES if isinstance(phases.get(name), dict)}
+    if isinstance(phases.get("skeleton"), str):  # the agent's note: prepared ahead, or built in the load
+        out["skeleton"] = phases["skeleton"]
     return out

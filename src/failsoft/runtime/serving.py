@@ -35,7 +35,8 @@ An injected slowdown (``failsoft chaos slow``) delays every batch and is added t
 The worker thread inherits the CPU priority of the thread that calls :meth:`ServingQueue.start`:
 agents start it from one of Ray's threads, at the agent's own niceness, never from a load thread
 (which runs lower). :func:`warm_up` is what an agent runs before a load returns (Triton's
-``model_warmup``).
+``model_warmup``); a recovery load runs only its first answer then and the rest after the route is
+published, and hands the timings to :meth:`ServingQueue.warmed`.
 """
 
 from __future__ import annotations
@@ -420,6 +421,16 @@ class ServingQueue:
         scale = (1 - self._learn) * self._service.scale + self._learn * ratio
         self._service = dataclasses.replace(self._service, scale=scale)
         self._fixed_ms = (1 - self._learn) * self._fixed_ms + self._learn * fixed_ms
+
+    def warmed(self, timings: Sequence[tuple[int, float]]) -> bool:
+        """Calibrate to a warm-up run after the queue started (a recovery load's deferred warm-up:
+        :func:`calibrated`), unless a batch already has: real batches are better evidence. True
+        when applied."""
+        with self._cond:
+            if self.counters.batches > 0:
+                return False
+            self._service = calibrated(self._service, timings)
+            return True
 
     # reports -------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -8,14 +8,17 @@ object driven by SimPy processes, doing the same things with durations from the 
   (an out-of-memory load, counted; a correct plan never causes one);
 * **loads** take the variant's profiled ``load_ms`` (``warm_load_ms`` with ``SimConfig.page_cache``
   warm, where it was measured), plus, with ``SimConfig.warm_up``, the profiled cost of the runtime's
-  warm-up inferences; which ones run at once and in which order is the orchestration core's
-  per-server load queue (the runtime's), not the agent's. A load waits for the unloads issued to
-  this server before it (``SimConfig.unload_ms``): the memory it needs may be theirs. On a shared
-  host (``SimConfig.host_cores``) a load is CPU work on :class:`~failsoft.sim.cpu.SharedCPU` at the
-  runtime's load priority (background loads lower), so it takes longer while others run; of a cold
-  load only the profiled ``load_cpu_ms`` is work, the rest waits for the disk and takes no core; and
-  every load holds its slot ``SimConfig.control_ms`` longer (the controller's call to the agent and
-  back, the route's publication: a wait, measured by ``bench fidelity``'s control probe);
+  warm-up inferences beyond the first answer: in a background load (warm backups, upgrades) before
+  it is ready; after a recovery load, as the runtime does, as background work on the host's cores
+  that the app's route does not wait for; which ones run at once and in which order is the
+  orchestration core's per-server load queue (the runtime's), not the agent's. A load waits for the
+  unloads issued to this server before it (``SimConfig.unload_ms``): the memory it needs may be
+  theirs. On a shared host (``SimConfig.host_cores``) a load is CPU work on
+  :class:`~failsoft.sim.cpu.SharedCPU` at the runtime's load priority (background loads lower), so
+  it takes longer while others run; of a cold load only the profiled ``load_cpu_ms`` is work, the
+  rest waits for the disk and takes no core; and every load holds its slot ``SimConfig.control_ms``
+  longer (the controller's call to the agent and back, the route's publication: a wait, measured by
+  ``bench fidelity``'s control probe);
 * **heartbeats**: at ``phase + k * interval`` until the agent crashes or the controller no longer
   listens; :class:`~failsoft.sim.heartbeats.HeartbeatFeed` works them out for the detector.
 
@@ -87,7 +90,7 @@ class SimAgent:
             self.log.add(self.env.now, "oom", app, self.name, variant.name)
             return False
         self.log.add(self.env.now, "load-start", app, self.name, variant.name)
-        work_ms, wait_ms = self.load_parts_ms(variant)
+        work_ms, wait_ms = self.load_parts_ms(variant, background)
         wait_ms += self.config.control_ms  # the control path's round trip: no core taken
         if wait_ms > 0:
             yield self.env.timeout(wait_ms / 1000.0)
@@ -97,21 +100,28 @@ class SimAgent:
         if not self.alive:
             return False
         self.log.add(self.env.now, "loaded", app, self.name, variant.name)
+        later = self._warmup_ms(variant) if not background else 0.0
+        if later > 0 and self.cpu is not None:  # the runtime's deferred warm-up: takes a core, no wait
+            self.env.process(self.work(later / 1000.0, load_nice(variant, background=True)))
         return True
 
-    def load_ms(self, variant: Variant) -> float:
+    def load_ms(self, variant: Variant, background: bool = False) -> float:
         """How long loading ``variant`` takes alone: its profile, and the warm-up when modelled."""
-        return sum(self.load_parts_ms(variant))
+        return sum(self.load_parts_ms(variant, background))
 
-    def load_parts_ms(self, variant: Variant) -> tuple[float, float]:
-        """A load alone as (work, wait): CPU work (a core's milliseconds, warm-up included when
-        modelled) and the disk wait beside it, which only a cold load with a measured CPU time has
-        (without one, the whole profiled load is taken as work: the conservative reading)."""
-        warmup = warmup_ms(variant, self.config.max_batch) if self.config.warm_up else 0.0
+    def load_parts_ms(self, variant: Variant, background: bool = False) -> tuple[float, float]:
+        """A load alone as (work, wait): CPU work (a core's milliseconds, a background load's warm-up
+        included when modelled: a recovery load leaves it for after) and the disk wait beside it,
+        which only a cold load with a measured CPU time has (without one, the whole profiled load is
+        taken as work: the conservative reading)."""
+        warmup = self._warmup_ms(variant) if background else 0.0
         if self.config.page_cache is PageCache.WARM and variant.warm_load_ms is not None:
             return variant.warm_load_ms + warmup, 0.0
         work = variant.load_work_ms
         return work + warmup, variant.load_ms - work
+
+    def _warmup_ms(self, variant: Variant) -> float:
+        return warmup_ms(variant, self.config.max_batch) if self.config.warm_up else 0.0
 
     def work(self, seconds: float, nice: int) -> Generator[simpy.Event, Any, bool]:
         """Process: ``seconds`` of one core's work, on the shared host when there is one."""

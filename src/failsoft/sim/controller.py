@@ -271,7 +271,7 @@ class SimController:
         ok = yield self.env.process(agent.load(cmd.app, variant, cmd.background))
         self.inflight -= 1
         error = None if ok else f"load of {cmd.variant} on {cmd.server} failed"
-        info = {"load_ms": agent.load_ms(variant)}
+        info = {"load_ms": agent.load_ms(variant, cmd.background)}
         self._run(self.core.load_done(cmd.load_id, ok, self.env.now, info=info, error=error))
 
     def _plan(self, cmd: PlanFailover) -> list[Command]:

@@ -21,6 +21,8 @@ from failsoft.zoo.loaded import Forward
 if TYPE_CHECKING:
     import torch
 
+    from failsoft.zoo.skeletons import Skeleton
+
 
 def build_network(config: VariantConfig, on_meta: bool = False) -> tuple[torch.nn.Module, Forward]:
     """The module a config describes (random init, or empty on ``meta``) and its logits function."""
@@ -75,15 +77,22 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def load_network(variant_dir: Path, config: VariantConfig, device: str) -> tuple[torch.nn.Module, Forward]:
+def load_network(
+    variant_dir: Path, config: VariantConfig, device: str, skeleton: Skeleton | None = None
+) -> tuple[torch.nn.Module, Forward]:
     """Rebuild the variant and assign its weights on ``device``, in eval mode.
 
     Three phases, each timed on its own by ``failsoft bench load``: :func:`read_weights` (on the CPU
     the tensors are views of the file's pages: nothing is copied), the module skeleton on ``meta``
-    (no allocation), and :func:`assign_weights` (the skeleton takes the tensors as they are).
+    (no allocation; ``skeleton`` when one was prepared ahead and built from this very config:
+    :mod:`failsoft.zoo.skeletons`), and :func:`assign_weights` (the skeleton takes the tensors as
+    they are: it is consumed).
     """
     state = read_weights(weights_path(variant_dir), device)
-    module, forward = build_network(config, on_meta=True)
+    if skeleton is not None and skeleton.config == config:
+        module, forward = skeleton.module, skeleton.forward
+    else:
+        module, forward = build_network(config, on_meta=True)
     return assign_weights(module, state, weights_path(variant_dir)), forward
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,6 +39,9 @@ from failsoft.zoo.layout import (
     read_json,
 )
 from failsoft.zoo.loaded import LoadedModel
+
+if TYPE_CHECKING:
+    from failsoft.zoo.skeletons import Skeleton
 
 
 def default_zoo_path() -> Path:
@@ -177,12 +180,16 @@ class ModelRepository:
         return tuple(out)
 
     # loading -------------------------------------------------------------------------------
-    def load(self, family: str, variant: str, device: str | None = None) -> LoadedModel:
+    def load(
+        self, family: str, variant: str, device: str | None = None, skeleton: Skeleton | None = None
+    ) -> LoadedModel:
         """Load a variant from disk onto ``device`` (CUDA when available by default).
 
         A stateful variant (``config.json`` says ``stateful``) loads as a
         :class:`~failsoft.zoo.stateful.StatefulModel`, in its initial state; a user's model (any
-        ``model_format`` but ``builtin``) through its format's handler (:mod:`failsoft.zoo.formats`)."""
+        ``model_format`` but ``builtin``) through its format's handler (:mod:`failsoft.zoo.formats`).
+        ``skeleton``, one prepared ahead for this variant (:mod:`failsoft.zoo.skeletons`), is used
+        (and consumed) rather than one built here."""
         from failsoft.zoo.network import load_network
 
         path = self.variant_dir(family, variant)
@@ -190,7 +197,7 @@ class ModelRepository:
         dev = _pick_device(device)
         if config.model_format != "builtin":
             return load_handler_model(path, config, dev)
-        module, forward = load_network(path, config, dev)
+        module, forward = load_network(path, config, dev, skeleton)
         if config.stateful:  # compute/state/apply_state (failsoft.zoo.stateful)
             from failsoft.zoo.stateful import load_stateful
 
