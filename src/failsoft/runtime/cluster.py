@@ -47,6 +47,7 @@ from failsoft.errors import (
 from failsoft.orchestration.copies import CopyRequest
 from failsoft.runtime.dataplane.link import DataPlaneLink, NoDataPlane, transport
 from failsoft.runtime.devices import ON_CPU, Placement
+from failsoft.runtime.raystart import start_embedded
 
 # A Ray call made after shutdown (a straggling thread) must fail, not start a new Ray instance.
 auto_init_hook.enable_auto_connect = False
@@ -483,11 +484,18 @@ class RayCluster:
                 kwargs["num_gpus"] = gpus
         elif self.node_ip is not None:
             kwargs["_node_ip_address"] = self.node_ip
-        try:
+
+        def init() -> None:
             with _loopback_bootstrap(self.address):
                 # embedded: "local" always starts our own instance; with None, Ray would join a
                 # cluster another process on this machine started with `ray start`
                 ray.init(address=self.address or "local", **kwargs)
+
+        try:
+            if self.embedded:
+                start_embedded(init)  # again, once, if Ray's own start times out on a busy host
+            else:
+                init()
         except Exception as exc:
             where = f"Ray cluster at {self.address!r}" if self.address else "an embedded Ray instance"
             raise ServingError(f"cannot start {where}: {exc}") from exc

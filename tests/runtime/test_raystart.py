@@ -1,0 +1,114 @@
+"""The embedded Ray start, retried when Ray's own start times out (:mod:`failsoft.runtime.raystart`).
+
+The timeout is produced for real: a watcher thread stops (SIGSTOP) the first raylet this process
+starts, as a host too busy to run it would, so Ray's 30 s wait for the raylet to register runs out
+and ``ray.init`` raises its own exception. No fake stands in for Ray.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import ray
+
+from failsoft.domain import Server
+from failsoft.errors import ServingError
+from failsoft.runtime import raystart
+from failsoft.runtime.cluster import RayCluster
+
+SERVERS = [Server("s1", "a", 100.0)]
+
+
+def _ray_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def _mentions(proc: psutil.Process, text: str) -> bool:
+    try:
+        return any(text in arg for arg in proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+class RayletStopper(threading.Thread):
+    """Stops (SIGSTOP) the first raylet this process starts, before it registers with the GCS."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.done = threading.Event()
+        self.stopped: psutil.Process | None = None
+        self.session_dir: str | None = None
+
+    def run(self) -> None:
+        me = psutil.Process()
+        while not self.done.is_set():
+            for child in me.children(recursive=False):
+                try:
+                    if child.name() != "raylet":
+                        continue
+                    child.send_signal(signal.SIGSTOP)
+                    self.stopped = child
+                    self.session_dir = raystart._session_dir([child])
+                except psutil.NoSuchProcess:
+                    continue
+                return
+            time.sleep(0.001)
+
+
+@pytest.mark.parametrize(
+    ("exc", "retried"),
+    [
+        (Exception("The current node timed out during startup. This could happen ..."), True),
+        (RuntimeError("Timed out waiting for file /tmp/ray/session_x/gcs_server_port_ab"), True),
+        (ValueError("The current node timed out during startup."), False),  # a subclass: not Ray's
+        (Exception("Resource quantities must be nonnegative."), False),
+        (RuntimeError("Timed out waiting for file /tmp/other"), False),
+    ],
+)
+def test_only_rays_own_start_timeouts_are_retried(exc, retried):
+    assert raystart.is_start_timeout(exc) is retried
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_a_start_whose_raylet_never_registers_is_retried_and_leaves_nothing_behind(caplog):
+    stopper = RayletStopper()
+    stopper.start()
+    cluster = RayCluster(SERVERS, num_cpus=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger=raystart.__name__):
+            cluster.start()
+        stopper.done.set()
+        assert stopper.stopped is not None and stopper.session_dir is not None, "no raylet was stopped"
+        retries = [r.getMessage() for r in caplog.records if "starting again" in r.getMessage()]
+        assert len(retries) == 1 and raystart.RAYLET_TIMEOUT in retries[0], retries
+        assert str(stopper.stopped.pid) in retries[0]
+        # the second start serves ...
+        assert ray.get(ray.remote(lambda: 41 + 1).options(num_cpus=0).remote(), timeout=60) == 42
+        # ... and nothing of the first is left: not the stopped raylet, not its GCS or monitors
+        assert not stopper.stopped.is_running()
+        left = [p.pid for p in _ray_children() if _mentions(p, stopper.session_dir)]
+        assert left == [], f"processes of the failed start {stopper.session_dir} still run: {left}"
+    finally:
+        stopper.done.set()
+        cluster.shutdown()
+
+
+@pytest.mark.runtime
+@pytest.mark.slow
+def test_a_bad_argument_fails_at_once_without_leaving_ray_processes(caplog):
+    before = {p.pid for p in _ray_children()}
+    cluster = RayCluster(SERVERS, num_cpus=-1)  # Ray refuses it once its GCS is already up
+    with (
+        caplog.at_level(logging.WARNING, logger=raystart.__name__),
+        pytest.raises(ServingError, match="nonnegative"),
+    ):
+        cluster.start()
+    assert not [r for r in caplog.records if "starting again" in r.getMessage()]
+    left = [p.pid for p in _ray_children() if p.pid not in before and _mentions(p, "/ray/")]
+    assert left == [], f"a failed start left Ray processes {left}"
