@@ -53,11 +53,21 @@ class RayletStopper(threading.Thread):
                         continue
                     child.send_signal(signal.SIGSTOP)
                     self.stopped = child
-                    self.session_dir = raystart._session_dir([child])
+                    self.session_dir = self._session_dir(child)
                 except psutil.NoSuchProcess:
                     continue
                 return
             time.sleep(0.001)
+
+    @staticmethod
+    def _session_dir(raylet: psutil.Process) -> str | None:
+        # caught in execve, a process already has its new name but not yet its arguments; stopped,
+        # it finishes the exec before it halts
+        for _ in range(5000):
+            if found := raystart._session_dir([raylet]):
+                return found
+            time.sleep(0.001)
+        return None
 
 
 @pytest.mark.parametrize(

@@ -493,7 +493,8 @@ class RayCluster:
 
         try:
             if self.embedded:
-                start_embedded(init)  # again, once, if Ray's own start times out on a busy host
+                # again, once, if Ray's own start times out on a busy host
+                start_embedded(init, ray_home=os.path.dirname(ray.__file__))
             else:
                 init()
         except Exception as exc:

@@ -25,21 +25,18 @@ was late, and the next start makes a directory of its own.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
-import ray
 
 log = logging.getLogger(__name__)
 
 START_ATTEMPTS = 2  # one retry: a host too busy to start Ray twice in a row is not one to serve on
 RAYLET_TIMEOUT = "The current node timed out during startup"  # node.py, a plain Exception
 GCS_PORT_TIMEOUT = "Timed out waiting for file"  # _raylet.wait_for_persisted_port, a RuntimeError
-_RAY_HOME = os.path.dirname(ray.__file__)  # every program Ray starts is run from under here
 _SESSION = re.compile(r"(/\S*?/session_[^/\s]+)")
 
 
@@ -76,15 +73,16 @@ def _children() -> set[tuple[int, float]]:
     return found
 
 
-def _ray_programs(before: set[tuple[int, float]]) -> list[psutil.Process]:
+def _ray_programs(before: set[tuple[int, float]], ray_home: str) -> list[psutil.Process]:
     """Ray's processes started since ``before``: new children of ours that run a program from Ray's
-    package (so nothing another thread of this process started), with all their descendants."""
+    package directory ``ray_home`` (so nothing another thread of this process started), with all
+    their descendants."""
     found: dict[int, psutil.Process] = {}
     for child in psutil.Process().children(recursive=False):
         try:
             if (child.pid, child.create_time()) in before:
                 continue
-            if not any(_RAY_HOME in arg for arg in child.cmdline()):
+            if not any(ray_home in arg for arg in child.cmdline()):
                 continue
             found[child.pid] = child
             for below in child.children(recursive=True):
@@ -105,9 +103,9 @@ def _session_dir(procs: list[psutil.Process]) -> str | None:
     return None
 
 
-def kill_leftovers(before: set[tuple[int, float]]) -> Leftovers:
+def kill_leftovers(before: set[tuple[int, float]], ray_home: str) -> Leftovers:
     """Kill (SIGKILL, by pid) the Ray processes started since ``before`` and wait for them."""
-    procs = _ray_programs(before)
+    procs = _ray_programs(before, ray_home)
     session = _session_dir(procs)
     for proc in procs:
         try:
@@ -121,10 +119,11 @@ def kill_leftovers(before: set[tuple[int, float]]) -> Leftovers:
     return Leftovers(tuple(sorted(p.pid for p in procs)), session)
 
 
-def start_embedded(init: Callable[[], object], attempts: int = START_ATTEMPTS) -> None:
+def start_embedded(init: Callable[[], object], ray_home: str, attempts: int = START_ATTEMPTS) -> None:
     """Run ``init`` (an embedded ``ray.init``); when it fails, kill the processes it left, and when
     the failure was Ray's own start timing out, run it again, ``attempts`` times in all. The last
-    timeout, or any other error, is raised."""
+    timeout, or any other error, is raised. ``ray_home`` is Ray's package directory, from which
+    every program Ray starts is run (given by the caller: only the cluster wrapper imports Ray)."""
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
     for attempt in range(1, attempts + 1):
@@ -135,7 +134,7 @@ def start_embedded(init: Callable[[], object], attempts: int = START_ATTEMPTS) -
         except Exception as exc:
             # whatever failed, Ray's half-started processes go (a negative num_cpus fails after
             # the GCS is up); only a timeout is worth another try
-            left = kill_leftovers(before)
+            left = kill_leftovers(before, ray_home)
             if attempt == attempts or not is_start_timeout(exc):
                 raise
             log.warning(
