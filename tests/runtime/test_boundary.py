@@ -23,8 +23,11 @@ def imports_ray(path: Path) -> bool:
 
 
 def test_only_the_cluster_wrapper_imports_ray():
+    """failsoft reaches Ray through one wrapper. The one other importer is no part of failsoft: the
+    serving benchmark's Ray Serve anchor, the foreign system it is compared with, run in a process
+    (and a Ray instance) of its own."""
     importers = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if imports_ray(p))
-    assert importers == ["runtime/cluster.py"]
+    assert importers == ["bench/serving_anchor_rayserve.py", "runtime/cluster.py"]
 
 
 def test_the_sidecar_needs_only_the_standard_library():

@@ -11,6 +11,7 @@ variant costs reading its weights once, straight onto the target device, and not
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,15 @@ from failsoft.zoo.loaded import Forward
 if TYPE_CHECKING:
     import torch
 
-    from failsoft.zoo.skeletons import Skeleton
+
+@dataclass(frozen=True, slots=True)
+class Skeleton:
+    """A module built on ``meta`` from ``config``, and its logits function: built ahead of a load by
+    :mod:`failsoft.zoo.skeletons`, consumed by :func:`load_network`."""
+
+    config: VariantConfig
+    module: torch.nn.Module
+    forward: Forward
 
 
 def build_network(config: VariantConfig, on_meta: bool = False) -> tuple[torch.nn.Module, Forward]:

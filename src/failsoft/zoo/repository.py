@@ -41,7 +41,7 @@ from failsoft.zoo.layout import (
 from failsoft.zoo.loaded import LoadedModel
 
 if TYPE_CHECKING:
-    from failsoft.zoo.skeletons import Skeleton
+    from failsoft.zoo.network import Skeleton
 
 
 def default_zoo_path() -> Path:

@@ -21,24 +21,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from failsoft.domain import Variant
 from failsoft.zoo.layout import VariantConfig
-from failsoft.zoo.loaded import Forward
+from failsoft.zoo.network import Skeleton, build_network
 
-if TYPE_CHECKING:
-    import torch
-
-
-@dataclass(frozen=True, slots=True)
-class Skeleton:
-    """A module built on ``meta`` from ``config``, and its logits function."""
-
-    config: VariantConfig
-    module: torch.nn.Module
-    forward: Forward
+__all__ = ["Skeleton", "Skeletons", "skeleton_targets"]
 
 
 class Skeletons:
@@ -59,8 +47,6 @@ class Skeletons:
     def build(self, config: VariantConfig) -> bool:
         """Build a skeleton of ``config``'s variant in the calling thread unless one is ready;
         True when one was built."""
-        from failsoft.zoo.network import build_network
-
         key = (config.family, config.variant)
         with self._lock:
             if key in self._ready and self._ready[key].config == config:
