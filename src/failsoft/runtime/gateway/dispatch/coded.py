@@ -256,9 +256,10 @@ class CodedDispatcher(Dispatcher):
             self.counts["uncoded_groups"] += 1
             group.tracker = None
             for query in group.queries.values():
-                self._fall_back(group, query)
-                if query.error is not None and not query.fallen_back and not query.result.done():
-                    query.result.set_exception(query.error)  # its member failed it; no parity comes
+                if query.error is not None:  # its member failed it; no parity comes
+                    self._without_its_member(group, query)
+                else:
+                    self._fall_back(group, query)
             self._forget_if_done(group)
             return
         self.counts["coded_groups"] += 1
@@ -353,8 +354,6 @@ class CodedDispatcher(Dispatcher):
             return
         healthy = [m for i, m in enumerate(self.data) if i != query.member and not m.failing and m.ready()]
         if not healthy:
-            if query.error is not None and (query.own is None or query.own.done()):
-                query.result.set_exception(query.error)
             return
         member = healthy[hash(query.request.request_id) % len(healthy)]
         query.fallen_back = True
@@ -375,6 +374,13 @@ class CodedDispatcher(Dispatcher):
         task.add_done_callback(done)
         query.result.add_done_callback(lambda _: task.cancel())
 
+    def _without_its_member(self, group: _Group, query: _Query) -> None:
+        """``query``'s member failed its call and no decode will answer it: another data member
+        serves it, or, when none can, it gets the member's error."""
+        self._fall_back(group, query)
+        if not query.fallen_back and not query.result.done() and query.error is not None:
+            query.result.set_exception(query.error)
+
     # answers -----------------------------------------------------------------------------------------
     def _own_done(self, group: _Group, query: _Query, task: asyncio.Task[Answer]) -> None:
         self._in_flight[query.member] -= 1
@@ -388,11 +394,8 @@ class CodedDispatcher(Dispatcher):
             self._erred_at[query.member] = self.context.clock.now()
             self._feed(group, query.index, None)
             tracker = group.tracker
-            if not query.result.done() and (tracker is None or tracker.done):  # nothing to decode from
-                if group.closed:
-                    self._fall_back(group, query)  # uncoded: another data member serves the same model
-                if not query.fallen_back and not query.result.done():
-                    query.result.set_exception(error)
+            if tracker is None or tracker.done:  # uncoded, or too few answers: nothing to decode from
+                self._without_its_member(group, query)
                 self._forget_if_done(group)
             return
         answer = task.result()
@@ -441,10 +444,8 @@ class CodedDispatcher(Dispatcher):
             query.result.set_result(self._reconstructed(group, index, output))
         for index in progress.unrecoverable:  # lost, and too few answers to decode it from
             query = group.queries.get(index)
-            if query is not None and query.error is not None and not query.result.done():
-                self._fall_back(group, query)  # another data member serves the same model
-                if not query.fallen_back and not query.result.done():
-                    query.result.set_exception(query.error)
+            if query is not None and query.error is not None:
+                self._without_its_member(group, query)
         for index in progress.cancel:
             task = group.queries[index].own if index < self.k else group.parity.get(index)
             if task is not None and not task.done():
