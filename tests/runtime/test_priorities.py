@@ -8,7 +8,8 @@ import threading
 import pytest
 
 from failsoft.orchestration.loads import BACKGROUND_NICE, LOAD_NICE
-from failsoft.runtime.agent import MAX_NICE, _run_at_priority
+from failsoft.runtime.agent import _run_at_priority
+from failsoft.runtime.priority import MAX_NICE
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread niceness is Linux's")
 

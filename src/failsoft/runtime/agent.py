@@ -43,7 +43,6 @@ The class is plain Python: :mod:`failsoft.runtime.cluster` turns it into an acto
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import gc
 import logging
 import os
@@ -69,6 +68,7 @@ from failsoft.runtime.agent_metrics import AgentMetrics
 from failsoft.runtime.deferred import Deferred, warm_rest
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
 from failsoft.runtime.load_phases import LoadPhases
+from failsoft.runtime.priority import lower_niceness
 from failsoft.runtime.pulse import Pulse
 from failsoft.runtime.serving import ServingQueue, calibrated, warm_up
 from failsoft.zoo.formats.model import import_code as import_user_code
@@ -92,7 +92,6 @@ WEDGE_S = 10.0
 # then loads that recover apps, then background loads (upgrades, warm backups). Lowering needs no
 # privilege; raising would, hence offsets (Ray starts its workers at nice 15 unless told otherwise).
 # The values live in orchestration.loads, where the simulator's shared CPU reads them too.
-MAX_NICE = 19
 UNLOAD_DRAIN_S = 20.0  # an unload waits this long for the model's running batch before returning
 SPARE_SERVING_THREADS = 4  # Ray threads kept free to refuse requests fast when the rest are waiting
 
@@ -747,10 +746,7 @@ def _run_at_priority(nice: int, fn: Any, *args: Any) -> Any:
     error: list[BaseException] = []
 
     def work() -> None:
-        with contextlib.suppress(OSError):
-            tid = threading.get_native_id()
-            base = os.getpriority(os.PRIO_PROCESS, tid)  # inherited from the calling thread
-            os.setpriority(os.PRIO_PROCESS, tid, min(base + nice, MAX_NICE))
+        lower_niceness(nice)  # below the calling thread, whose priority this one inherited
         try:
             result.append(fn(*args))
         except BaseException as exc:

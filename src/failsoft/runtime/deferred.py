@@ -18,9 +18,7 @@ nothing is queued or running (tests, benchmarks).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -30,11 +28,10 @@ from typing import Any
 import numpy as np
 
 from failsoft.errors import ConfigError
-from failsoft.runtime.priority import set_niceness
+from failsoft.runtime.priority import lower_niceness
 from failsoft.runtime.serving import ServingQueue
 
 log = logging.getLogger(__name__)
-MAX_NICE = 19
 _Task = tuple[float, str, Callable[..., Any], tuple[Any, ...]]  # (not before, kind, function, args)
 SETTLE_S = 0.05  # a task waits this long after its submission: the reply and the route go first
 POLL_S = 0.02  # how often a waiting task looks whether the recovery loads are done
@@ -94,10 +91,7 @@ class Deferred:
             }
 
     def _run(self) -> None:
-        with contextlib.suppress(OSError):  # lowering needs no privilege (raising it back would)
-            set_niceness(
-                min(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + self._nice, MAX_NICE)
-            )
+        lower_niceness(self._nice)
         while (task := self._tasks.get()) is not None:
             not_before, kind, fn, args = task
             while time.monotonic() < not_before or self._busy():

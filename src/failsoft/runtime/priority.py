@@ -16,6 +16,7 @@ from pathlib import Path
 
 CONTROLLER_NICE = -5  # the controller's process: verdicts and routes
 GATEWAY_NICE = -5  # the gateway's event-loop thread: requests, connection ends, route changes
+MAX_NICE = 19  # the lowest priority there is
 
 
 def set_niceness(nice: int, whole_process: bool = False) -> bool:
@@ -34,3 +35,13 @@ def set_niceness(nice: int, whole_process: bool = False) -> bool:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
             done = True
     return done
+
+
+def lower_niceness(steps: int) -> bool:
+    """Lower this thread's priority ``steps`` below what it has now (inherited from the thread that
+    started it), at most to :data:`MAX_NICE`. Needs no privilege; raising it back would, so
+    background work runs in a thread of its own. Returns whether it took effect."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux
+        base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return set_niceness(min(base + steps, MAX_NICE))
+    return False
