@@ -58,6 +58,7 @@ from typing import Any
 
 import numpy as np
 
+from failsoft.bench.serving_anchor_process import process_tree
 from failsoft.bench.serving_load import Body, request_body, request_input
 from failsoft.errors import ConfigError, FailsoftError
 from failsoft.runtime.config import RuntimeConfig, load_config
@@ -337,20 +338,7 @@ def _no_processes() -> list[int]:
 
 def own_processes() -> list[int]:
     """This process (the gateway runs in it) and every process it started (Ray's, the agents')."""
-    return _pids_of(os.getpid())()
-
-
-def _pids_of(root: int) -> Callable[[], list[int]]:
-    def pids() -> list[int]:
-        import psutil
-
-        try:
-            proc = psutil.Process(root)
-            return [root, *(c.pid for c in proc.children(recursive=True))]
-        except psutil.Error:
-            return []
-
-    return pids
+    return process_tree(os.getpid())()
 
 
 # ----------------------------------------------------------------------------------------------

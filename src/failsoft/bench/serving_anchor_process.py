@@ -127,7 +127,7 @@ def served_anchor(
         log = Path(tmp) / "log"
         server = subprocess.Popen([*cmd, *spec.args], stdout=out, stderr=subprocess.STDOUT)
         seen: dict[int, Any] = {}
-        pids = _tracking(server.pid, seen)
+        pids = process_tree(server.pid, seen)
         try:
             answers = {e: wait_answer(name, port, b, server, log, spec.ready_s) for e, b in bodies.items()}
             pids()
@@ -139,9 +139,10 @@ def served_anchor(
             stop(server, seen)
 
 
-def _tracking(root: int, seen: dict[int, Any]) -> Callable[[], list[int]]:
-    """``root`` and its descendants now; every process seen is kept in ``seen`` (pid -> psutil
-    process), so that :func:`stop` can kill those its root left behind."""
+def process_tree(root: int, seen: dict[int, Any] | None = None) -> Callable[[], list[int]]:
+    """A function giving the pids of ``root`` and its descendants at each call (none once ``root``
+    is gone); every process seen is also kept in ``seen`` (pid -> psutil process), so that
+    :func:`stop` can kill those its root left behind."""
     import psutil
 
     def pids() -> list[int]:
@@ -150,8 +151,9 @@ def _tracking(root: int, seen: dict[int, Any]) -> Callable[[], list[int]]:
             found = [proc, *proc.children(recursive=True)]
         except psutil.Error:
             return []
-        for p in found:
-            seen.setdefault(p.pid, p)
+        if seen is not None:
+            for p in found:
+                seen.setdefault(p.pid, p)
         return [p.pid for p in found]
 
     return pids
