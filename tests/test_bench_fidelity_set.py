@@ -34,6 +34,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-small",
         "fidelity-pair",
         "fidelity-one",
+        "fidelity-spread",
         "graph-echo-chain",
         "slo",
     } <= names
