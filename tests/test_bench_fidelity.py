@@ -238,3 +238,13 @@ def test_the_heavy_probe_pins_the_lightest_heavy_variant_where_it_fits_and_no_co
     # beside what a server holds: s1 with B's copy of big (300 of 400 MB) and A's tiny one
     full = [{"app": "B", "server": "s1", "variant": "big"}, {"app": "A", "server": "s1", "variant": "tiny"}]
     assert _heavy_probe(scenario, routes, full, ["s0"]) is None
+
+
+def test_a_control_probe_is_pinned_at_a_failover_loads_priority_and_a_ladder_switch_is_not():
+    from failsoft.bench.fidelity_switch import request
+    from failsoft.orchestration.loads import Priority
+
+    probe = {"app": "A", "server": "s1", "variant": "small", "urgent": True}
+    assert request(probe).priority is Priority.FAILOVER
+    switch = {"app": "A", "server": "s1", "variant": "small"}  # and probes recorded before urgent ones
+    assert request(switch).priority is Priority.WARM

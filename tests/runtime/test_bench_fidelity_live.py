@@ -45,10 +45,11 @@ def test_the_graph_example_twins_a_hams_promotion(zoo: Path, tmp_path: Path) -> 
     # a promotion is a route switch at detection on both sides: its error is in milliseconds
     assert c2["mttr_error_ms"] is not None and out["median_mttr_error_ms_by_kind"]["promoted"] is not None
     assert {"median_abs_error_pct", "abs_error_ms", "not_modelled"} <= out.keys()
-    # before the kill, the control probe pinned the fastest-loading variant on the survivors that
-    # hold no copy of its app, and timed each pin to publication; the run says its heavy slots
+    # before the kill, the control probe pinned on each survivor the fastest-loading variant of an
+    # app holding no copy there, and timed each pin to publication; the run says its heavy slots
     probe = observed["before_kill"]["control_probe"]
     assert probe["events"] and all(e["runtime_ms"] is not None for e in probe["events"])
+    assert all(e["urgent"] for e in probe["events"])  # at a failover load's priority, as a crash's
     assert all(e["server"] != "s1" for e in probe["events"]) and observed["heavy_load_slots"] >= 1
 
 

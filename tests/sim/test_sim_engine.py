@@ -245,6 +245,46 @@ def test_a_pinned_rung_is_ready_after_its_load_and_warm_up_as_in_the_runtime(tin
     assert simulate_pin(deployment, request, shared) > SMALL.load_ms  # half a core: slower
 
 
+def test_a_copy_pinned_at_a_failover_loads_priority_loads_as_a_recovery_does(tiny, fixed):
+    """``bench fidelity``'s control probe pins at the failover priority: the twin then loads it as a
+    recovery load (ready at the first answer, the rest of the warm-up after, at the recovery's CPU
+    priority), not as a background copy (warm-up first, at the lowest priority)."""
+    from failsoft.orchestration import CopyRequest
+    from failsoft.orchestration.loads import Priority
+    from failsoft.sim import simulate_pin
+
+    deployment = Deployer().deploy(tiny, "faillite")
+    urgent = CopyRequest("B", "small", "slo:test", "s2", priority=Priority.FAILOVER)
+    background = CopyRequest("B", "small", "slo:test", "s2")
+    warm = dataclasses.replace(fixed, warm_up=True, max_batch=1)
+    assert simulate_pin(deployment, urgent, warm) == pytest.approx(SMALL.load_ms)  # warm-up after
+    assert simulate_pin(deployment, background, warm) == pytest.approx(SMALL.load_ms + 20)
+    busy = dataclasses.replace(warm, host_cores=1.0, host_busy_cores=0.9)  # nice 0 beside the load
+    assert simulate_pin(deployment, urgent, busy) < simulate_pin(deployment, background, busy)
+
+
+def test_pins_asked_at_their_offsets_overlap_on_the_hosts_cores_as_they_did(tiny, fixed):
+    """``bench fidelity``'s probe pins small copies while a heavy one loads: the twin asks each at
+    its recorded offset on one cluster, so that their loads share the cores as they did."""
+    from failsoft.orchestration import CopyRequest
+    from failsoft.orchestration.loads import Priority
+    from failsoft.sim import simulate_pin, simulate_pins
+
+    deployment = Deployer().deploy(tiny, "faillite")
+    big = CopyRequest("B", "big", "slo:test", "s2", priority=Priority.FAILOVER)
+    small = CopyRequest("C", "small", "slo:test", "s1", priority=Priority.FAILOVER)
+    one_core = dataclasses.replace(fixed, host_cores=1.0)
+    alone = [simulate_pin(deployment, r, one_core) for r in (big, small)]
+    assert alone == [pytest.approx(BIG.load_ms), pytest.approx(SMALL.load_ms)]
+    # small asked 100 ms into big's load: both share the one core until small is done
+    big_ms, small_ms = simulate_pins(deployment, [(0.0, big), (0.1, small)], one_core)
+    assert small_ms == pytest.approx(2 * SMALL.load_ms)
+    assert big_ms == pytest.approx(BIG.load_ms + SMALL.load_ms)
+    # ... and asked after big is ready, each alone
+    late = simulate_pins(deployment, [(0.0, big), (BIG.load_ms / 1000 + 0.1, small)], one_core)
+    assert late == [pytest.approx(BIG.load_ms), pytest.approx(SMALL.load_ms)]
+
+
 def test_the_control_path_holds_every_load_and_its_slot_longer_and_takes_no_core(tiny, fixed):
     base = dataclasses.replace(fixed, requests=RequestMode.OFF, host_cores=1.0)
     plain = _run(tiny, "faillite", base)

@@ -293,7 +293,7 @@ def control_probe_ms(
     else to 0 (not modelled)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment, simulate_pin
+    from failsoft.sim import Deployment
 
     before = observed.get("before_kill") or {}
     probes = before.get("control_probe") or (
@@ -306,11 +306,22 @@ def control_probe_ms(
     sim_config = twin_config(
         config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **probes["host_cpu"]}}, host
     )
-    compared = [
+    return fidelity_switch.control_ms(simulated_probes(deployment, probes["events"], sim_config))
+
+
+def simulated_probes(deployment: Any, events: Sequence[dict[str, Any]], sim_config: SimConfig) -> list[dict]:
+    """The probe's pins, each beside its twin's milliseconds: all on one simulated cluster at their
+    recorded offsets (the small ones while the heavy one loads), or, for runs recorded before the
+    offsets, each on its own as it was then run."""
+    from failsoft.sim import simulate_pin, simulate_pins
+
+    if any("offset_ms" in e for e in events):
+        took = simulate_pins(deployment, fidelity_switch.pins_of(events), sim_config)
+        return [fidelity_switch.compared(e, ms) for e, ms in zip(events, took, strict=True)]
+    return [
         fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
-        for e in probes["events"]
+        for e in events
     ]
-    return fidelity_switch.control_ms(compared)
 
 
 def pinned_share(config: RuntimeConfig, observed: dict[str, Any]) -> tuple[float, float] | None:
@@ -320,7 +331,7 @@ def pinned_share(config: RuntimeConfig, observed: dict[str, Any]) -> tuple[float
     that share; None when the run has no heavy probe (or its twin never ends)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment, simulate_pin
+    from failsoft.sim import Deployment
 
     probes = (observed.get("before_kill") or {}).get("control_probe") or {}
     heavy = [e for e in probes.get("events", ()) if e.get("heavy") and e.get("runtime_ms")]
@@ -332,14 +343,9 @@ def pinned_share(config: RuntimeConfig, observed: dict[str, Any]) -> tuple[float
 
     def twin(share: float) -> tuple[float, float | None]:
         base = twin_config(config, _with_share(observed, share), "probe")
-        small = [
-            fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), base))
-            for e in probes["events"]
-            if not e.get("heavy")
-        ]
-        control = fidelity_switch.control_ms(small)
-        request = fidelity_switch.request(heavy[0])
-        return control, simulate_pin(deployment, request, dataclasses.replace(base, control_ms=control))
+        control = fidelity_switch.control_ms(simulated_probes(deployment, probes["events"], base))
+        again = simulated_probes(deployment, probes["events"], dataclasses.replace(base, control_ms=control))
+        return control, next(e["sim_ms"] for e in again if e.get("heavy"))
 
     return fit_share(twin, target)
 

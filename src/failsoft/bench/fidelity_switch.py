@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from failsoft.orchestration import CopyRequest
+from failsoft.orchestration.loads import Priority
 from failsoft.runtime.config import RuntimeConfig
 from failsoft.services import ServiceMode
 
@@ -66,11 +67,19 @@ PROBE_SERVERS = 3  # control probes per run: one per surviving server, at most t
 
 def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
     """The control probe: the fixed cost of the control path (the controller's call to the agent and
-    back, the agent's pick-up, the route's publication), which the twin does not simulate step by
-    step. On the stable cluster, the config's fastest-loading variant is pinned, as a ladder switch
-    is, on each surviving server holding no copy of its app (at most :data:`PROBE_SERVERS`), timed
-    until published ready and given up; the twin simulates the same requests with no control cost
-    and takes the median difference as its ``control_ms`` (:func:`control_ms`)."""
+    back, the agent's pick-up, the hand-overs between threads and processes, the route's
+    publication), which the twin does not simulate step by step, measured as a crash meets it.
+
+    On the stable cluster, under the steady load, the config's lightest heavy variant is pinned on a
+    survivor with room for it (``heavy``) and, while it loads, on each surviving server (at most
+    :data:`PROBE_SERVERS`) one after another the fastest-loading variant of an app holding no copy
+    there, each timed from its ask until published ready (``offset_ms``: its ask, after the heavy
+    one's). Every pin is asked at the priority of a failover load (``urgent``). Both choices make
+    the probe meet the host as a recovery does: a recovery's heavy loads saturate the cores, and on
+    a saturated host each hand-over of a small load waits for a core, for longer at a lower
+    priority (the wait, not the work, is most of a small load's time). The twin simulates the same
+    pins at the same offsets with no control cost and takes the median difference of the small ones
+    as its ``control_ms`` (:func:`control_ms`); the heavy one feeds the ``pin`` host model."""
     from failsoft.bench.failover import AgentProbes, loaded_copies
     from failsoft.runtime.session import prepare
 
@@ -78,23 +87,57 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
     status = client.status()
     routes = {a["name"]: a["route"] for a in status["apps"]}
     shares = AgentProbes([s.name for s in config.servers]).load_cpu_shares()
-    app, variant = min(
-        ((a.name, v) for a in scenario.apps for v in scenario.family(a.family).variants),
-        key=lambda av: (av[1].load_ms, av[0], av[1].name),
-    )
     copies = loaded_copies(status)
-    holding = {(routes.get(app) or {}).get("server")} | {c["server"] for c in copies if c["app"] == app}
-    servers = [s.name for s in config.servers if s.name not in failed and s.name not in holding]
-    events = []
-    for server in servers[:PROBE_SERVERS]:
-        event = {"app": app, "server": server, "variant": variant.name}
-        ms = asyncio.run(_switch(session.controller, request(event), config.agents.drain_ms / 1000.0))
-        events.append(event | {"runtime_ms": ms})
+    holders = _holders(routes, copies)
     heavy = _heavy_probe(scenario, routes, copies, failed)
-    if heavy is not None:  # what a heavy load gets of the host now: a real load, not a spin
-        ms = asyncio.run(_switch(session.controller, request(heavy), config.agents.drain_ms / 1000.0))
-        events.append(heavy | {"runtime_ms": ms, "heavy": True})
+    small = []
+    for server in [s.name for s in config.servers if s.name not in failed][:PROBE_SERVERS]:
+        candidates = [
+            (v.load_ms, a.name, v.name)
+            for a in scenario.apps
+            if server not in holders.get(a.name, set()) and (heavy is None or a.name != heavy["app"])
+            for v in scenario.family(a.family).variants
+        ]
+        if candidates:
+            _, app, variant = min(candidates)
+            small.append({"app": app, "server": server, "variant": variant, "urgent": True})
+    lead = [heavy | {"urgent": True, "heavy": True}] if heavy is not None else []
+    events = asyncio.run(_probe_pins(session.controller, lead, small, config.agents.drain_ms / 1000.0))
     return {"events": events, "warm": copies, "host_cpu": {"load_cpu_share": shares}}
+
+
+HEAVY_LEAD_S = 0.03  # the small pins start this long after the heavy one: its load under way
+
+
+async def _probe_pins(
+    controller: Any, lead: list[dict[str, Any]], small: list[dict[str, Any]], drain_s: float
+) -> list[dict[str, Any]]:
+    """The heavy pin (if any), and the small ones one after another while it loads; each timed
+    from its ask to published ready, its ask's offset after the first; then all given up."""
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(_pinned(controller, request(e))) for e in lead]
+    if tasks:
+        await asyncio.sleep(HEAVY_LEAD_S)
+    timed = []
+    for event in small:
+        offset = (time.perf_counter() - started) * 1000.0
+        timed.append(event | {"offset_ms": offset, "runtime_ms": await _pinned(controller, request(event))})
+    heavy = [e | {"offset_ms": 0.0, "runtime_ms": await t} for e, t in zip(lead, tasks, strict=True)]
+    for event in [*heavy, *timed]:
+        await controller.unpin(event["app"], event["server"], OWNER)
+    await asyncio.sleep(drain_s + 0.5)  # unloaded after the drain period: the crash starts clean
+    return [*timed, *heavy]
+
+
+def _holders(routes: dict[str, Any], copies: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per app, the servers holding a copy of it (its route's and every loaded copy's)."""
+    out: dict[str, set[str]] = {}
+    for app, route in routes.items():
+        if route:
+            out.setdefault(app, set()).add(route["server"])
+    for c in copies:
+        out.setdefault(c["app"], set()).add(c["server"])
+    return out
 
 
 def _heavy_probe(
@@ -122,13 +165,23 @@ def _heavy_probe(
     for app, server, name in held:  # what each server holds now: a pin must fit beside it
         family = scenario.family(scenario.app(app).family)
         used[server] = used.get(server, 0.0) + next(v.memory_mb for v in family.variants if v.name == name)
+    holders = _holders(routes, copies)
     for _, app, variant in candidates:
-        holding = {(routes.get(app) or {}).get("server")} | {c["server"] for c in copies if c["app"] == app}
         for server in scenario.servers:
             free = server.memory_mb - used[server.name]
-            if server.name not in failed and server.name not in holding and free >= variant.memory_mb:
+            if (
+                server.name not in failed
+                and server.name not in holders.get(app, set())
+                and free >= variant.memory_mb
+            ):
                 return {"app": app, "server": server.name, "variant": variant.name}
     return None
+
+
+def pins_of(events: Sequence[dict[str, Any]]) -> list[tuple[float, CopyRequest]]:
+    """The probe's pins as :func:`failsoft.sim.simulate_pins` takes them: each at its recorded
+    offset (seconds)."""
+    return [(float(e.get("offset_ms") or 0.0) / 1000.0, request(e)) for e in events]
 
 
 def control_ms(compared_events: Sequence[dict[str, Any]]) -> float:
@@ -144,28 +197,36 @@ def control_ms(compared_events: Sequence[dict[str, Any]]) -> float:
 
 
 def request(event: dict[str, Any]) -> CopyRequest:
-    """The core's request for one switch: the rung, pinned on the worker's server."""
-    return CopyRequest(event["app"], event["variant"], OWNER, event["server"])
+    """The core's request for one switch or probe: the variant pinned on the event's server, at a
+    failover load's priority when the event is ``urgent`` (a control probe), else at a warm
+    backup's (a ladder switch, and probes recorded before the urgent ones)."""
+    priority = Priority.FAILOVER if event.get("urgent") else Priority.WARM
+    return CopyRequest(event["app"], event["variant"], OWNER, event["server"], priority=priority)
 
 
 async def _switch(controller: Any, request: CopyRequest, drain_s: float) -> float | None:
     """Pin, time until published ready (None: never within the timeout), give up, let it drain."""
+    took = await _pinned(controller, request)
+    await controller.unpin(request.app, str(request.server), OWNER)
+    await asyncio.sleep(drain_s + 0.5)  # unloaded after the drain period: the next starts clean
+    return took
+
+
+async def _pinned(controller: Any, request: CopyRequest) -> float | None:
+    """Pin, and the milliseconds until the routing table publishes it ready (None: never within
+    :data:`SWITCH_TIMEOUT_S`)."""
     snap = await controller.wait_routes("", -1, 5.0)
     started = time.perf_counter()
     await controller.pin(request)
-    took = None
     while time.perf_counter() - started < SWITCH_TIMEOUT_S:
         entry = (snap.get("value") or {}).get(request.app) or {}
         if any(
             p["server"] == request.server and p["variant"] == request.variant and p["ready"]
             for p in entry.get("pinned", ())
         ):
-            took = (time.perf_counter() - started) * 1000.0
-            break
+            return (time.perf_counter() - started) * 1000.0
         snap = await controller.wait_routes(snap["epoch"], snap["version"], 5.0)
-    await controller.unpin(request.app, str(request.server), OWNER)
-    await asyncio.sleep(drain_s + 0.5)  # unloaded after the drain period: the next starts clean
-    return took
+    return None
 
 
 def compared(event: dict[str, Any], sim_ms: float | None) -> dict[str, Any]:

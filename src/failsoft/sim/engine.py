@@ -16,7 +16,8 @@ the 100-server sweeps fail every server in turn and a 1000-server cluster simula
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from typing import Any
 
 import simpy
 
@@ -83,6 +84,19 @@ def simulate_pin(
     switch: the worker's next rung pinned on its server): the milliseconds until the core publishes
     it ready, as the runtime's ``wait_pinned`` sees it, or None when it never is. The load runs as
     every load does (profiled time, warm-up, the host's shared cores); nothing fails."""
+    return simulate_pins(deployment, [(0.0, request)], config, at_s)[0]
+
+
+def simulate_pins(
+    deployment: Deployment,
+    requests: Sequence[tuple[float, CopyRequest]],
+    config: SimConfig | None = None,
+    at_s: float = 1.0,
+) -> list[float | None]:
+    """Copies asked for ``offset`` seconds after ``at_s`` each, on one cluster in steady state, so
+    that their loads overlap as they did in the runtime (``bench fidelity``'s control probe pins
+    small copies while a heavy one loads): per request, the milliseconds from its ask until the
+    core publishes it ready, or None when it never is."""
     config = config or SimConfig()
     env = simpy.Environment()
     log = EventLog(config.trace)
@@ -91,14 +105,25 @@ def simulate_pin(
     feed = HeartbeatFeed([(name, 0.0) for name in agents], config.heartbeat_interval_s)
     recorder = Recorder(scenario, deployment.label, (), at_s)
     controller = SimController(env, deployment.policy, scenario, agents, config, recorder, None, log, feed)
-    env.run(until=at_s)
-    server = controller.pin(request)
-    while env.peek() < float("inf"):
+    asked: dict[int, tuple[str, float]] = {}  # request index -> (its server, when it was asked)
+    took: list[float | None] = [None] * len(requests)
+
+    def ask(index: int, offset_s: float, request: CopyRequest) -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(at_s + max(offset_s, 0.0))
+        asked[index] = (controller.pin(request), float(env.now))
+
+    for index, (offset_s, request) in enumerate(requests):
+        env.process(ask(index, offset_s, request))
+    while env.peek() < float("inf") and any(t is None for t in took):
         env.step()
-        rec = controller.state.warm.get((request.app, server))
-        if rec is not None and rec.backup.variant == request.variant and rec.state is BackupState.WARM:
-            return (float(env.now) - at_s) * 1000.0
-    return None
+        for index, (server, asked_at) in asked.items():
+            request = requests[index][1]
+            rec = controller.state.warm.get((request.app, server))
+            if took[index] is not None or rec is None or rec.state is not BackupState.WARM:
+                continue
+            if rec.backup.variant == request.variant:
+                took[index] = (float(env.now) - asked_at) * 1000.0
+    return took
 
 
 def _agents(
