@@ -83,7 +83,13 @@ def simulate(
         _coding_tail(out, seeds or 1, policy, quick, slowdown, fill_timeout_ms, fill)
         return
     if experiment == "model-loss":
-        _model_loss(scenario, server, app, (policy or ["faillite"])[0], requests)
+        _model_loss(
+            scenario,
+            server,
+            app,
+            (policy or ["faillite"])[0],
+            _config(SimConfig(), requests, load_slots, charge_plan_time),
+        )
         return
     if experiment in _LLM_EXPERIMENTS:
         from failsoft.cli.simulate_llm import simulate_llm
@@ -169,7 +175,7 @@ class PointProgress:
 
 
 def _model_loss(
-    scenario: Path | None, server: str | None, app: str | None, policy: str, requests: str | None
+    scenario: Path | None, server: str | None, app: str | None, policy: str, config: SimConfig
 ) -> None:
     """One model lost on a live server, twinned (:func:`failsoft.sim.simulate_model_loss`): how the
     core recovers the app (``promoted``, ``warm`` or ``reload``) and its MTTR, as JSON."""
@@ -182,7 +188,6 @@ def _model_loss(
     assert scenario is not None and server is not None and app is not None
     if policy not in policy_labels():
         raise ConfigError(f"unknown policy {policy!r} (known: {', '.join(policy_labels())})")
-    config = SimConfig() if requests is None else SimConfig(requests=requests)
     deployment = Deployer().deploy(load_scenario(scenario), policy)
     record = simulate_model_loss(deployment, app, server, config).apps[app]
     final_ms = None if record.final_at is None else round((record.final_at - record.detected_at) * 1000.0, 3)
