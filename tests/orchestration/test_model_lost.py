@@ -156,3 +156,33 @@ def test_a_restarted_agent_is_failed_at_once_and_its_stateful_primary_promoted()
     assert h.state.servers["s0"].state is ServerState.FAILED
     (failover,) = (e for e in h.events("failover") if e["app"] == "B")
     assert failover["kind"] == "promoted"
+
+
+def replica_and_backup() -> Harness:
+    """B scaled to two (its replica on s1, the roomiest: 800 MB there) and its HAMS copy pinned away
+    from s0 on s2 (the roomiest left): two warm pinned copies, the replica first by server name."""
+    h = Harness(cluster(s1_mb=800))
+    h.take(h.core.scale("B", 2, 0.01))
+    h.finish("B", "big", 0.02)
+    server, out = h.core.pin(CopyRequest("B", "big", OWNER, avoid=("s0",)), 0.03)
+    h.take(out)
+    h.finish("B", "big", 0.04)
+    assert server == "s2" and [w.owner for _, w in sorted(h.state.warm.items()) if w.backup.app == "B"] == [
+        "replica",
+        OWNER,
+    ]
+    return h
+
+
+def test_a_crash_and_a_model_loss_promote_the_same_copy_the_mechanisms_not_the_replica():
+    """One lookup (``Orchestrator._pinned_copy``) for both paths: the HAMS copy holds B's state, the
+    replica holds only the model, so both promote the HAMS copy on s2, whatever the names' order."""
+    lost = replica_and_backup()
+    lost.take(lost.core.model_lost("B", "s0", "big", 1.0, "call"))
+    crashed = replica_and_backup()
+    crashed.fail_s0()
+    for h in (lost, crashed):
+        rec = h.state.apps["B"]
+        assert (rec.route, rec.kind.value) == (Placement("s2", "big"), "promoted")
+        assert {e["app"]: e["kind"] for e in h.events("failover")}["B"] == "promoted"
+        assert h.state.warm[("B", "s1")].owner == "replica"  # the replica serves on beside it

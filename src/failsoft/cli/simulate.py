@@ -1,5 +1,7 @@
 """``failsoft simulate EXPERIMENT``: FailLite's experiments on the SimPy simulator (and Jellyfish's
-client sets, ``jellyfish``, and ParM's tail-latency figures, ``coding-tail``).
+client sets, ``jellyfish``, and ParM's tail-latency figures, ``coding-tail``); ``model-loss`` twins
+one model lost on a live server of a scenario JSON (``--scenario``, ``--server``, ``--app``) and
+prints its record.
 
 Writes ``results.csv``, ``summary.json`` and ``EXPERIMENT.png`` into ``--out`` and prints a JSON
 digest (the output paths and each policy's mean metrics) on stdout. Progress goes to stderr: a bar
@@ -28,7 +30,7 @@ from failsoft.sim.runner import row_count
 
 # failsoft.sim.llm, imported when one of these runs
 _LLM_EXPERIMENTS = ("llm-recovery", "llm-recovery-sweep", "llm-recovery-workloads")
-_NAMES = ", ".join([*EXPERIMENTS, "jellyfish", "coding-tail", *_LLM_EXPERIMENTS])
+_NAMES = ", ".join([*EXPERIMENTS, "jellyfish", "coding-tail", "model-loss", *_LLM_EXPERIMENTS])
 
 _DIGEST = ("recovery_rate", "mttr_ms", "accuracy_reduction_pct", "detection_ms", "plan_ms")
 
@@ -64,6 +66,13 @@ def simulate(
     fill: Annotated[
         str | None, typer.Option(help="coding-tail: fill timeout policy, rate or fixed (default: rate)")
     ] = None,
+    scenario: Annotated[
+        Path | None, typer.Option(help="model-loss: scenario JSON (docs/scenario.md), deployed by --policy")
+    ] = None,
+    server: Annotated[
+        str | None, typer.Option(help="model-loss: the live server that loses the model")
+    ] = None,
+    app: Annotated[str | None, typer.Option(help="model-loss: the app whose model it loses")] = None,
 ) -> None:
     """Run a FailLite experiment (Figs. 7-11, 13), Jellyfish's client sets or LUMEN's llm-recovery
     under every policy and seed; write CSV, JSON, PNG."""
@@ -72,6 +81,15 @@ def simulate(
         return
     if experiment == "coding-tail":
         _coding_tail(out, seeds or 1, policy, quick, slowdown, fill_timeout_ms, fill)
+        return
+    if experiment == "model-loss":
+        _model_loss(
+            scenario,
+            server,
+            app,
+            (policy or ["faillite"])[0],
+            _config(SimConfig(), requests, load_slots, charge_plan_time),
+        )
         return
     if experiment in _LLM_EXPERIMENTS:
         from failsoft.cli.simulate_llm import simulate_llm
@@ -154,6 +172,40 @@ class PointProgress:
     def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.stop()
+
+
+def _model_loss(
+    scenario: Path | None, server: str | None, app: str | None, policy: str, config: SimConfig
+) -> None:
+    """One model lost on a live server, twinned (:func:`failsoft.sim.simulate_model_loss`): how the
+    core recovers the app (``promoted``, ``warm`` or ``reload``) and its MTTR, as JSON."""
+    from failsoft.scenario import load_scenario
+    from failsoft.sim import Deployer, simulate_model_loss
+
+    missing = [f"--{n}" for n, v in (("scenario", scenario), ("server", server), ("app", app)) if v is None]
+    if missing:
+        raise ConfigError(f"simulate model-loss needs {', '.join(missing)}")
+    assert scenario is not None and server is not None and app is not None
+    if policy not in policy_labels():
+        raise ConfigError(f"unknown policy {policy!r} (known: {', '.join(policy_labels())})")
+    deployment = Deployer().deploy(load_scenario(scenario), policy)
+    record = simulate_model_loss(deployment, app, server, config).apps[app]
+    final_ms = None if record.final_at is None else round((record.final_at - record.detected_at) * 1000.0, 3)
+    typer.echo(
+        json.dumps(
+            {
+                "app": app,
+                "lost_on": server,
+                "policy": policy,
+                "recovery": record.recovery,
+                "server": record.server,
+                "variant": record.variant,
+                "mttr_ms": round(record.mttr_ms, 3) if record.recovered else None,
+                "time_to_final_ms": final_ms,
+            },
+            indent=2,
+        )
+    )
 
 
 def _jellyfish(out: Path | None, seeds: int, policies: list[str] | None) -> None:

@@ -377,14 +377,23 @@ class Orchestrator:
         self.fx.publish(force=True)
         self.fx.failover_event(app, kind, now, now, cause="model_lost")
 
-    def _pinned_copy(self, app: str, lost_on: str) -> str | None:
-        """The server of ``app``'s warm pinned copy (not a replica) on a live server other than
-        ``lost_on``, the one a crash would promote (None: there is none)."""
-        for (name, server), w in sorted(self.state.warm.items()):
+    def _pinned_copy(self, app: str, lost_on: str | None = None) -> str | None:
+        """The server of ``app``'s warm pinned copy *owned by a mechanism* on a live server other
+        than ``lost_on`` (the server whose copy was lost), the copy a crash (:meth:`_switch_to_warm`)
+        and a model loss (:meth:`_lost`) both promote; None when it has none. The first by server
+        name when it has several.
+
+        A replica, though pinned too, does not count: it holds what any warm backup of its variant
+        holds (an app's replicas serve the same model and share no state), so the warm switch's
+        rule chooses among it and the backups (:func:`warm_switches`: the most accurate live copy,
+        ties to the roomiest server) and its route is ``warm``. A mechanism's copy holds what no
+        other copy does (HAMS's backup: the state shipped to it), so it goes before any backup,
+        however accurate. (The crash path once counted replicas here: a replica on ``s1`` then beat
+        a HAMS copy on ``s2`` by name alone, and the app lost its state.)"""
+        for server in sorted(s for a, s in self.state.warm if a == app and s != lost_on):
+            w = self.state.warm[(app, server)]
             if (
-                name == app
-                and server != lost_on
-                and w.backup.pinned
+                w.backup.pinned
                 and w.owner != REPLICA_OWNER
                 and w.state is BackupState.WARM
                 and self.state.live(server)
@@ -549,16 +558,14 @@ class Orchestrator:
     def _switch_to_warm(self, detected_at: float, now: float) -> list[tuple[str, str]]:
         """FailLite's first reaction: an affected app with a live warm backup switches to it now,
         before any planning (every policy makes the same choice: the most accurate live backup).
-        An app with a warm *pinned* copy switches to that one (it holds what others do not: HAMS's
-        state), and the route is ``promoted``. The apps switched, with the kind of their failover."""
+        An app with a mechanism's warm pinned copy (:meth:`_pinned_copy`, the one a model loss
+        promotes too) switches to that one (it holds what others do not: HAMS's state), and the
+        route is ``promoted``. The apps switched, with the kind of their failover."""
         down = self.state.down()
         backups: dict[str, int] = {}
-        pinned: dict[str, str] = {}
-        for (app, server), w in sorted(self.state.warm.items()):
+        for (app, server), w in self.state.warm.items():
             if w.state is BackupState.WARM and server not in down:
                 backups[app] = backups.get(app, 0) + 1
-                if w.backup.pinned:
-                    pinned.setdefault(app, server)
         waiting = [
             a
             for a in sorted(self.fx.unrouted)
@@ -566,7 +573,8 @@ class Orchestrator:
         ]  # affected apps (no route, capacity reserved at a down home) with a live backup
         if not waiting:
             return []
-        switched = [(a, self._take_backup(a, pinned[a], detected_at, now)) for a in waiting if a in pinned]
+        pinned = {a: s for a in waiting if (s := self._pinned_copy(a)) is not None}
+        switched = [(a, self._take_backup(a, s, detected_at, now)) for a, s in pinned.items()]
         scenario = self.state.snapshot()
         affected = [a for a in affected_apps(scenario, down) if a.name in waiting and a.name not in pinned]
         ties = any(backups[a.name] > 1 for a in affected)  # only ties need the capacity ledger

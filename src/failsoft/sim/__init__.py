@@ -8,9 +8,11 @@ what the runtime does: agents that load and unload models with durations from me
 push heartbeats (:mod:`.agent`), a controller that detects failures, plans and applies plans
 (:mod:`.controller`), and clients whose requests are queued, batched and served (:mod:`.requests`).
 
-* :func:`simulate_failure` runs one failure event on a :class:`Deployment`; :func:`simulate_pin`
-  one mechanism's copy (a Jellyfish ladder switch) on a cluster in steady state, and
-  :func:`simulate_pins` several at once (``bench fidelity``'s control probe);
+* :func:`simulate_failure` runs one failure event on a :class:`Deployment`;
+  :func:`simulate_model_loss` one model lost on a live server (promoted, warm switch or reload in
+  place, as the core decides); :func:`simulate_pin` one mechanism's copy (a Jellyfish ladder
+  switch) on a cluster in steady state, and :func:`simulate_pins` several at once (``bench
+  fidelity``'s control probe);
 * :func:`run_experiment` runs one of FailLite's experiments (:data:`EXPERIMENTS`) over policies
   and seeds; :func:`write_outputs` writes its CSV, summary and figure.
 
@@ -20,7 +22,7 @@ The simulator imports SimPy, numpy and matplotlib (for figures), never Ray, Fast
 from failsoft.sim.clock import SimClock
 from failsoft.sim.config import PageCache, RequestMode, SimConfig
 from failsoft.sim.deploy import DEFAULT_POLICIES, Deployer, Deployment, policy_labels
-from failsoft.sim.engine import simulate_failure, simulate_pin, simulate_pins
+from failsoft.sim.engine import simulate_failure, simulate_model_loss, simulate_pin, simulate_pins
 from failsoft.sim.experiments import EXPERIMENTS, Experiment, Point, get_experiment, load_families
 from failsoft.sim.metrics import AppRecord, EventResult, summarize
 from failsoft.sim.output import write_outputs
@@ -45,6 +47,7 @@ __all__ = [
     "policy_labels",
     "run_experiment",
     "simulate_failure",
+    "simulate_model_loss",
     "simulate_pin",
     "simulate_pins",
     "summarize",

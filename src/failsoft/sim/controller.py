@@ -24,6 +24,9 @@ carries its commands out on simulated servers and feeds the outcomes back:
   that crashed meanwhile: ``llm_start_failed``). Every LLM command is kept, with its time, in
   :attr:`SimController.llm_commands` (``bench fidelity``-style comparisons read it).
 
+A model lost on a live server (:meth:`SimController.model_lost`, :func:`~failsoft.sim.simulate_model_loss`)
+reaches the core as the runtime's gateway reports it, at once, and is carried out as above.
+
 What the simulator does not do (the runtime does): servers coming back (restores), re-planning warm
 backups after a failure, and the periodic inspection of what servers hold. The event ends when the
 core has nothing left to do, or ``horizon_s`` after the failure.
@@ -102,7 +105,9 @@ class SimController:
         self.state = ClusterState.deployed(scenario)
         self.core = Orchestrator(self.state, sim_settings(config), env.now)
         self.core.assume_deployed(env.now)
-        self.client_server = {a.name: a.primary.server for a in scenario.apps if a.primary is not None}
+        self.client_server: dict[str, str | None] = {
+            a.name: a.primary.server for a in scenario.apps if a.primary is not None
+        }
         self.undetected: set[str] = set()  # injected, not yet detected
         self.injecting = True  # failures may still be injected
         self.stopped = False
@@ -198,6 +203,20 @@ class SimController:
 
     def unpin(self, app: str, server: str, owner: str) -> None:
         self._run(self.core.unpin(app, server, owner, self.env.now))
+
+    def model_lost(self, app: str, server: str) -> None:
+        """``server`` lives on but loses ``app``'s routed model now, and the gateway's next call
+        for it reports the loss at once (the runtime's ``report_model_lost``, ``cause`` ``call``):
+        the model leaves the agent (its memory freed, as ``failsoft chaos evict`` does) and the core
+        decides what follows (:meth:`Orchestrator.model_lost`: promote a pinned copy, switch to a
+        warm backup, else reload in place, each carried out here as any command is)."""
+        route = self.state.apps[app].route
+        assert route is not None and route.server == server, f"{app} is not routed to {server}"
+        self.agents[server].unload(app, self.state.variant(app, route.variant))
+        if self.requests is not None:
+            self.requests.lose(app, server)
+        self.injected([], done=True)
+        self._run(self.core.model_lost(app, server, route.variant, self.env.now, "call"))
 
     # llm services' workers (the runtime's fleet reports; here their simulated twins) -------------
     def place_llm(self, group: LlmGroup) -> None:
@@ -307,7 +326,8 @@ class SimController:
         now = self.env.now
         for app in apps:
             rec = self.state.apps[app]
-            if rec.route is None:
+            if rec.route is None:  # its client learns it has no route and waits for a new one
+                self.client_server[app] = None
                 continue
             variant = self.state.variant(app, rec.route.variant)
             if app in self.recorder.result.apps:
@@ -358,8 +378,15 @@ class SimController:
             self.log.add(f["detected_at"], "detected", "", f["server"], "")
         elif cmd.type == "failure" and f.get("app") is not None:
             self.recorder.affected(f["app"], f["server"], f["detected_at"])
-        elif cmd.type == "failover" and f["kind"] in _SWITCHES and f.get("app") in self.recorder.result.apps:
-            self.recorder.failover(f["app"], ActionKind.WARM, f["server"])  # switched before any plan
+        elif cmd.type == "model_lost":
+            self.recorder.affected(f["app"], f["server"], f["detected_at"])
+            self.log.add(f["detected_at"], "lost", f["app"], f["server"], f["variant"])
+        elif cmd.type == "failover" and f.get("app") in self.recorder.result.apps:
+            self.recorder.recovered_by(f["app"], f["kind"])
+            if f["kind"] in _SWITCHES:  # switched before any plan
+                self.recorder.failover(f["app"], ActionKind.WARM, f["server"])
+            elif f["kind"] == "reload":  # a model lost on a live server, loaded again in place
+                self.recorder.failover(f["app"], ActionKind.COLD, f["server"])
 
     def _planned(self, cmd: Planned) -> None:
         self.recorder.planned(cmd.plan, cmd.applied)

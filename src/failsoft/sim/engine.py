@@ -16,7 +16,7 @@ the 100-server sweeps fail every server in turn and a 1000-server cluster simula
 from __future__ import annotations
 
 import random
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import simpy
@@ -46,11 +46,51 @@ def simulate_failure(
     if not failed or unknown:
         raise ConfigError(f"failed servers must be named servers of the scenario; got {list(failed)}")
     rng = random.Random(f"{seed}/{','.join(failed)}")  # same phases for every policy
+    down = set(failed)
+    hit = {a.name for a in scenario.apps if a.primary is not None and a.primary.server in down}
+    env, controller, requests, health = _event(deployment, failed, hit, config, rng)
+    env.process(_inject(env, failed, controller.agents, controller, requests, config.failure_at_s))
+    return _run_event(env, controller, requests, health, config)
+
+
+def simulate_model_loss(
+    deployment: Deployment, app: str, server: str, config: SimConfig | None = None, seed: int | str = 0
+) -> EventResult:
+    """``server`` loses ``app``'s model at ``config.failure_at_s`` while it lives on (the twin of
+    ``failsoft chaos evict SERVER APP``), and the gateway's next call reports it at once: the core's
+    ``model_lost`` input decides, as in the runtime (a pinned copy elsewhere is promoted, else the
+    most accurate warm backup elsewhere takes over, else the model is reloaded in place, the app
+    unrouted meanwhile), and loads take their profiled times as after a crash. The result holds
+    one :class:`AppRecord` for ``app``: its ``recovery`` (``promoted``, ``warm`` or ``reload``) and
+    its MTTR from the report to its client using the route again (the route's notification
+    included, as for a crash). Nothing is detected (``detected_at`` stays empty): no server fails."""
+    config = config or SimConfig()
+    scenario = deployment.scenario
+    if not scenario.has_app(app) or not scenario.has_server(server):
+        raise ConfigError(
+            f"model loss: app and server must be named in the scenario; got {app!r} on {server!r}"
+        )
+    primary = scenario.app(app).primary
+    if primary is None or primary.server != server:
+        where = "nowhere" if primary is None else f"{primary.server}/{primary.variant}"
+        raise ConfigError(f"model loss: app {app!r} is served on {where}, not on server {server!r}")
+    rng = random.Random(f"{seed}/lost/{app}@{server}")  # same phases for every policy
+    env, controller, requests, health = _event(deployment, (), {app}, config, rng)
+    env.process(_lose(env, controller, app, server, config.failure_at_s))
+    return _run_event(env, controller, requests, health, config)
+
+
+def _event(
+    deployment: Deployment, failed: tuple[str, ...], hit: set[str], config: SimConfig, rng: random.Random
+) -> tuple[simpy.Environment, SimController, RequestCore | None, simpy.Process]:
+    """A cluster in steady state and its controller checking health; ``hit``: the apps the event
+    affects (the clients simulated under ``RequestMode.AFFECTED``)."""
+    scenario = deployment.scenario
     env = simpy.Environment()
     log = EventLog(config.trace)
     recorder = Recorder(scenario, deployment.label, failed, config.failure_at_s)
     agents = _agents(env, deployment, config, log)
-    requests = _request_core(env, deployment, failed, config, rng)
+    requests = _request_core(env, deployment, hit, config, rng)
     beat = config.heartbeat_interval_s
     phases = [(name, rng.uniform(0.0, beat) if config.random_phases else 0.0) for name in agents]
     feed = HeartbeatFeed(phases, beat)
@@ -59,7 +99,17 @@ def simulate_failure(
     # Fixed phases put the checks half-way between heartbeats, so neither waits on the other.
     check_phase = rng.uniform(0.0, config.check_interval_s) if config.random_phases else beat / 2
     health = env.process(controller.health_loop(check_phase))
-    env.process(_inject(env, failed, agents, controller, requests, config.failure_at_s))
+    return env, controller, requests, health
+
+
+def _run_event(
+    env: simpy.Environment,
+    controller: SimController,
+    requests: RequestCore | None,
+    health: simpy.Process,
+    config: SimConfig,
+) -> EventResult:
+    """Run the event until the core has nothing left to do and the clients are done, then drain."""
     arrivals = []
     if requests is not None:
         start = config.failure_at_s - config.request_warmup_s
@@ -67,11 +117,11 @@ def simulate_failure(
     env.run(until=simpy.AllOf(env, [health, *arrivals]))
     controller.stop()
     env.run()  # drain: requests in service, agents' last wake-ups
-    result = recorder.result
-    result.oom_loads = sum(a.oom_loads for a in agents.values())
+    result = controller.recorder.result
+    result.oom_loads = sum(a.oom_loads for a in controller.agents.values())
     result.requests = requests.stats() if requests is not None else None
     result.end_s = float(env.now)
-    result.log = log.entries
+    result.log = controller.log.entries
     if config.trace and requests is not None:
         result.request_log = requests.issued
     return result
@@ -147,24 +197,23 @@ def _preload(deployment: Deployment, agents: dict[str, SimAgent]) -> None:
 def _request_core(
     env: simpy.Environment,
     deployment: Deployment,
-    failed: tuple[str, ...],
+    hit: set[str],
     config: SimConfig,
     rng: random.Random,
 ) -> RequestCore | None:
-    placed = [a for a in deployment.scenario.apps if a.primary is not None]
+    placed = [a.name for a in deployment.scenario.apps if a.primary is not None]
     if config.requests is RequestMode.OFF:
         return None
     if config.requests is RequestMode.AFFECTED:
-        down = set(failed)
-        placed = [a for a in placed if a.primary is not None and a.primary.server in down]
+        placed = [name for name in placed if name in hit]
     seed = f"{rng.random():.17f}"
-    return RequestCore(env, deployment.scenario, [a.name for a in placed], config, seed)
+    return RequestCore(env, deployment.scenario, placed, config, seed)
 
 
 def _inject(
     env: simpy.Environment,
     failed: tuple[str, ...],
-    agents: dict[str, SimAgent],
+    agents: Mapping[str, SimAgent],
     controller: SimController,
     requests: RequestCore | None,
     at_s: float,
@@ -175,6 +224,11 @@ def _inject(
         if requests is not None:
             requests.crash(server)
     controller.injected(list(failed), done=True)
+
+
+def _lose(env: simpy.Environment, controller: SimController, app: str, server: str, at_s: float):
+    yield env.timeout(at_s)
+    controller.model_lost(app, server)
 
 
 def shared_cpu(env: simpy.Environment, config: SimConfig) -> SharedCPU | None:

@@ -37,7 +37,8 @@ NAN = float("nan")
 
 @dataclass(slots=True)
 class AppRecord:
-    """What happened to one affected app in one failure event."""
+    """What happened to one affected app in one failure event (a crash of its server, or its model
+    lost on a live one: :func:`~failsoft.sim.simulate_model_loss`)."""
 
     app: str
     critical: bool
@@ -51,6 +52,7 @@ class AppRecord:
     accuracy: float | None = None  # family-normalised accuracy of the variant serving now
     variant: str | None = None
     answered_at: float | None = None  # its first answer on the new route (SimConfig.first_answer)
+    recovery: str | None = None  # the core's failover kind: warm, promoted, progressive, cold, reload
 
     @property
     def recovered(self) -> bool:
@@ -129,6 +131,12 @@ class Recorder:
         """How the app was recovered (warm switches happen before any plan, at the failure)."""
         record = self.result.apps[app]
         record.kind, record.server = kind, server
+
+    def recovered_by(self, app: str, kind: str) -> None:
+        """The core's ``failover`` event for the app: how it was served again (its first one)."""
+        record = self.result.apps[app]
+        if record.recovery is None:
+            record.recovery = kind
 
     def serving(self, app: str, variant: str, at: float, final: bool) -> None:
         record = self.result.apps[app]

@@ -242,6 +242,14 @@ class RequestCore:
                 del self.instances[(where, app)]
                 instance.stop(self.client_pending, crashed=True)
 
+    def lose(self, app: str, server: str) -> None:
+        """``server`` lives on but no longer holds ``app``'s model: its instance stops as in a crash
+        (the batch in service and the queue go back to the client, which holds them, and what it
+        sends meanwhile, until the model serves again there or elsewhere)."""
+        instance = self.instances.pop((server, app), None)
+        if instance is not None:
+            instance.stop(self.client_pending, crashed=True)
+
     def _flush(self, app: str) -> None:
         held, self.pending[app] = self.pending[app], []
         for request in held:
