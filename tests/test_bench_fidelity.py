@@ -118,8 +118,8 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
     assert host_twin(counted, 2.0, "recovery")["host_busy_cores"] == pytest.approx(0.3)
     # the loads' measured share of a core, the median over the servers
     assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}
-    # the default: the agents' probe
-    assert host_twin(run, 2.0) == host_twin(run, 2.0, "probe")
+    # the default: the busy cores before the kill
+    assert host_twin(run, 2.0) == host_twin(run, 2.0, "steady")
     # older outputs fall back to what they measured
     older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}
     assert host_twin(older, 2.0, "recovery") == host_twin(older, 2.0, "steady")

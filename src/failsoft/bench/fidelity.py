@@ -68,12 +68,14 @@ if TYPE_CHECKING:
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
 HOST_MODELS = ("probe", "steady", "pin", "recovery")
-# The agents' probe: of three sets of runs replayed with each model, the probe twinned two better
-# (the twelve-run sets of bench.yaml and fidelity.yaml: 35.3% / 5.6% against steady's 62.6% / 16.8%;
-# the afternoon set of 2026-11-27, docs/results/fidelity-set-round3.json: 38.2, 29.6, 27.8, 67.5%
-# on bench, small, pair, one against steady's 36.4, 177.6, 70.5, 70.3%) and steady one (the
-# morning's quiet set); neither predicts what a load gets on this host reliably (docs/simulator.md)
-DEFAULT_HOST_MODEL = "probe"
+# The busy cores before the kill. Replayed with the control cost a crash meets (40-60 ms for a small
+# load, what the urgent probe under a heavy load measures), the quiet set of the afternoon of
+# 2026-11-27 (docs/results/fidelity-set-round4.json) twinned with ``steady`` at 13/38/48/11% on
+# bench/small/pair/one against ``probe``'s 42/38/47/7%: the same but on bench.yaml, where the spin
+# (which shares its agent's interpreter lock with the agent's answers) read 0.07-0.77 of a core for
+# one priority on one host. Earlier sets that favoured ``probe`` had the old control probe (pins at
+# the background priority, 300-400 ms for a 2 ms load on a busy host) inflating every small load.
+DEFAULT_HOST_MODEL = "steady"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
@@ -387,10 +389,10 @@ def run_page_cache(observed: dict[str, Any]) -> str:
 def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_MODEL) -> dict[str, Any]:
     """What the simulated host runs beside the loads and first answers (``SimConfig`` fields):
 
-    * ``steady``: the busy cores of the cluster's own
+    * ``steady`` (the default, :data:`DEFAULT_HOST_MODEL`): the busy cores of the cluster's own
       scheduling group and of each other group over the last seconds of steady load before the
       kill, as always-runnable demand;
-    * ``probe`` (the default, :data:`DEFAULT_HOST_MODEL`): the share of a core a thread at the
+    * ``probe``: the share of a core a thread at the
       loads' priority got before the kill (the
       agents' ``load_cpu_share``, their median), as equivalent competitors. The probe spins in
       Python and waits for its agent's interpreter lock, which a load's torch kernels release: it

@@ -76,13 +76,14 @@ def fidelity(
         ),
     ] = None,
     host: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="What the twin is told of the host's other work: probe (a Python spin's share of "
-            "a core before the kill), steady (busy cores before the kill), pin (the share a heavy "
-            "probe load got under the steady load) or recovery (busy cores during the recovery)"
+            help="What the twin is told of the host's other work (default: steady): steady (busy "
+            "cores before the kill), probe (a Python spin's share of a core before the kill), pin "
+            "(the share a heavy probe load got under the steady load) or recovery (busy cores "
+            "during the recovery)"
         ),
-    ] = "probe",
+    ] = None,
     page_cache: Annotated[
         str,
         typer.Option(
@@ -93,8 +94,9 @@ def fidelity(
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
     from failsoft.bench.failover import PAGE_CACHE_STATES
-    from failsoft.bench.fidelity import HOST_MODELS, replayed, run
+    from failsoft.bench.fidelity import DEFAULT_HOST_MODEL, HOST_MODELS, replayed, run
 
+    host = host or DEFAULT_HOST_MODEL
     if host not in HOST_MODELS:
         raise typer.BadParameter(
             f"must be one of {', '.join(HOST_MODELS)}; got {host!r}", param_hint="--host"
