@@ -120,6 +120,10 @@ def test_the_twin_is_told_the_hosts_other_work_as_measured():
     assert host_twin(run, 2.0, "probe") == {"host_load_share": pytest.approx(0.3)}
     # the default: the busy cores before the kill
     assert host_twin(run, 2.0) == host_twin(run, 2.0, "steady")
+    # ... less what the recovery does not meet: the killed servers' agents, the share probes' spins
+    measured = run | {"host_cpu": run["host_cpu"] | {"failed_agents_cores": 0.5, "probe_cores": 0.2}}
+    assert host_twin(measured, 2.0, "steady")["host_busy_cores"] == pytest.approx(0.5)
+    assert host_twin(measured, 2.0, "recovery") == host_twin(run, 2.0, "recovery")  # measured after
     # older outputs fall back to what they measured
     older = {"host_busy_cores": 1.9, "host_cpu": steady, "apps": {}}
     assert host_twin(older, 2.0, "recovery") == host_twin(older, 2.0, "steady")
@@ -248,3 +252,43 @@ def test_a_control_probe_is_pinned_at_a_failover_loads_priority_and_a_ladder_swi
     assert request(probe).priority is Priority.FAILOVER
     switch = {"app": "A", "server": "s1", "variant": "small"}  # and probes recorded before urgent ones
     assert request(switch).priority is Priority.WARM
+
+
+def test_the_steady_window_counts_what_a_recovery_will_not_meet():
+    from failsoft.bench.failover import PROBE_SPIN_S, _not_after_the_kill
+
+    busy = {"seconds": 3.0, "own_cores": 1.5, "processes": {"a1": 0.4, "a2": 0.1}}
+    shares = {"a1": 0.5, "b1": 0.6, "b2": 0.9}  # a1's spin is in its process's CPU already
+    out = _not_after_the_kill(busy, shares, ["a1", "a2"])
+    assert out["failed_agents_cores"] == pytest.approx(0.5)
+    assert out["probe_cores"] == pytest.approx(round(1.5 * PROBE_SPIN_S / 3.0, 3))
+    assert _not_after_the_kill({"seconds": 3.0}, {}, ["a1"]) == {
+        "failed_agents_cores": 0.0,
+        "probe_cores": 0.0,
+    }
+
+
+def test_the_small_probes_take_the_survivors_in_turn_with_the_fastest_apps_holding_no_copy_there():
+    from failsoft.bench.fidelity_switch import PROBE_PINS, _small_probes
+    from failsoft.domain import App, Family, Placement, PolicyParams, Scenario, Server, Variant
+
+    tiny, small = Variant("tiny", 10, 0.6, load_ms=3.0, latency_ms=1.0), Variant("small", 20, 0.7, 5.0, 1.0)
+    big = Variant("big", 300, 0.8, 1000.0, 10.0)  # heavy: never a small probe
+    families = (Family("fam", (tiny, small)), Family("heavy", (big,)))
+    servers = tuple(Server(n, "a", 1000, 10) for n in ("s0", "s1", "s2"))
+    apps = (
+        *(App(n, "fam", Placement("s0", "small"), False, 1.0, 100.0) for n in "ABCD"),
+        App("H", "heavy", Placement("s0", "big"), False, 1.0, 100.0),
+    )
+    scenario = Scenario(servers, families, apps, PolicyParams(), ())
+    holders = {"A": {"s0", "s1"}, "B": {"s0"}, "C": {"s0"}, "D": {"s0"}, "H": {"s0"}}
+    picks = _small_probes(scenario, ["s1", "s2"], holders, skip="D")
+    # in turn: s1 (A held there: B first), s2 (A), s1 (C); each in its fastest variant, H never
+    assert [(p["server"], p["app"], p["variant"]) for p in picks] == [
+        ("s1", "B", "tiny"), ("s2", "A", "tiny"), ("s1", "C", "tiny"),
+    ]  # fmt: skip
+    assert len(picks) == PROBE_PINS and all(p["urgent"] for p in picks)
+    # one survivor: still several pins there, of different apps
+    alone = _small_probes(scenario, ["s2"], holders, skip=None)
+    assert [p["app"] for p in alone] == ["A", "B", "C"]
+    assert _small_probes(scenario, ["s1"], {a: {"s1"} for a in "ABCDH"}, skip=None) == []

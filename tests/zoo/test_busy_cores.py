@@ -77,3 +77,28 @@ def test_a_spinning_process_of_another_session_is_another_group():
     split, other_cores = _spin_beside(HostCpu, start_new_session=True)  # its own autogroup
     # its CPU shows in one other group (with whatever else that group ran, if anything), not in ours
     assert max(split["other_groups"].values(), default=0.0) >= 0.9 * other_cores > 0.05
+
+
+def test_the_cores_of_named_processes_are_read_beside_the_groups():
+    """``bench failover`` names the agents about to be killed: the twin leaves their CPU out."""
+    import subprocess
+    import sys
+
+    from failsoft.zoo.machine import HostCpu
+
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        time.sleep(0.3)  # both running before the meter starts
+        meter = HostCpu()
+        time.sleep(1.0)
+        split = meter.read({"spinner": spinner.pid, "sleeper": sleeper.pid, "gone": 2**22 + 7})
+    finally:
+        for proc in (spinner, sleeper):
+            proc.kill()
+            proc.wait()
+    named = split["processes"]
+    assert named["spinner"] >= 0.5  # about a core (less on a busy host), never more than the host's
+    assert named["spinner"] <= split["own_cores"] + 1e-6
+    assert named["sleeper"] < 0.05 and named["gone"] == 0.0  # a pid never seen: nothing
+    assert "processes" not in meter.read()  # only when asked

@@ -320,10 +320,12 @@ def _fail_under_load(
     if under_load is not None:  # probes of the loaded cluster, done before the window below
         under_load()
     time.sleep(max(settings.warmup_s - BUSY_WINDOW_S, 0.0))
+    doomed = agents.pids(list(failed)) if agents is not None else {}
     meter, window_ends = HostCpu(), time.monotonic() + min(settings.warmup_s, BUSY_WINDOW_S)
     shares = agents.load_cpu_shares() if agents is not None else None
     time.sleep(max(window_ends - time.monotonic(), 0.0))
-    busy = meter.read() | ({"load_cpu_share": shares} if shares else {})
+    busy = meter.read(doomed) | ({"load_cpu_share": shares} if shares else {})
+    busy |= _not_after_the_kill(busy, shares or {}, failed)
     usual.wait_ready()
     usual.go()
     usual_samples = usual.join(600.0)
@@ -341,6 +343,23 @@ def _fail_under_load(
         busy["recovery"]["loads_cores"] = round(loads_s / max(busy["recovery"]["seconds"], 1e-3), 3)
     time.sleep(settings.settle_s)
     return kill_at, steady.stop() + at_kill.stop(), usual_samples, busy
+
+
+def _not_after_the_kill(
+    busy: dict[str, Any], shares: dict[str, float], failed: Sequence[str]
+) -> dict[str, Any]:
+    """What of the steady window's own busy cores a recovery will not meet: the killed servers'
+    agents (their serving stops with them: ``failed_agents_cores``) and the agents' load-share
+    probes, which spin in the window (``probe_cores``: their share times their spin, the killed
+    servers' left out as counted already)."""
+    spun = sum(share * PROBE_SPIN_S for server, share in shares.items() if server not in failed)
+    return {
+        "failed_agents_cores": round(sum((busy.get("processes") or {}).values()), 3),
+        "probe_cores": round(spun / max(float(busy["seconds"]), 1e-3), 3),
+    }
+
+
+PROBE_SPIN_S = 0.3  # each agent's load-share probe spins this long (AgentProbes.load_cpu_shares)
 
 
 class AgentProbes:
@@ -361,8 +380,12 @@ class AgentProbes:
                 log.debug("probing %s: %s", server, exc)
         return out
 
-    def load_cpu_shares(self, seconds: float = 0.3) -> dict[str, float]:
+    def load_cpu_shares(self, seconds: float = PROBE_SPIN_S) -> dict[str, float]:
         return self._each(lambda agent: agent.load_cpu_share_sync(seconds))
+
+    def pids(self, servers: Sequence[str]) -> dict[str, int]:
+        """The agent processes' pids of ``servers`` (those that answer)."""
+        return {s: int(p) for s, p in AgentProbes(servers)._each(lambda a: a.holdings_sync()["pid"]).items()}
 
     def loads_cpu_ms(self) -> dict[str, float]:
         return self._each(lambda agent: float(agent.holdings_sync()["loads_cpu_ms"]))

@@ -391,7 +391,9 @@ def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_
 
     * ``steady`` (the default, :data:`DEFAULT_HOST_MODEL`): the busy cores of the cluster's own
       scheduling group and of each other group over the last seconds of steady load before the
-      kill, as always-runnable demand;
+      kill, as always-runnable demand, less what the recovery will not meet: the killed servers'
+      agent processes (their serving ends with them) and the agents' load-share probes, which spin
+      in that window (runs recorded before these were measured keep them);
     * ``probe``: the share of a core a thread at the
       loads' priority got before the kill (the
       agents' ``load_cpu_share``, their median), as equivalent competitors. The probe spins in
@@ -424,7 +426,10 @@ def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_
             loads_cores = loads_ms / 1000.0 / max(float(split["seconds"]), 1e-3)
     if not split:
         return {"host_busy_cores": min(float(observed.get("host_busy_cores", 0.0)), cores)}
-    own = min(max(float(split["own_cores"]) - loads_cores, 0.0), cores)
+    gone = 0.0  # steady: what of the window the recovery does not meet (runs that measured it)
+    if split is steady:
+        gone = float(steady.get("failed_agents_cores") or 0.0) + float(steady.get("probe_cores") or 0.0)
+    own = min(max(float(split["own_cores"]) - loads_cores - gone, 0.0), cores)
     others = tuple(float(c) for c in split["other_groups"].values())
     room = cores - own
     if sum(others) > room:  # counters read a moment apart: never more than the host has

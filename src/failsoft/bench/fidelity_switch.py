@@ -62,7 +62,7 @@ def measure(config: RuntimeConfig, failed: Sequence[str], session: Any, client: 
     return {"events": events, "warm": loaded_copies(status), "host_cpu": {"load_cpu_share": shares}}
 
 
-PROBE_SERVERS = 3  # control probes per run: one per surviving server, at most this many
+PROBE_PINS = 3  # small control probes per run, spread over the surviving servers in turn
 
 
 def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
@@ -71,15 +71,14 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
     publication), which the twin does not simulate step by step, measured as a crash meets it.
 
     On the stable cluster, under the steady load, the config's lightest heavy variant is pinned on a
-    survivor with room for it (``heavy``) and, while it loads, on each surviving server (at most
-    :data:`PROBE_SERVERS`) one after another the fastest-loading variant of an app holding no copy
-    there, each timed from its ask until published ready (``offset_ms``: its ask, after the heavy
-    one's). Every pin is asked at the priority of a failover load (``urgent``). Both choices make
-    the probe meet the host as a recovery does: a recovery's heavy loads saturate the cores, and on
-    a saturated host each hand-over of a small load waits for a core, for longer at a lower
-    priority (the wait, not the work, is most of a small load's time). The twin simulates the same
-    pins at the same offsets with no control cost and takes the median difference of the small ones
-    as its ``control_ms`` (:func:`control_ms`); the heavy one feeds the ``pin`` host model."""
+    survivor with room for it (``heavy``) and, while it loads, :data:`PROBE_PINS` small copies one after
+    another (:func:`_small_probes`), each timed from its ask until published ready (``offset_ms``: its
+    ask, after the heavy one's). Every pin is asked at the priority of a failover load (``urgent``).
+    Both choices make the probe meet the host as a recovery does: a recovery's heavy loads saturate the
+    cores, and on a saturated host each hand-over of a small load waits for a core, for longer at a
+    lower priority (the wait, not the work, is most of a small load's time). The twin simulates the same
+    pins at the same offsets with no control cost and takes the median difference of the small ones as
+    its ``control_ms`` (:func:`control_ms`); the heavy one feeds the ``pin`` host model."""
     from failsoft.bench.failover import AgentProbes, loaded_copies
     from failsoft.runtime.session import prepare
 
@@ -90,17 +89,8 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
     copies = loaded_copies(status)
     holders = _holders(routes, copies)
     heavy = _heavy_probe(scenario, routes, copies, failed)
-    small = []
-    for server in [s.name for s in config.servers if s.name not in failed][:PROBE_SERVERS]:
-        candidates = [
-            (v.load_ms, a.name, v.name)
-            for a in scenario.apps
-            if server not in holders.get(a.name, set()) and (heavy is None or a.name != heavy["app"])
-            for v in scenario.family(a.family).variants
-        ]
-        if candidates:
-            _, app, variant = min(candidates)
-            small.append({"app": app, "server": server, "variant": variant, "urgent": True})
+    survivors = [s.name for s in config.servers if s.name not in failed]
+    small = _small_probes(scenario, survivors, holders, heavy["app"] if heavy is not None else None)
     lead = [heavy | {"urgent": True, "heavy": True}] if heavy is not None else []
     events = asyncio.run(_probe_pins(session.controller, lead, small, config.agents.drain_ms / 1000.0))
     return {"events": events, "warm": copies, "host_cpu": {"load_cpu_share": shares}}
@@ -127,6 +117,39 @@ async def _probe_pins(
         await controller.unpin(event["app"], event["server"], OWNER)
     await asyncio.sleep(drain_s + 0.5)  # unloaded after the drain period: the crash starts clean
     return [*timed, *heavy]
+
+
+def _small_probes(
+    scenario: Any, survivors: Sequence[str], holders: dict[str, set[str]], skip: str | None
+) -> list[dict[str, Any]]:
+    """Up to :data:`PROBE_PINS` small pins, the surviving servers taken in turn: on each, the next
+    app (fastest-loading first) holding no copy there, in its fastest-loading variant if that one
+    is small (never the heavy probe's app). Several pins, even on a single survivor, so that the
+    control cost is a median, not one sample of a noisy wait."""
+    from failsoft.orchestration.loads import is_heavy
+
+    fastest = {
+        a.name: min(scenario.family(a.family).variants, key=lambda v: v.load_ms) for a in scenario.apps
+    }
+    queues = {
+        server: sorted(
+            (v.load_ms, app, v.name)
+            for app, v in fastest.items()
+            if server not in holders.get(app, set()) and app != skip and not is_heavy(v)
+        )
+        for server in survivors
+    }
+    picks: list[dict[str, Any]] = []
+    while len(picks) < PROBE_PINS and any(queues.values()):
+        for server in survivors:
+            if queues[server] and len(picks) < PROBE_PINS:
+                _, app, variant = queues[server].pop(0)
+                picks.append({"app": app, "server": server, "variant": variant, "urgent": True})
+    return picks
+
+
+def _load_ms(variant: Any) -> float:
+    return float(variant.load_ms)
 
 
 def _holders(routes: dict[str, Any], copies: list[dict[str, Any]]) -> dict[str, set[str]]:

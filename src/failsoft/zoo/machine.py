@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,15 +120,21 @@ class HostCpu:
             seen[(proc.pid, created)] = (times.user + times.system, _sched_group(proc.pid, self._autogroups))
         return seen
 
-    def read(self) -> dict[str, Any]:
+    def read(self, processes: Mapping[str, int] | None = None) -> dict[str, Any]:
         """``{"seconds", "busy_cores", "own_cores", "other_groups": {GROUP: cores}, "autogroups"}``:
         busy cores on average over the ``seconds`` since the meter was made; ``own_cores`` is this
         process's group (itself, its children, anything else of its session), ``other_groups``
-        every other group with more than 0.01 of a core."""
+        every other group with more than 0.01 of a core. With ``processes`` (a name per pid), also
+        ``"processes": {NAME: cores}``: what each of them took (0 for one not seen at both ends)."""
         elapsed = self._busy.elapsed()
         busy = self._busy.read()
         groups: dict[str, float] = {}
+        named = dict.fromkeys(processes or {}, 0.0)
+        by_pid = {pid: name for name, pid in (processes or {}).items()}
         for key, (cpu, group) in self._per_process().items():
+            before = self._start.get(key, (cpu, group))[0] if key[0] in by_pid else None
+            if before is not None:
+                named[by_pid[key[0]]] = round(max(cpu - before, 0.0) / max(elapsed, 1e-9), 3)
             before = self._start.get(key, (0.0, group))[0]
             groups[group] = groups.get(group, 0.0) + max(cpu - before, 0.0) / max(elapsed, 1e-9)
         own = min(groups.pop(self._own, 0.0), busy)
@@ -147,7 +154,7 @@ class HostCpu:
             "own_cores": round(own, 3),
             "other_groups": {g: round(c, 3) for g, c in sorted(others.items())},
             "autogroups": self._autogroups,
-        }
+        } | ({"processes": named} if processes is not None else {})
 
 
 def machine_info(device: str) -> dict[str, Any]:
