@@ -35,6 +35,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-pair",
         "fidelity-one",
         "fidelity-spread",
+        "fidelity-site",
         "graph-echo-chain",
         "slo",
     } <= names

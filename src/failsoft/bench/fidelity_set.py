@@ -46,7 +46,8 @@ QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside 
 # steady host model and the host-wide heavy-load limit (examples/fidelity-one.yaml: one survivor
 # takes every recovery, heavy and small loads on one server's slots), one written before the session
 # of 2026-11-27's change (examples/fidelity-spread.yaml: one server's loads spread over three
-# survivors of one slot each), and the mechanism
+# survivors of one slot each) and one before its last change (examples/fidelity-site.yaml: a whole
+# site of two servers dark), and the mechanism
 # twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
@@ -56,6 +57,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-pair.yaml", ("p1", "p3")),
     ("examples/fidelity-one.yaml", ("o1",)),
     ("examples/fidelity-spread.yaml", ("f1",)),
+    ("examples/fidelity-site.yaml", ("x1", "x2")),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
