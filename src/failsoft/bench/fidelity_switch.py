@@ -111,8 +111,12 @@ async def _probe_pins(
     timed = []
     for event in small:
         offset = (time.perf_counter() - started) * 1000.0
-        timed.append(event | {"offset_ms": offset, "runtime_ms": await _pinned(controller, request(event))})
-    heavy = [e | {"offset_ms": 0.0, "runtime_ms": await t} for e, t in zip(lead, tasks, strict=True)]
+        ms, seen = await _pinned(controller, request(event))
+        timed.append(event | {"offset_ms": offset, "runtime_ms": ms, "seen_ms": seen})
+    heavy = []
+    for event, task in zip(lead, tasks, strict=True):
+        ms, seen = await task
+        heavy.append(event | {"offset_ms": 0.0, "runtime_ms": ms, "seen_ms": seen})
     for event in [*heavy, *timed]:
         await controller.unpin(event["app"], event["server"], OWNER)
     await asyncio.sleep(drain_s + 0.5)  # unloaded after the drain period: the crash starts clean
@@ -229,27 +233,42 @@ def request(event: dict[str, Any]) -> CopyRequest:
 
 async def _switch(controller: Any, request: CopyRequest, drain_s: float) -> float | None:
     """Pin, time until published ready (None: never within the timeout), give up, let it drain."""
-    took = await _pinned(controller, request)
+    took, _ = await _pinned(controller, request)
     await controller.unpin(request.app, str(request.server), OWNER)
     await asyncio.sleep(drain_s + 0.5)  # unloaded after the drain period: the next starts clean
     return took
 
 
-async def _pinned(controller: Any, request: CopyRequest) -> float | None:
+async def _pinned(controller: Any, request: CopyRequest) -> tuple[float | None, float | None]:
     """Pin, and the milliseconds until the routing table publishes it ready (None: never within
-    :data:`SWITCH_TIMEOUT_S`)."""
+    :data:`SWITCH_TIMEOUT_S`): on the controller's clock, from the first table that lists the copy
+    (published at the ask) to the first that lists it ready, as a recovery's MTTR is timed inside
+    the controller (the calls to the controller and back are left out: under a saturated host each
+    is milliseconds of waiting for a core that no recovery spends; a table that never listed it
+    loading, a newer one having come first, times it from this process's ask instead); and beside
+    it the time this process saw, from its ask to the table read."""
     snap = await controller.wait_routes("", -1, 5.0)
     started = time.perf_counter()
     await controller.pin(request)
+    listed_at = None
     while time.perf_counter() - started < SWITCH_TIMEOUT_S:
-        entry = (snap.get("value") or {}).get(request.app) or {}
-        if any(
-            p["server"] == request.server and p["variant"] == request.variant and p["ready"]
-            for p in entry.get("pinned", ())
-        ):
-            return (time.perf_counter() - started) * 1000.0
         snap = await controller.wait_routes(snap["epoch"], snap["version"], 5.0)
-    return None
+        entry = (snap.get("value") or {}).get(request.app) or {}
+        mine = [
+            p
+            for p in entry.get("pinned", ())
+            if (p["server"], p["variant"]) == (request.server, request.variant)
+        ]
+        stamp = snap.get("published_at")
+        if mine and any(p["ready"] for p in mine):
+            seen = (time.perf_counter() - started) * 1000.0
+            inside = (
+                (float(stamp) - listed_at) * 1000.0 if listed_at is not None and stamp is not None else None
+            )
+            return (seen if inside is None else inside), seen
+        if mine and listed_at is None and stamp is not None:
+            listed_at = float(stamp)
+    return None, None
 
 
 def compared(event: dict[str, Any], sim_ms: float | None) -> dict[str, Any]:

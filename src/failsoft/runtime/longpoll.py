@@ -69,6 +69,7 @@ class VersionedValue:
         self.value = value
         self._clock = clock or MonotonicClock()
         self._waker: _Waker | None = None
+        self.published_at = self._clock.now()  # when this version was published, on ``clock``
 
     def _lazy_waker(self) -> _Waker:  # created on first use, inside the running event loop
         if self._waker is None:
@@ -78,11 +79,20 @@ class VersionedValue:
     def publish(self, value: Any) -> int:
         self.value = value
         self.version += 1
+        self.published_at = self._clock.now()
         self._lazy_waker().wake()
         return self.version
 
     def snapshot(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "version": self.version, "value": self.value}
+        """The value, its version and when it was published (``published_at``, seconds on the
+        host's clock: two snapshots of one publisher time what happened between them there,
+        whatever the readers' delays)."""
+        return {
+            "epoch": self.epoch,
+            "version": self.version,
+            "value": self.value,
+            "published_at": self.published_at,
+        }
 
     async def wait_newer(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
         """The snapshot as soon as it is newer than ``(epoch, version)``, else at the timeout."""

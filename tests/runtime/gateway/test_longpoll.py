@@ -40,6 +40,9 @@ async def test_a_current_reader_waits_for_the_next_publish_and_every_waiter_wake
     await clock.run_for(0)
     assert [r.result()["value"] for r in readers] == ["new"] * 3
     assert clock.now() == 5.0  # woken by the publish, not by a timeout
+    # stamped when published on the publisher's clock, however late a reader reads it
+    await clock.run_for(2.0)
+    assert value.snapshot()["published_at"] == 5.0 and readers[0].result()["published_at"] == 5.0
 
 
 @sync
