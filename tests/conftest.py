@@ -13,10 +13,8 @@ those tests carry the marker by hand (``tests/runtime/test_cli.py``).
 from __future__ import annotations
 
 import functools
-import os
 import random
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -71,10 +69,9 @@ def rng() -> random.Random:
 
 @pytest.fixture(scope="session")
 def tiny_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
-    """The real digits_mlp family (4 variants), built and quickly profiled once per session for
-    every test directory (about 20 s); tests must not modify it (copy it instead).
-    ``$FAILSOFT_TEST_ZOO`` may name a directory that keeps it between runs (then only checked)."""
-    from failsoft.zoo.testing import build_tiny_zoo
+    """The real digits_mlp family (4 variants), built and quickly profiled once per run for every
+    test directory and xdist worker (about 20 s; :mod:`tests.zoos`); tests must not modify it (copy
+    it instead). ``$FAILSOFT_TEST_ZOO`` may name a directory that keeps it between runs."""
+    from tests.zoos import tiny_zoo_of
 
-    root = os.environ.get("FAILSOFT_TEST_ZOO")
-    return build_tiny_zoo(Path(root) if root else tmp_path_factory.mktemp("tiny-zoo"))
+    return tiny_zoo_of(tmp_path_factory, ("digits_mlp",))

@@ -4,14 +4,13 @@ runtime and in the twin, and the slo service's ladder switches are timed and sim
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
 from failsoft.bench.fidelity import run
-from failsoft.zoo.testing import build_tiny_zoo
+from tests.zoos import tiny_zoo_of
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -19,11 +18,9 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The digits MLPs (slo) and the SP500 GRUs (graph), quickly profiled (cached beside
-    FAILSOFT_TEST_ZOO)."""
-    root = os.environ.get("FAILSOFT_TEST_ZOO")
-    out = Path(root + "-fidelity") if root else tmp_path_factory.mktemp("fidelity-zoo")
-    return build_tiny_zoo(out, families=("digits_mlp", "sp500_gru")).root
+    """The digits MLPs (slo) and the SP500 GRUs (graph), quickly profiled, each family built once
+    per run (:mod:`tests.zoos`)."""
+    return tiny_zoo_of(tmp_path_factory, ("digits_mlp", "sp500_gru")).root
 
 
 def _example(name: str, zoo: Path, tmp_path: Path) -> Path:

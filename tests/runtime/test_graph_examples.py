@@ -4,7 +4,6 @@ with answers bit-equal to the same models walked through the graph in this proce
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +15,8 @@ from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.session import Session
 from failsoft.zoo import ModelRepository
 from failsoft.zoo.stateful import sp500_series
-from failsoft.zoo.testing import build_tiny_zoo
 from tests.runtime.conftest import wait_for
+from tests.zoos import tiny_zoo_of
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GRAPH_EXAMPLES = ("graph-echo-chain.yaml", "graph-auto-pilot.yaml")
@@ -31,10 +30,8 @@ def test_the_graph_examples_parse(name: str) -> None:
 
 @pytest.fixture(scope="module")
 def gru_zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
-    """Both SP500 GRU families, quickly profiled (~30 s; cached beside FAILSOFT_TEST_ZOO)."""
-    root = os.environ.get("FAILSOFT_TEST_ZOO")
-    out = Path(root + "-stateful") if root else tmp_path_factory.mktemp("gru-zoo")
-    return build_tiny_zoo(out, families=("sp500_gru", "sp500_gru2"))
+    """Both SP500 GRU families, quickly profiled once per run (~30 s; :mod:`tests.zoos`)."""
+    return tiny_zoo_of(tmp_path_factory, ("sp500_gru", "sp500_gru2"))
 
 
 @pytest.mark.runtime

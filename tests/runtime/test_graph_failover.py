@@ -12,9 +12,7 @@ the run's answers must be bit-equal to it, before and after the failover (CPU, o
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,8 +23,8 @@ from failsoft.runtime.config import config_from_dict
 from failsoft.runtime.session import Session
 from failsoft.zoo import ModelRepository
 from failsoft.zoo.stateful import sp500_series
-from failsoft.zoo.testing import build_tiny_zoo
 from tests.runtime.conftest import wait_for
+from tests.zoos import tiny_zoo_of
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 FAMILY, VARIANT = "sp500_gru", "gru_16"
@@ -34,10 +32,8 @@ REQUESTS, KILL_AFTER = 30, 12
 
 
 def gru_repository(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
-    """The SP500 GRU family, built and quickly profiled (~10 s; cached beside FAILSOFT_TEST_ZOO)."""
-    root = os.environ.get("FAILSOFT_TEST_ZOO")
-    out = Path(root + "-stateful") if root else tmp_path_factory.mktemp("gru-zoo")
-    return build_tiny_zoo(out, families=(FAMILY,))
+    """The SP500 GRU family, built and quickly profiled once per run (~10 s; :mod:`tests.zoos`)."""
+    return tiny_zoo_of(tmp_path_factory, (FAMILY,))
 
 
 @pytest.fixture(scope="module")

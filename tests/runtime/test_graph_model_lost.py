@@ -32,7 +32,7 @@ REQUESTS, EVICT_AFTER = 30, 12
 
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory: pytest.TempPathFactory) -> ModelRepository:
-    return gru_repository(tmp_path_factory)  # built once for both files when FAILSOFT_TEST_ZOO is set
+    return gru_repository(tmp_path_factory)  # built once per run for both files
 
 
 def test_a_primary_that_loses_its_model_on_a_live_server_is_replaced_by_its_backup(zoo, tmp_path):

@@ -2,12 +2,20 @@
 
 The timeout is produced for real: a watcher thread stops (SIGSTOP) the first raylet this process
 starts, as a host too busy to run it would, so Ray's 30 s wait for the raylet to register runs out
-and ``ray.init`` raises its own exception. No fake stands in for Ray.
+and ``ray.init`` raises its own exception. No fake stands in for Ray. The wait is two nested ones,
+both 30 s: each ``get_node`` call waits for the node in Ray's C++ (its ``raylet_start_wait_time_s``
+setting, set to 3 s here in the environment and through ``ray._raylet.Config``), and
+``node.py`` calls it again until 30 s have passed on its clock, a constant with no setting. So that
+clock alone (``node.py``'s view of ``time.monotonic``) runs ``SPEEDUP`` times faster while the
+raylet is stopped: the first start times out after one 3 s call, and the retried start runs at
+real speed, with Ray's whole 30 s to register its raylet.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -15,6 +23,7 @@ import time
 import psutil
 import pytest
 import ray
+import ray._private.node as ray_node
 
 from failsoft.domain import Server
 from failsoft.errors import ServingError
@@ -22,6 +31,9 @@ from failsoft.runtime import raystart
 from failsoft.runtime.cluster import RayCluster
 
 SERVERS = [Server("s1", "a", 100.0)]
+SPEEDUP = 15.0  # how much faster node.py's clock runs while the raylet is stopped
+GET_NODE_WAIT_S = 3  # each get_node call's wait for the node (Ray's default: 30)
+GET_NODE_WAIT_ENV = "RAY_raylet_start_wait_time_s"
 
 
 def _ray_children() -> list[psutil.Process]:
@@ -42,6 +54,7 @@ class RayletStopper(threading.Thread):
         super().__init__(daemon=True)
         self.done = threading.Event()
         self.stopped: psutil.Process | None = None
+        self.stopped_at: float | None = None  # time.monotonic() at the SIGSTOP
         self.session_dir: str | None = None
 
     def run(self) -> None:
@@ -52,6 +65,7 @@ class RayletStopper(threading.Thread):
                     if child.name() != "raylet":
                         continue
                     child.send_signal(signal.SIGSTOP)
+                    self.stopped_at = time.monotonic()
                     self.stopped = child
                     self.session_dir = self._session_dir(child)
                 except psutil.NoSuchProcess:
@@ -70,6 +84,29 @@ class RayletStopper(threading.Thread):
         return None
 
 
+class RayClock:
+    """The ``time`` module as Ray's ``node.py`` sees it: real, but for a monotonic clock that runs
+    ``SPEEDUP`` times faster from the raylet's SIGSTOP until that raylet is gone (killed by the
+    retry), and at real speed, ahead by what it gained, before and after. It never goes back."""
+
+    def __init__(self, stopper: RayletStopper) -> None:
+        self.stopper = stopper
+        self.released_at: float | None = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        now = time.monotonic()
+        stopped, since = self.stopper.stopped, self.stopper.stopped_at
+        if stopped is None or since is None:
+            return now
+        if self.released_at is None and not stopped.is_running():
+            self.released_at = now
+        fast_until = now if self.released_at is None else self.released_at
+        return now + (SPEEDUP - 1.0) * (fast_until - since)
+
+
 @pytest.mark.parametrize(
     ("exc", "retried"),
     [
@@ -86,8 +123,12 @@ def test_only_rays_own_start_timeouts_are_retried(exc, retried):
 
 @pytest.mark.runtime
 @pytest.mark.slow
-def test_a_start_whose_raylet_never_registers_is_retried_and_leaves_nothing_behind(caplog):
+def test_a_start_whose_raylet_never_registers_is_retried_and_leaves_nothing_behind(caplog, monkeypatch):
     stopper = RayletStopper()
+    monkeypatch.setattr(ray_node, "time", RayClock(stopper))
+    # in the environment for Ray's re-reads of it, and set at once for a process that read it before
+    os.environ[GET_NODE_WAIT_ENV] = str(GET_NODE_WAIT_S)
+    ray._raylet.Config.initialize(json.dumps({"raylet_start_wait_time_s": GET_NODE_WAIT_S}))
     stopper.start()
     cluster = RayCluster(SERVERS, num_cpus=1)
     try:
@@ -107,6 +148,8 @@ def test_a_start_whose_raylet_never_registers_is_retried_and_leaves_nothing_behi
     finally:
         stopper.done.set()
         cluster.shutdown()
+        os.environ.pop(GET_NODE_WAIT_ENV, None)
+        ray._raylet.Config.initialize("")  # Ray's settings as the environment gives them
 
 
 @pytest.mark.runtime
