@@ -292,3 +292,17 @@ def test_the_small_probes_take_the_survivors_in_turn_with_the_fastest_apps_holdi
     alone = _small_probes(scenario, ["s2"], holders, skip=None)
     assert [p["app"] for p in alone] == ["A", "B", "C"]
     assert _small_probes(scenario, ["s1"], {a: {"s1"} for a in "ABCDH"}, skip=None) == []
+
+
+def test_the_controllers_reaction_is_half_what_the_probes_pins_took_longer_seen_from_outside():
+    from failsoft.bench.fidelity_switch import hop_ms
+
+    events = [
+        {"runtime_ms": 30.0, "seen_ms": 50.0},
+        {"runtime_ms": 20.0, "seen_ms": 32.0},
+        {"runtime_ms": 25.0, "seen_ms": 41.0},
+        {"runtime_ms": 300.0, "seen_ms": 400.0, "heavy": True},  # the heavy pin: left out
+        {"runtime_ms": 25.0},  # recorded before both times were: left out
+    ]
+    assert hop_ms(events) == 8.0
+    assert hop_ms([]) == 0.0 and hop_ms([{"runtime_ms": 9.0, "seen_ms": 5.0}]) == 0.0

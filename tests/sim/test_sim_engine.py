@@ -296,6 +296,17 @@ def test_the_control_path_holds_every_load_and_its_slot_longer_and_takes_no_core
         SimConfig(control_ms=-1.0)
 
 
+def test_the_controllers_reaction_delays_the_plan_and_every_load_after_it(tiny, fixed):
+    base = dataclasses.replace(fixed, requests=RequestMode.OFF)
+    plain = _run(tiny, "faillite", base)
+    slow = _run(tiny, "faillite", dataclasses.replace(base, plan_wait_ms=12.0))
+    for app in ("B", "C"):  # loaded after the plan: 12 ms later
+        assert slow.apps[app].mttr_ms == pytest.approx(plain.apps[app].mttr_ms + 12.0)
+    assert slow.apps["A"].mttr_ms == plain.apps["A"].mttr_ms  # a warm switch needs no plan
+    with pytest.raises(ConfigError, match="plan_wait_ms"):
+        SimConfig(plan_wait_ms=-1.0)
+
+
 def test_the_hosts_heavy_limit_holds_over_every_server_as_in_the_runtime(tiny, fixed):
     """B's first variant (s2) and C's big one (s1) are heavy loads on two survivors: per server they
     run at once; on the host's one heavy slot (an embedded cluster's servers share its cores) C

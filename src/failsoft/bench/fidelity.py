@@ -217,7 +217,10 @@ def simulate_run(
     fitted = pinned_share(config, observed) if host == "pin" else None
     if fitted is not None:  # the share a heavy load got under the steady load, and its control cost
         sim_config, control = twin_config(config, _with_share(observed, fitted[0]), "probe"), fitted[1]
-    sim_config = dataclasses.replace(sim_config, control_ms=control)
+    probes = ((observed.get("before_kill") or {}).get("control_probe") or {}).get("events") or []
+    sim_config = dataclasses.replace(
+        sim_config, control_ms=control, plan_wait_ms=fidelity_switch.hop_ms(probes)
+    )
     mttr: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
     for seed in range(seeds):

@@ -211,6 +211,20 @@ def pins_of(events: Sequence[dict[str, Any]]) -> list[tuple[float, CopyRequest]]
     return [(float(e.get("offset_ms") or 0.0) / 1000.0, request(e)) for e in events]
 
 
+def hop_ms(events: Sequence[dict[str, Any]]) -> float:
+    """One hand-over between processes on the controller's loop, as the host was before the kill:
+    half of what the small probes' pins took longer seen from the benchmark (a call to the
+    controller, a table read back) than on the controller's clock, the median (0 for runs recorded
+    without both times). A crash spends one on the controller's reaction, detection to the plan
+    asked for (``SimConfig.plan_wait_ms``)."""
+    gaps = [
+        (e["seen_ms"] - e["runtime_ms"]) / 2.0
+        for e in events
+        if not e.get("heavy") and e.get("seen_ms") is not None and e.get("runtime_ms") is not None
+    ]
+    return max(statistics.median(gaps), 0.0) if gaps else 0.0
+
+
 def control_ms(compared_events: Sequence[dict[str, Any]]) -> float:
     """The control path's fixed cost from probes simulated without it: the median of runtime minus
     simulated milliseconds, never below zero (0 when nothing was measured); the heavy probe's pin

@@ -97,6 +97,9 @@ class SimConfig:
     # to the agent and back, the agent's pick-up, the route's publication (measured: bench fidelity's
     # control probe); 0: not modelled
     control_ms: float = 0.0
+    # the controller's reaction: a failure detected, its plan is asked for this much later (the
+    # controller's loop waking on a busy host; measured: bench fidelity's control probe); 0: at once
+    plan_wait_ms: float = 0.0
     # cold: loads read the weights from disk (FailLite's cold loads); warm: from the page cache,
     # where a profile measured it (warm_load_ms), as on a host that read the files before
     page_cache: PageCache = PageCache.COLD
@@ -108,7 +111,7 @@ class SimConfig:
         positive += ("horizon_s",)
         for name in positive:
             _require(name, getattr(self, name), lambda v: v > 0, "must be positive")
-        for name in ("notify_ms", "unload_ms", "drain_ms", "request_warmup_s", "control_ms"):
+        for name in ("notify_ms", "unload_ms", "drain_ms", "request_warmup_s", "control_ms", "plan_wait_ms"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be zero or positive")
         _require("missed_to_fail", self.missed_to_fail, lambda v: v >= 1, "must be at least 1")
         _require("load_slots", self.load_slots, lambda v: v >= 1, "must be at least 1")

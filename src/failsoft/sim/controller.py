@@ -295,14 +295,15 @@ class SimController:
 
     def _plan(self, cmd: PlanFailover) -> list[Command]:
         plan = self.policy.plan_failover(cmd.scenario, cmd.failed)
-        if not self.config.charge_plan_time:
+        wait_ms = self.config.plan_wait_ms + (plan.plan_ms if self.config.charge_plan_time else 0.0)
+        if wait_ms <= 0:
             return self.core.failover_planned(cmd.plan_id, plan, self.env.now)
         self.inflight += 1
-        self.env.process(self._charged(cmd.plan_id, plan))
+        self.env.process(self._charged(cmd.plan_id, plan, wait_ms))
         return []
 
-    def _charged(self, plan_id: int, plan: Any) -> Process:
-        yield self.env.timeout(plan.plan_ms / 1000.0)
+    def _charged(self, plan_id: int, plan: Any, wait_ms: float) -> Process:
+        yield self.env.timeout(wait_ms / 1000.0)
         self.inflight -= 1
         self._run(self.core.failover_planned(plan_id, plan, self.env.now))
 
