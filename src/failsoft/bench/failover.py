@@ -320,7 +320,7 @@ def _fail_under_load(
     if under_load is not None:  # probes of the loaded cluster, done before the window below
         under_load()
     time.sleep(max(settings.warmup_s - BUSY_WINDOW_S, 0.0))
-    doomed = agents.pids(list(failed)) if agents is not None else {}
+    doomed = AgentProbes(failed).pids() if agents is not None else {}
     meter, window_ends = HostCpu(), time.monotonic() + min(settings.warmup_s, BUSY_WINDOW_S)
     shares = agents.load_cpu_shares() if agents is not None else None
     time.sleep(max(window_ends - time.monotonic(), 0.0))
@@ -383,9 +383,9 @@ class AgentProbes:
     def load_cpu_shares(self, seconds: float = PROBE_SPIN_S) -> dict[str, float]:
         return self._each(lambda agent: agent.load_cpu_share_sync(seconds))
 
-    def pids(self, servers: Sequence[str]) -> dict[str, int]:
-        """The agent processes' pids of ``servers`` (those that answer)."""
-        return {s: int(p) for s, p in AgentProbes(servers)._each(lambda a: a.holdings_sync()["pid"]).items()}
+    def pids(self) -> dict[str, int]:
+        """The agent processes' pids (of the servers that answer)."""
+        return {s: int(p) for s, p in self._each(lambda agent: agent.holdings_sync()["pid"]).items()}
 
     def loads_cpu_ms(self) -> dict[str, float]:
         return self._each(lambda agent: float(agent.holdings_sync()["loads_cpu_ms"]))

@@ -152,10 +152,6 @@ def _small_probes(
     return picks
 
 
-def _load_ms(variant: Any) -> float:
-    return float(variant.load_ms)
-
-
 def _holders(routes: dict[str, Any], copies: list[dict[str, Any]]) -> dict[str, set[str]]:
     """Per app, the servers holding a copy of it (its route's and every loaded copy's)."""
     out: dict[str, set[str]] = {}
@@ -276,10 +272,9 @@ async def _pinned(controller: Any, request: CopyRequest) -> tuple[float | None, 
         stamp = snap.get("published_at")
         if mine and any(p["ready"] for p in mine):
             seen = (time.perf_counter() - started) * 1000.0
-            inside = (
-                (float(stamp) - listed_at) * 1000.0 if listed_at is not None and stamp is not None else None
-            )
-            return (seen if inside is None else inside), seen
+            if listed_at is None or stamp is None:
+                return seen, seen
+            return (float(stamp) - listed_at) * 1000.0, seen
         if mine and listed_at is None and stamp is not None:
             listed_at = float(stamp)
     return None, None

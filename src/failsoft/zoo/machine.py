@@ -132,11 +132,11 @@ class HostCpu:
         named = dict.fromkeys(processes or {}, 0.0)
         by_pid = {pid: name for name, pid in (processes or {}).items()}
         for key, (cpu, group) in self._per_process().items():
-            before = self._start.get(key, (cpu, group))[0] if key[0] in by_pid else None
-            if before is not None:
-                named[by_pid[key[0]]] = round(max(cpu - before, 0.0) / max(elapsed, 1e-9), 3)
-            before = self._start.get(key, (0.0, group))[0]
-            groups[group] = groups.get(group, 0.0) + max(cpu - before, 0.0) / max(elapsed, 1e-9)
+            seen = key in self._start  # else started since: all its CPU is the window's
+            cores = max(cpu - (self._start[key][0] if seen else 0.0), 0.0) / max(elapsed, 1e-9)
+            groups[group] = groups.get(group, 0.0) + cores
+            if seen and key[0] in by_pid:
+                named[by_pid[key[0]]] = round(cores, 3)
         own = min(groups.pop(self._own, 0.0), busy)
         others = {g: c for g, c in groups.items() if c > 0.01}
         attributed = own + sum(others.values())
