@@ -237,10 +237,8 @@ class RequestCore:
 
     def crash(self, server: str) -> None:
         self.dead.add(server)
-        for (where, app), instance in list(self.instances.items()):
-            if where == server:
-                del self.instances[(where, app)]
-                instance.stop(self.client_pending, crashed=True)
+        for where, app in [k for k in self.instances if k[0] == server]:
+            self.lose(app, where)
 
     def lose(self, app: str, server: str) -> None:
         """``server`` lives on but no longer holds ``app``'s model: its instance stops as in a crash
