@@ -294,11 +294,13 @@ class Client:
         timeout: float | None = None,
         request_id: str | None = None,
         classification: int | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> InferResult:
-        """Ask ``app`` about ``array``; ``classification=K``: its ``K`` best classes per row."""
+        """Ask ``app`` about ``array``; ``classification=K``: its ``K`` best classes per row;
+        ``parameters``: the request's further parameters (an slo service's ``client``, ...)."""
         started = time.perf_counter()
         extra = {"timeout": timeout + SLACK_S} if timeout else {}
-        request = request_kwargs(array, timeout, request_id, classification)
+        request = request_kwargs(array, timeout, request_id, classification, parameters)
         return _result(app, self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
 
     def generate(self, model: str, text: str, **parameters: Any) -> dict[str, Any]:
@@ -453,10 +455,11 @@ class AsyncClient:
         timeout: float | None = None,
         request_id: str | None = None,
         classification: int | None = None,
+        parameters: dict[str, Any] | None = None,
     ) -> InferResult:
         started = time.perf_counter()
         extra = {"timeout": timeout + SLACK_S} if timeout else {}
-        request = request_kwargs(array, timeout, request_id, classification)
+        request = request_kwargs(array, timeout, request_id, classification, parameters)
         return _result(app, await self._send("POST", f"/v2/models/{app}/infer", **request, **extra), started)
 
     async def live(self) -> bool:

@@ -39,6 +39,10 @@ def test_the_graph_example_twins_a_hams_promotion(zoo: Path, tmp_path: Path) -> 
     assert any(w["app"] == "c2" and w["pinned"] for w in observed["warm"])
     c2 = out["per_app"]["c2"]
     assert c2["kind"] == "promoted" and c2["runtime_mttr_ms"] is not None and c2["sim_mttr_ms"] is not None
+    # the clients asked the service (the gateway serves no member alone), and the gateway logged the
+    # chain's recovery by the promoted node the answers crossed
+    assert observed["requests"]["total"] > 0 and observed["requests"]["failed"] == 0
+    assert c2["runtime_first_answer_ms"] is not None
     # a promotion is a route switch at detection on both sides: its error is in milliseconds
     assert c2["mttr_error_ms"] is not None and out["median_mttr_error_ms_by_kind"]["promoted"] is not None
     assert {"median_abs_error_pct", "abs_error_ms", "not_modelled"} <= out.keys()
@@ -60,3 +64,8 @@ def test_the_slo_example_twins_its_ladder_switches(zoo: Path, tmp_path: Path) ->
     assert all(e["runtime_ms"] is not None and e["sim_ms"] is not None for e in events)
     assert out["switches"]["median_abs_error_pct"] is not None
     assert out["per_app"]["worker-1"]["kind"] == "warm"
+    # the load came from a client registered with the service (it answers no one else), and went on
+    # through the kill
+    (observed,) = out["runtime_runs"]
+    assert observed["requests"]["total"] > 0 and observed["requests"]["failed"] == 0
+    assert observed["apps"]["worker-1"]["answer_after_kill_ms"] is not None

@@ -64,10 +64,12 @@ from typing import Any
 from failsoft.bench.models import ensure_models
 from failsoft.bench.next_route import moved_requests, summarize_moves
 from failsoft.errors import ConfigError, RepositoryError
+from failsoft.policies.adaptation.network import MAX_FPS
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.runtime.gateway.metrics import first_recoveries
 from failsoft.runtime.load_phases import timeline
 from failsoft.runtime.loadgen import LoadProcess, LoadSpec, Sample
+from failsoft.services import ServiceMode
 from failsoft.zoo.machine import HostCpu
 
 POLICIES = ("faillite", "full-warm-k", "full-warm", "full-cold")
@@ -231,11 +233,10 @@ def run_once(
             set_page_cache(cfg, warm=False)
         before = client.status()
         affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
-        shapes = {name: meta.input_shape for name, meta in _shapes(session).items()}
-        periods = _periods(cfg, settings)
+        asked = Endpoints.of(cfg, _shapes(session), _periods(cfg, settings)).register(session.url)
         probed: dict[str, Any] = {}
         kill_at, samples, usual, busy = _fail_under_load(
-            session.url, client, shapes, periods, affected, failed, settings,
+            session.url, client, asked, affected, failed, settings,
             agents=AgentProbes([s.name for s in cfg.servers]),
             under_load=None if under_load is None else lambda: probed.update(under_load(session, client)),
         )  # fmt: skip
@@ -244,7 +245,7 @@ def run_once(
         say(f"[{cfg.policy}] killed {', '.join(kill_at)}; {len(affected)} apps affected")
         report = client.recoveries()
         client.close()
-    result = measure(before, affected, kill_at, samples, report, usual)
+    result = measure(before, affected, kill_at, samples, report, usual, asked.endpoint)
     add_ideal(result["apps"], cfg)
     # under steady load, before the kill: the host's busy cores, and whose they were
     result["host_busy_cores"] = busy["busy_cores"]
@@ -273,11 +274,63 @@ def _periods(cfg: RuntimeConfig, settings: BenchSettings) -> dict[str, float]:
     return {a.name: 1.0 / a.rate_rps for a in cfg.apps if a.rate_rps > 0}
 
 
+@dataclass(frozen=True)
+class Endpoints:
+    """What the clients ask: each app's *endpoint*, the name the gateway serves it under (its
+    service's, where a service groups it: the gateway serves no member alone), and each endpoint's
+    input shape and request period (those of the member a request enters by, its front app)."""
+
+    endpoint: dict[str, str]  # app -> endpoint
+    shapes: dict[str, tuple[int, ...]]  # endpoint -> its requests' input shape
+    periods: dict[str, float]  # endpoint -> seconds between two of its steady requests
+    slo: tuple[str, ...] = ()  # the slo services among the endpoints: they answer registered clients
+    parameters: dict[str, dict[str, Any]] = dataclasses.field(
+        default_factory=dict
+    )  # endpoint -> its requests'
+
+    @classmethod
+    def of(cls, cfg: RuntimeConfig, metas: dict[str, Any], periods: dict[str, float]) -> Endpoints:
+        """``metas``: each app's model metadata (its ``input_shape``); ``periods``: each app's."""
+        from failsoft.runtime.gateway.dispatch.graph import front_app
+
+        endpoint = {a.name: a.name for a in cfg.apps}
+        front = {a.name: a.name for a in cfg.apps}
+        for service in cfg.services:
+            endpoint |= dict.fromkeys(service.members, service.name)
+            front = {k: v for k, v in front.items() if k not in service.members}
+            front[service.name] = front_app(service)
+        return cls(
+            endpoint,
+            {e: metas[app].input_shape for e, app in front.items()},
+            {e: periods[app] for e, app in front.items() if app in periods},
+            tuple(s.name for s in cfg.services if s.mode is ServiceMode.SLO),
+        )
+
+    def register(self, url: str) -> Endpoints:
+        """One client registered with each slo service, at its steady rate, its id on every request
+        (Jellyfish maps clients to workers; an slo service answers no one else)."""
+        import httpx
+
+        from failsoft.client import checked_body
+
+        parameters = dict(self.parameters)
+        for name in self.slo:
+            fps = min(1.0 / self.periods.get(name, 1.0), MAX_FPS)
+            body = {"service": name, "fps": fps}
+            parameters[name] = {
+                "client": checked_body(httpx.post(f"{url}/v2/clients", json=body, timeout=30.0))["client"]
+            }
+        return dataclasses.replace(self, parameters=parameters)
+
+    def asked(self, apps: Sequence[str]) -> list[str]:
+        """The endpoints of ``apps``, each once, in their order."""
+        return list(dict.fromkeys(self.endpoint[a] for a in apps))
+
+
 def _fail_under_load(
     url: str,
     client: Any,
-    shapes: dict[str, tuple[int, ...]],
-    periods: dict[str, float],
+    asked: Endpoints,
     affected: list[str],
     failed: Sequence[str],
     settings: BenchSettings,
@@ -298,11 +351,12 @@ def _fail_under_load(
     span = settings.warmup_s + 60.0 + settings.window_s + settings.settle_s
     steady = LoadProcess(
         LoadSpec(
-            url, {a: shapes[a] for a in periods}, 1.0, settings.timeout_s, span,
-            max_in_flight=settings.max_in_flight, periods=periods, stagger=True,
+            url, {e: asked.shapes[e] for e in asked.periods}, 1.0, settings.timeout_s, span,
+            max_in_flight=settings.max_in_flight, periods=asked.periods, stagger=True,
+            parameters=asked.parameters,
         )
     ).start()  # fmt: skip
-    only_affected = {a: shapes[a] for a in affected}
+    only_affected = {e: asked.shapes[e] for e in asked.asked(affected)}
     usual = LoadProcess(
         LoadSpec(
             url,
@@ -312,10 +366,20 @@ def _fail_under_load(
             600.0,
             sequential=settings.usual_requests,
             gated=True,
+            parameters=asked.parameters,
         )
     ).start()
     at_kill = LoadProcess(
-        LoadSpec(url, only_affected, 3600.0, settings.window_s, 0.01, max_in_flight=1, gated=True)
+        LoadSpec(
+            url,
+            only_affected,
+            3600.0,
+            settings.window_s,
+            0.01,
+            max_in_flight=1,
+            gated=True,
+            parameters=asked.parameters,
+        )
     ).start()
     if under_load is not None:  # probes of the loaded cluster, done before the window below
         under_load()
@@ -335,7 +399,7 @@ def _fail_under_load(
     _hold(client, failed, settings.hold_ms)
     kill_at = _kill(client, failed, settings.site)
     at_kill.go()
-    _wait_recovered(client, affected, min(kill_at.values()), settings.window_s)
+    _wait_recovered(client, affected, asked.endpoint, min(kill_at.values()), settings.window_s)
     busy["recovery"] = during.read()  # the same, from the kill until every affected app answered
     if agents is not None:
         after = agents.loads_cpu_ms()
@@ -429,15 +493,25 @@ def wait_stable(client: Any, timeout_s: float) -> dict[str, Any]:
         time.sleep(0.2)
 
 
-def _wait_recovered(client: Any, affected: list[str], since: float, window_s: float) -> None:
+def _wait_recovered(
+    client: Any, affected: list[str], endpoint: dict[str, str], since: float, window_s: float
+) -> None:
+    """Until every affected app's endpoint answered again (the gateway's recoveries name
+    endpoints), or the controller gave the app up, or ``window_s``. A service's member is waited
+    for until its failover is published: the service may answer through its other members (an slo
+    service's clients move to the survivors), and so log no recovery of its own."""
     deadline = time.monotonic() + window_s
     while time.monotonic() < deadline:
         report = client.recoveries()
         done = {r["app"] for r in report["recoveries"] if r["detected_at"] >= since - 1.0}
-        given_up = {
-            e["app"] for e in report["events"] if e["type"] == "unrecovered" and e["timestamp"] >= since
+        ended = {
+            e["app"]: e["type"]
+            for e in report["events"]
+            if e["type"] in ("unrecovered", "failover") and e["timestamp"] >= since - 1.0
         }
-        if set(affected) <= done | given_up:
+        member_done = {a for a, kind in ended.items() if kind == "failover" and endpoint.get(a, a) != a}
+        given_up = {a for a, kind in ended.items() if kind == "unrecovered"}
+        if all(endpoint.get(a, a) in done or a in given_up | member_done for a in affected):
             return
         time.sleep(0.1)
 
@@ -454,7 +528,11 @@ def measure(
     samples: list[Sample],
     report: dict[str, Any],
     usual: Sequence[Sample] = (),
+    endpoint: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """``endpoint``: the name each app was asked under (its service's; its own by default); an app's
+    answers are its endpoint's."""
+    asked = {app: (endpoint or {}).get(app, app) for app in affected}
     first_kill = min(kill_at.values())
     events = [e for e in report["events"] if e["timestamp"] >= first_kill - 0.5]
     detected, detected_by = {}, {}
@@ -474,8 +552,8 @@ def measure(
     primary_acc = {a["name"]: _accuracy(before, a["name"]) for a in before["apps"]}
     apps = {
         app: _app_result(
-            app, events, answers.get(app), samples, kill_at, first_kill, primary_acc.get(app),
-            _usual_ms(usual, app),
+            app, events, answers.get(asked[app]), samples, kill_at, first_kill, primary_acc.get(app),
+            _usual_ms(usual, asked[app]), asked[app],
         )
         for app in affected
     }  # fmt: skip
@@ -497,7 +575,7 @@ def measure(
         "requests": {
             "total": len(samples),
             "failed": len(failed_requests),
-            "failed_affected": sum(1 for s in failed_requests if s.app in affected),
+            "failed_affected": sum(1 for s in failed_requests if s.app in asked.values()),
             "errors": sorted({(s.error or "")[:120] for s in failed_requests})[:5],
         },
     }
@@ -512,9 +590,10 @@ def _app_result(
     first_kill: float,
     accuracy_primary: float | None,
     usual_ms: float | None = None,
+    endpoint: str | None = None,
 ) -> dict[str, Any]:
     failover = next((e for e in events if e["type"] == "failover" and e["app"] == app), None)
-    waited = _answer_after_kill_ms(samples, app, kill_at, first_kill)
+    waited = _answer_after_kill_ms(samples, endpoint or app, kill_at, first_kill)
     return {
         "recovered": failover is not None,
         "kind": None if failover is None else failover["kind"],
@@ -565,11 +644,11 @@ def _settled(events: list[dict[str, Any]], app: str, key: str) -> Any:
 
 
 def _answer_after_kill_ms(
-    samples: list[Sample], app: str, kill_at: dict[str, float], first_kill: float
+    samples: list[Sample], name: str, kill_at: dict[str, float], first_kill: float
 ) -> float | None:
-    """The kill to the first successful answer of ``app`` any client got afterwards."""
+    """The kill to the first successful answer of ``name`` (an app or service) any client got afterwards."""
     answers = [
-        s.done for s in samples if s.app == app and s.ok and s.server not in kill_at and s.done > first_kill
+        s.done for s in samples if s.app == name and s.ok and s.server not in kill_at and s.done > first_kill
     ]
     return (min(answers) - first_kill) * 1000.0 if answers else None
 

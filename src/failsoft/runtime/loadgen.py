@@ -54,6 +54,8 @@ class LoadSpec:
     stagger: bool = False  # first request of each app at a random offset within its period
     sequential: int = 0  # > 0: ask each app this many times, one request at a time over all apps
     gated: bool = False  # LoadProcess only: get ready, then wait for go()
+    # per-app further request parameters (an slo service's registered ``client``)
+    parameters: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def period_of(self, app: str) -> float:
         return self.periods.get(app, self.period_s)
@@ -181,7 +183,7 @@ async def _sequential(
             if stop is not None and stop.is_set():
                 return
             x, label = inputs.next(app)
-            await _one(client, app, x, label, spec.timeout_s, samples)
+            await _one(client, app, x, label, spec, samples)
 
 
 async def _app_loop(
@@ -205,7 +207,7 @@ async def _app_loop(
         if len(in_flight) < spec.max_in_flight:
             budget[0] -= 1
             x, label = inputs.next(app)
-            task = asyncio.create_task(_one(client, app, x, label, spec.timeout_s, samples))
+            task = asyncio.create_task(_one(client, app, x, label, spec, samples))
             in_flight.add(task)
             task.add_done_callback(in_flight.discard)
         next_at += spec.period_of(app)
@@ -215,11 +217,11 @@ async def _app_loop(
 
 
 async def _one(
-    client: Any, app: str, x: np.ndarray, label: int | None, timeout: float, out: list[Sample]
+    client: Any, app: str, x: np.ndarray, label: int | None, spec: LoadSpec, out: list[Sample]
 ) -> None:
     sent = time.time()
     try:
-        r = await client.infer(app, x, timeout=timeout)
+        r = await client.infer(app, x, timeout=spec.timeout_s, parameters=dict(spec.parameters.get(app, {})))
     except FailsoftError as exc:
         out.append(Sample(app, sent, time.time(), False, error=f"{type(exc).__name__}: {exc}"))
         return
@@ -296,6 +298,7 @@ class LoadProcess:
         spec = asdict(self.spec) | {
             "inputs": {k: list(v) for k, v in self.spec.inputs.items()},
             "periods": dict(self.spec.periods),
+            "parameters": {k: dict(v) for k, v in self.spec.parameters.items()},
         }
         self._child.stdin.write(json.dumps(spec).encode() + b"\n")
         self._child.stdin.flush()

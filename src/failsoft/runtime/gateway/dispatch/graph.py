@@ -137,16 +137,23 @@ class GraphDispatcher(Dispatcher):
         answers = {node: tasks[node].result() for node in self.topology.order}
         sinks = [answers[s] for s in self.topology.sinks]
         last = sinks[-1]
+        # a request that crossed a failed-over node answers as that node's route (the latest one
+        # detected, if several): the gateway counts the service's recovery by it
+        recovered = max(
+            (a for a in answers.values() if a.detected_at is not None),
+            key=lambda a: a.detected_at or 0.0,
+            default=last,
+        )
         return Answer(
             outputs=sinks[0].outputs if len(sinks) == 1 else _join([a.outputs for a in sinks]),
             server=last.server,
             variant=last.variant,
             degraded=any(a.degraded for a in answers.values()),
             accuracy=min(a.accuracy for a in sinks),
-            kind=last.kind,
+            kind=recovered.kind,
             attempts=sum(a.attempts for a in answers.values()),
-            detected_at=last.detected_at,
-            route_at=last.route_at,
+            detected_at=recovered.detected_at,
+            route_at=recovered.route_at,
             extra=(("seq", seq), ("servers", {n: a.server for n, a in answers.items()})),
         )
 
