@@ -36,6 +36,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-one",
         "fidelity-spread",
         "fidelity-site",
+        "fidelity-busy",
         "graph-echo-chain",
         "slo",
     } <= names

@@ -58,6 +58,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-one.yaml", ("o1",)),
     ("examples/fidelity-spread.yaml", ("f1",)),
     ("examples/fidelity-site.yaml", ("x1", "x2")),
+    ("examples/fidelity-busy.yaml", ("g1",)),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
