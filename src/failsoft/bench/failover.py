@@ -284,9 +284,8 @@ class Endpoints:
     shapes: dict[str, tuple[int, ...]]  # endpoint -> its requests' input shape
     periods: dict[str, float]  # endpoint -> seconds between two of its steady requests
     slo: tuple[str, ...] = ()  # the slo services among the endpoints: they answer registered clients
-    parameters: dict[str, dict[str, Any]] = dataclasses.field(
-        default_factory=dict
-    )  # endpoint -> its requests'
+    # endpoint -> its requests' further parameters (an slo service's registered client)
+    parameters: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, cfg: RuntimeConfig, metas: dict[str, Any], periods: dict[str, float]) -> Endpoints:
