@@ -68,4 +68,10 @@ def test_the_slo_example_twins_its_ladder_switches(zoo: Path, tmp_path: Path) ->
     # through the kill
     (observed,) = out["runtime_runs"]
     assert observed["requests"]["total"] > 0 and observed["requests"]["failed"] == 0
+    # the switches' control cost came from small pins made on the same calm cluster just before
+    # them, at their priority, of other copies than theirs
+    calm = observed["before_kill"]["calm_probe"]["events"]
+    assert calm and all(e["runtime_ms"] is not None and not e.get("urgent") for e in calm)
+    switched = {(e["app"], e["server"], e["variant"]) for e in events}
+    assert not {(e["app"], e["server"], e["variant"]) for e in calm} & switched
     assert observed["apps"]["worker-1"]["answer_after_kill_ms"] is not None

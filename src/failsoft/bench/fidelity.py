@@ -281,7 +281,13 @@ def simulate_switches(
     sim_config = twin_config(
         config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **switches["host_cpu"]}}, host
     )
-    if switches.get("control_probe"):  # measured apart from the switches (never from themselves)
+    # the control cost, measured apart from the switches (never from themselves): the calm probe made
+    # just before them, else (runs recorded before it) the crash's probe
+    calm = switches.get("calm_probe")
+    if calm and calm.get("events"):
+        probed = {**observed, "before_kill": {"control_probe": calm}}
+        sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, probed, host))
+    elif switches.get("control_probe"):
         sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
     return [
         fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))

@@ -9,7 +9,10 @@ kill of each ``bench fidelity`` run, on the stable cluster:
    (smallest first), the benchmark asks the controller for that rung on the worker's server as the
    dispatcher does, times it from the request until the routing table (long-polled) publishes it
    ready, then gives it up and waits for the drain, so that each switch starts from the same cluster;
-   the share of a core a load got just before (the agents' probe) is kept for the twin;
+   the share of a core a load got just before (the agents' probe) is kept for the twin, and so are
+   small pins of other apps made just before the switches at their priority (``calm_probe``): the
+   control path's cost as the switches meet it, which the crash's probe (under the steady load,
+   beside a heavy pin) does not give;
 2. **simulator**: the same request on the same deployment (the copies loaded then), the same
    settings as the crash's twin and that probe (:func:`failsoft.bench.fidelity.simulate_switches`);
 3. per switch, ``|sim - runtime| / runtime``, and the median, in the output's ``switches``.
@@ -47,6 +50,16 @@ def measure(config: RuntimeConfig, failed: Sequence[str], session: Any, client: 
     status = client.status()
     routes = {a["name"]: a["route"] for a in status["apps"]}
     shares = AgentProbes([s.name for s in config.servers]).load_cpu_shares()
+    copies = loaded_copies(status)
+    drain_s = config.agents.drain_ms / 1000.0
+    # the control path's cost as the switches meet it (this calm cluster, a warm copy's priority),
+    # from small pins of other apps than theirs: the crash's probe meets a loaded host
+    survivors = [s.name for s in config.servers if s.name not in failed]
+    small = [
+        {k: v for k, v in e.items() if k != "urgent"}
+        for e in _small_probes(scenario, survivors, _holders(routes, copies), None)
+    ]
+    calm = asyncio.run(_probe_pins(session.controller, [], small, drain_s))
     events = []
     for app in slo_members(config):
         route = routes.get(app)
@@ -57,9 +70,15 @@ def measure(config: RuntimeConfig, failed: Sequence[str], session: Any, client: 
             if variant.name == route["variant"]:
                 continue
             event = {"app": app, "server": route["server"], "variant": variant.name}
-            ms = asyncio.run(_switch(session.controller, request(event), config.agents.drain_ms / 1000.0))
+            ms = asyncio.run(_switch(session.controller, request(event), drain_s))
             events.append(event | {"runtime_ms": ms})
-    return {"events": events, "warm": loaded_copies(status), "host_cpu": {"load_cpu_share": shares}}
+    host_cpu = {"load_cpu_share": shares}
+    return {
+        "events": events,
+        "warm": copies,
+        "host_cpu": host_cpu,
+        "calm_probe": {"events": calm, "warm": copies, "host_cpu": host_cpu},
+    }
 
 
 PROBE_PINS = 3  # small control probes per run, spread over the surviving servers in turn
