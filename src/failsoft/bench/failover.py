@@ -503,14 +503,12 @@ def _wait_recovered(
     while time.monotonic() < deadline:
         report = client.recoveries()
         done = {r["app"] for r in report["recoveries"] if r["detected_at"] >= since - 1.0}
-        ended = {
-            e["app"]: e["type"]
-            for e in report["events"]
-            if e["type"] in ("unrecovered", "failover") and e["timestamp"] >= since - 1.0
+        given_up = {
+            e["app"] for e in report["events"] if e["type"] == "unrecovered" and e["timestamp"] >= since
         }
-        member_done = {a for a, kind in ended.items() if kind == "failover" and endpoint.get(a, a) != a}
-        given_up = {a for a, kind in ended.items() if kind == "unrecovered"}
-        if all(endpoint.get(a, a) in done or a in given_up | member_done for a in affected):
+        moved = {e["app"] for e in report["events"] if e["type"] == "failover" and e["timestamp"] >= since}
+        members_moved = {a for a in moved if endpoint.get(a, a) != a}
+        if all(endpoint.get(a, a) in done or a in given_up | members_moved for a in affected):
             return
         time.sleep(0.1)
 

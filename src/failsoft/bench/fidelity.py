@@ -283,12 +283,10 @@ def simulate_switches(
     )
     # the control cost, measured apart from the switches (never from themselves): the calm probe made
     # just before them, else (runs recorded before it) the crash's probe
-    calm = switches.get("calm_probe")
-    if calm and calm.get("events"):
-        probed = {**observed, "before_kill": {"control_probe": calm}}
-        sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, probed, host))
-    elif switches.get("control_probe"):
-        sim_config = dataclasses.replace(sim_config, control_ms=control_probe_ms(config, observed, host))
+    calm = switches.get("calm_probe") if (switches.get("calm_probe") or {}).get("events") else None
+    if calm is not None or switches.get("control_probe"):
+        control = control_probe_ms(config, observed, host, calm)
+        sim_config = dataclasses.replace(sim_config, control_ms=control)
     return [
         fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
         for e in switches["events"]
@@ -296,20 +294,24 @@ def simulate_switches(
 
 
 def control_probe_ms(
-    config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL
+    config: RuntimeConfig,
+    observed: dict[str, Any],
+    host: str = DEFAULT_HOST_MODEL,
+    probes: dict[str, Any] | None = None,
 ) -> float:
-    """The control path's fixed cost the run's probe measured (:func:`fidelity_switch.probe`): its
-    pins, simulated without that cost with the crash twin's settings, against the runtime. A run
-    recorded without the probe falls back to its ladder switches (the same path; slo configs),
-    else to 0 (not modelled)."""
+    """The control path's fixed cost the run's probe measured (:func:`fidelity_switch.probe`), or
+    ``probes`` (another probe of the run: the switches' calm one): its pins, simulated without that
+    cost with the crash twin's settings, against the runtime. A run recorded without the probe falls
+    back to its ladder switches (the same path; slo configs), else to 0 (not modelled)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
     from failsoft.sim import Deployment
 
     before = observed.get("before_kill") or {}
-    probes = before.get("control_probe") or (
-        {"events": before["events"], **before} if before.get("events") else {}
-    )
+    if probes is None:
+        probes = before.get("control_probe") or (
+            {"events": before["events"], **before} if before.get("events") else {}
+        )
     if not probes.get("events"):
         return 0.0
     scenario = _as_deployed(prepare(config).deployment, probes["warm"])

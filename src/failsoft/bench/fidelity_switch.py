@@ -55,10 +55,7 @@ def measure(config: RuntimeConfig, failed: Sequence[str], session: Any, client: 
     # the control path's cost as the switches meet it (this calm cluster, a warm copy's priority),
     # from small pins of other apps than theirs: the crash's probe meets a loaded host
     survivors = [s.name for s in config.servers if s.name not in failed]
-    small = [
-        {k: v for k, v in e.items() if k != "urgent"}
-        for e in _small_probes(scenario, survivors, _holders(routes, copies), None)
-    ]
+    small = _small_probes(scenario, survivors, _holders(routes, copies), None, urgent=False)
     calm = asyncio.run(_probe_pins(session.controller, [], small, drain_s))
     events = []
     for app in slo_members(config):
@@ -143,12 +140,17 @@ async def _probe_pins(
 
 
 def _small_probes(
-    scenario: Any, survivors: Sequence[str], holders: dict[str, set[str]], skip: str | None
+    scenario: Any,
+    survivors: Sequence[str],
+    holders: dict[str, set[str]],
+    skip: str | None,
+    urgent: bool = True,
 ) -> list[dict[str, Any]]:
     """Up to :data:`PROBE_PINS` small pins, the surviving servers taken in turn: on each, the next
     app (fastest-loading first) holding no copy there, in its fastest-loading variant if that one
     is small (never the heavy probe's app). Several pins, even on a single survivor, so that the
-    control cost is a median, not one sample of a noisy wait."""
+    control cost is a median, not one sample of a noisy wait. ``urgent``: at a failover load's
+    priority (the crash's probe), else at a warm copy's (the switches' calm probe)."""
     from failsoft.orchestration.loads import is_heavy
 
     fastest = {
@@ -167,7 +169,7 @@ def _small_probes(
         for server in survivors:
             if queues[server] and len(picks) < PROBE_PINS:
                 _, app, variant = queues[server].pop(0)
-                picks.append({"app": app, "server": server, "variant": variant, "urgent": True})
+                picks.append({"app": app, "server": server, "variant": variant, "urgent": urgent})
     return picks
 
 
