@@ -37,6 +37,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-spread",
         "fidelity-site",
         "fidelity-busy",
+        "fidelity-queue",
         "graph-echo-chain",
         "slo",
     } <= names

@@ -59,6 +59,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-spread.yaml", ("f1",)),
     ("examples/fidelity-site.yaml", ("x1", "x2")),
     ("examples/fidelity-busy.yaml", ("g1",)),
+    ("examples/fidelity-queue.yaml", ("q1",)),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
