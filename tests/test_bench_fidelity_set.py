@@ -38,6 +38,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-site",
         "fidelity-busy",
         "fidelity-queue",
+        "fidelity-mixed",
         "graph-echo-chain",
         "slo",
     } <= names

@@ -60,6 +60,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-site.yaml", ("x1", "x2")),
     ("examples/fidelity-busy.yaml", ("g1",)),
     ("examples/fidelity-queue.yaml", ("q1",)),
+    ("examples/fidelity-mixed.yaml", ("h1", "h3")),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
