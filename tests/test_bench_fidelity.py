@@ -198,6 +198,22 @@ def test_the_control_path_cost_is_the_median_gap_of_the_probes_and_never_negativ
     assert control_ms([]) == 0.0  # not measured: not modelled
 
 
+def test_the_control_work_is_what_makes_the_probes_twins_as_slow_as_the_runtime():
+    from failsoft.bench.fidelity_switch import control_work_ms
+
+    def twin(stretch):  # a twin in which a millisecond of work takes ``stretch`` (its pins share a core)
+        return lambda work: [
+            {"runtime_ms": 20.0, "sim_ms": 2.0 + stretch * work},
+            {"runtime_ms": 30.0, "sim_ms": 4.0 + stretch * work},
+            {"runtime_ms": 300.0, "sim_ms": 100.0 + work, "heavy": True},  # left out, as by control_ms
+        ]
+
+    assert control_work_ms(twin(1.0)) == pytest.approx(22.0, abs=0.01)  # the median gap, at a core
+    assert control_work_ms(twin(2.0)) == pytest.approx(11.0, abs=0.01)  # half the work closes it
+    assert control_work_ms(twin(0.5)) == pytest.approx(44.0, abs=0.05)  # beyond the gap: the range grows
+    assert control_work_ms(lambda work: [{"runtime_ms": 1.0, "sim_ms": 5.0 + work}]) == 0.0  # slower already
+
+
 def test_the_twin_runs_heavy_loads_as_the_run_did_and_older_runs_in_every_slot():
     from failsoft.bench.fidelity import twin_config
     from failsoft.runtime.config import load_config

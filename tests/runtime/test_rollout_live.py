@@ -140,10 +140,17 @@ def test_a_controller_killed_in_the_middle_of_a_rollout_resumes_it(cluster):
 
         def moved() -> bool:
             try:
-                cam = next(a for a in client.status()["apps"] if a["name"] == "cam")
+                status = client.status()
             except Exception:
                 return False
-            return cam["route"] == {"server": "s1", "variant": "mlp_l@4"}
+            cam = next(a for a in status["apps"] if a["name"] == "cam")
+            # the gateway's mirror lags a restarted controller by its reconnect backoff (up to 1 s,
+            # docs/runtime.md): "moved" is the controller's route *and* the gateway holding its table
+            mirrored = (status["gateway"]["route_epoch"], status["gateway"]["route_version"])
+            return cam["route"] == {"server": "s1", "variant": "mlp_l@4"} and mirrored == (
+                status["epoch"],
+                status["version"],
+            )
 
         wait_for(moved, 90.0, "cam served by version 4 after the controller's restart", 0.2)
         t_done = time.time()

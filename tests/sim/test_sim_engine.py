@@ -296,6 +296,22 @@ def test_the_control_path_holds_every_load_and_its_slot_longer_and_takes_no_core
         SimConfig(control_ms=-1.0)
 
 
+def test_the_control_path_as_work_costs_the_wait_alone_and_more_where_loads_overlap(tiny, fixed):
+    base = dataclasses.replace(fixed, requests=RequestMode.OFF)
+    for cores, overlap in ((2.0, False), (1.0, True)):  # B's and C's loads run at once on two servers
+        host = dataclasses.replace(base, host_cores=cores)
+        wait = _run(tiny, "faillite", dataclasses.replace(host, control_ms=25.0))
+        work = _run(tiny, "faillite", dataclasses.replace(host, control_work_ms=25.0))
+        for app in ("B", "C"):
+            if overlap:  # the two controls share the one core (and the loads beside them)
+                assert work.apps[app].mttr_ms > wait.apps[app].mttr_ms + 10.0
+            else:  # a core each: the work takes what the wait does
+                assert work.apps[app].mttr_ms == pytest.approx(wait.apps[app].mttr_ms, abs=0.01)
+        assert work.apps["A"].mttr_ms == wait.apps["A"].mttr_ms  # a warm switch loads nothing
+    with pytest.raises(ConfigError, match="control_work_ms"):
+        SimConfig(control_work_ms=-1.0)
+
+
 def test_the_controllers_reaction_delays_the_plan_and_every_load_after_it(tiny, fixed):
     base = dataclasses.replace(fixed, requests=RequestMode.OFF)
     plain = _run(tiny, "faillite", base)

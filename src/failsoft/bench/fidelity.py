@@ -76,6 +76,15 @@ HOST_MODELS = ("probe", "steady", "pin", "recovery")
 # one priority on one host. Earlier sets that favoured ``probe`` had the old control probe (pins at
 # the background priority, 300-400 ms for a 2 ms load on a busy host) inflating every small load.
 DEFAULT_HOST_MODEL = "steady"
+# How the twin spends the control path's cost (the control probe's pins against their twins): ``wait``
+# holds each load's slot that long, taking no core; ``work`` runs it as CPU work at nice 0 before the
+# load's own, fitted so that the probes' twins take as long as their pins did, so it takes longer
+# when more runs beside it (several loads at once in a recovery, where the probe had one). Chosen on
+# every quiet run recorded since the twin last changed, pooled per config (6-9 runs of each of 11
+# configs, docs/results/fidelity-control-pooled-round12.json): ``work`` within 25% on 10 of them,
+# ``wait`` on 6; then judged on examples/fidelity-mixed.yaml, held out until then (docs/simulator.md).
+CONTROL_MODELS = ("wait", "work")
+DEFAULT_CONTROL_MODEL = "work"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
@@ -101,10 +110,14 @@ def run(
     runs: list[dict[str, Any]] | None = None,
     host: str = DEFAULT_HOST_MODEL,
     page_cache: str = "warm",
+    control: str = DEFAULT_CONTROL_MODEL,
 ) -> dict[str, Any]:
     """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
-    telling the twin of the host's other work as ``host`` says (:func:`host_twin`). ``page_cache``
-    sets the weights' state at the kill (``warm`` or ``cold``); the twin is told each run's."""
+    telling the twin of the host's other work as ``host`` says (:func:`host_twin`) and spending the
+    control path's cost as ``control`` says (:func:`control_cost`). ``page_cache`` sets the weights'
+    state at the kill (``warm`` or ``cold``); the twin is told each run's."""
+    if control not in CONTROL_MODELS:
+        raise ConfigError(f"control model must be one of {', '.join(CONTROL_MODELS)}; got {control!r}")
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
     base = load_config(config_path)
     ensure_models(base, say)
@@ -119,7 +132,7 @@ def run(
     if runs is not None:
         failed = sorted({s for r in runs for s in r["detection_ms"]}) or list(kill)
         say(f"[fidelity] replaying {len(runs)} runtime runs (killed {', '.join(failed)})")
-        return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
+        return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host, control)
     from failsoft.runtime.controller import orchestration_settings
 
     settings = BenchSettings(
@@ -141,7 +154,7 @@ def run(
             runs.append(run)
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
-    return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host)
+    return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host, control)
 
 
 def _before_kill(cfg: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
@@ -163,12 +176,18 @@ def _simulated(
     sim_seeds: int,
     say: Progress,
     host: str = DEFAULT_HOST_MODEL,
+    control: str = DEFAULT_CONTROL_MODEL,
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
-    sims = [simulate_run(base, r, failed, sim_seeds, host) for r in runs]
+    sims = [simulate_run(base, r, failed, sim_seeds, host, control) for r in runs]
     crowded = contended_profiles(base)
-    extra: dict[str, Any] = {"host_model": host, "contended_profiles": crowded, "runtime_runs": runs}
-    switched = [simulate_switches(base, r, host) for r in runs]
+    extra: dict[str, Any] = {
+        "host_model": host,
+        "control_model": control,
+        "contended_profiles": crowded,
+        "runtime_runs": runs,
+    }
+    switched = [simulate_switches(base, r, host, control) for r in runs]
     if any(switched):
         extra["switches"] = fidelity_switch.summarize(switched)
     return compare(config_path, failed, base.policy, runs, sims) | extra
@@ -203,9 +222,11 @@ def simulate_run(
     failed: Sequence[str],
     seeds: int,
     host: str = DEFAULT_HOST_MODEL,
+    control: str = DEFAULT_CONTROL_MODEL,
 ) -> dict:
     """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
-    ``host`` names what the twin is told of the host's other work (:func:`host_twin`)."""
+    ``host`` names what the twin is told of the host's other work (:func:`host_twin`), ``control``
+    how it spends the control path's cost (:func:`control_cost`)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
     from failsoft.sim import Deployment, simulate_failure
@@ -213,13 +234,14 @@ def simulate_run(
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = twin_config(config, observed, host)
-    control = control_probe_ms(config, observed, host)
+    cost = control_cost(config, observed, host, control=control)
     fitted = pinned_share(config, observed) if host == "pin" else None
     if fitted is not None:  # the share a heavy load got under the steady load, and its control cost
-        sim_config, control = twin_config(config, _with_share(observed, fitted[0]), "probe"), fitted[1]
+        sim_config = twin_config(config, _with_share(observed, fitted[0]), "probe")
+        cost = {"control_ms": fitted[1]}
     probes = ((observed.get("before_kill") or {}).get("control_probe") or {}).get("events") or []
     sim_config = dataclasses.replace(
-        sim_config, control_ms=control, plan_wait_ms=fidelity_switch.hop_ms(probes)
+        with_control(sim_config, cost), plan_wait_ms=fidelity_switch.hop_ms(probes)
     )
     mttr: dict[str, list[float]] = {}
     first: dict[str, list[float]] = {}
@@ -264,7 +286,10 @@ def twin_config(config: RuntimeConfig, observed: dict[str, Any], host: str = DEF
 
 
 def simulate_switches(
-    config: RuntimeConfig, observed: dict[str, Any], host: str = DEFAULT_HOST_MODEL
+    config: RuntimeConfig,
+    observed: dict[str, Any],
+    host: str = DEFAULT_HOST_MODEL,
+    control: str = DEFAULT_CONTROL_MODEL,
 ) -> list[dict]:
     """The simulated half of one runtime run's ladder switches (:mod:`.fidelity_switch`): each
     switch's request on the deployment as it was then, with the settings of the crash's twin and
@@ -285,24 +310,26 @@ def simulate_switches(
     # just before them, else (runs recorded before it) the crash's probe
     calm = switches.get("calm_probe") if (switches.get("calm_probe") or {}).get("events") else None
     if calm is not None or switches.get("control_probe"):
-        control = control_probe_ms(config, observed, host, calm)
-        sim_config = dataclasses.replace(sim_config, control_ms=control)
+        sim_config = with_control(sim_config, control_cost(config, observed, host, calm, control))
     return [
         fidelity_switch.compared(e, simulate_pin(deployment, fidelity_switch.request(e), sim_config))
         for e in switches["events"]
     ]
 
 
-def control_probe_ms(
+def control_cost(
     config: RuntimeConfig,
     observed: dict[str, Any],
     host: str = DEFAULT_HOST_MODEL,
     probes: dict[str, Any] | None = None,
-) -> float:
-    """The control path's fixed cost the run's probe measured (:func:`fidelity_switch.probe`), or
-    ``probes`` (another probe of the run: the switches' calm one): its pins, simulated without that
-    cost with the crash twin's settings, against the runtime. A run recorded without the probe falls
-    back to its ladder switches (the same path; slo configs), else to 0 (not modelled)."""
+    control: str = DEFAULT_CONTROL_MODEL,
+) -> dict[str, float]:
+    """The control path's cost the run's probe measured (:func:`fidelity_switch.probe`), or
+    ``probes`` (another probe of the run: the switches' calm one), as the ``SimConfig`` field that
+    ``control`` names: its pins, simulated with the crash twin's settings, against the runtime; a
+    ``wait`` (``control_ms``) is the median gap of their twins without it, ``work``
+    (``control_work_ms``) the work at nice 0 that closes it. A run recorded without the probe falls
+    back to its ladder switches (the same path; slo configs), else to none (not modelled)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
     from failsoft.sim import Deployment
@@ -313,13 +340,26 @@ def control_probe_ms(
             {"events": before["events"], **before} if before.get("events") else {}
         )
     if not probes.get("events"):
-        return 0.0
+        return {}
     scenario = _as_deployed(prepare(config).deployment, probes["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
     sim_config = twin_config(
         config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **probes["host_cpu"]}}, host
     )
-    return fidelity_switch.control_ms(simulated_probes(deployment, probes["events"], sim_config))
+    events = probes["events"]
+    if control == "wait":
+        return {"control_ms": fidelity_switch.control_ms(simulated_probes(deployment, events, sim_config))}
+    work = fidelity_switch.control_work_ms(
+        lambda ms: simulated_probes(deployment, events, dataclasses.replace(sim_config, control_work_ms=ms))
+    )
+    return {"control_work_ms": work}
+
+
+def with_control(sim_config: SimConfig, cost: dict[str, float]) -> SimConfig:
+    """``sim_config`` with the control cost :func:`control_cost` gave (a wait or work; none: 0)."""
+    return dataclasses.replace(
+        sim_config, control_ms=cost.get("control_ms", 0.0), control_work_ms=cost.get("control_work_ms", 0.0)
+    )
 
 
 def simulated_probes(deployment: Any, events: Sequence[dict[str, Any]], sim_config: SimConfig) -> list[dict]:

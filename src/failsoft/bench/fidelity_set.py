@@ -94,17 +94,21 @@ def run_set(
     fidelity: FidelityRun | None = None,
     replay: dict[str, Any] | None = None,
     host: str | None = None,
+    control: str | None = None,
 ) -> dict[str, Any]:
     """``bench fidelity`` on each config of :data:`FIDELITY_SET` (``only``: those whose file name
     contains one of these words), paths taken under ``root`` (the repository's checkout); with
     ``replay`` (an earlier output of this function), its recorded runtime runs simulated again;
-    ``host``: the twin's host model (``bench fidelity --host``; None: its default)."""
+    ``host`` and ``control``: the twin's host and control models (``bench fidelity --host`` and
+    ``--control``; None: their defaults)."""
     from failsoft.bench.fidelity import run as fidelity_run
     from failsoft.zoo.machine import usable_cores
 
     fidelity = fidelity or fidelity_run
     if host is not None:
         fidelity = partial(fidelity, host=host)
+    if control is not None:
+        fidelity = partial(fidelity, control=control)
     if replay is not None:
         return _replayed(root, only, sim_seeds, replay, progress, fidelity)
     chosen = _chosen(only)

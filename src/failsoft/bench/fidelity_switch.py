@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from failsoft.orchestration import CopyRequest
@@ -252,6 +252,28 @@ def control_ms(compared_events: Sequence[dict[str, Any]]) -> float:
         if e.get("runtime_ms") is not None and e.get("sim_ms") is not None and not e.get("heavy")
     ]
     return max(statistics.median(gaps), 0.0) if gaps else 0.0
+
+
+def control_work_ms(twin: Callable[[float], Sequence[dict[str, Any]]]) -> float:
+    """The control path as work (``SimConfig.control_work_ms``): the milliseconds of a core at which
+    the probes' twins (``twin(work)``: the probes compared, simulated with that work) take as long
+    as the runtime's did, the median of runtime minus simulated milliseconds at zero (to 1/4096 of
+    the gap without it); 0 when the twins are as slow without any."""
+    gap = control_ms(twin(0.0))
+    if gap <= 0:
+        return 0.0
+    low, high = 0.0, gap  # work runs at most at a core's speed: ``gap`` of it adds at least ``gap``
+    for _ in range(CONTROL_DOUBLINGS):  # ... unless it moves the pins past a load that slowed them
+        if control_ms(twin(high)) <= 0:
+            break
+        low, high = high, high * 2
+    for _ in range(CONTROL_STEPS):
+        mid = (low + high) / 2
+        low, high = (mid, high) if control_ms(twin(mid)) > 0 else (low, mid)
+    return (low + high) / 2
+
+
+CONTROL_STEPS, CONTROL_DOUBLINGS = 12, 4  # the control work's bisection steps, and its range's growth
 
 
 def request(event: dict[str, Any]) -> CopyRequest:

@@ -91,16 +91,20 @@ def fidelity(
             "(dropped from the page cache once it is up: failover loads read the disk)"
         ),
     ] = "warm",
+    control: Annotated[
+        str | None,
+        typer.Option(
+            help="How the twin spends the control path's cost (default: work): work (CPU work at the "
+            "default priority, slower when more runs beside it) or wait (a fixed wait, no core taken)"
+        ),
+    ] = None,
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
     from failsoft.bench.failover import PAGE_CACHE_STATES
-    from failsoft.bench.fidelity import DEFAULT_HOST_MODEL, HOST_MODELS, replayed, run
+    from failsoft.bench.fidelity import DEFAULT_CONTROL_MODEL, DEFAULT_HOST_MODEL, replayed, run
 
-    host = host or DEFAULT_HOST_MODEL
-    if host not in HOST_MODELS:
-        raise typer.BadParameter(
-            f"must be one of {', '.join(HOST_MODELS)}; got {host!r}", param_hint="--host"
-        )
+    host = _twin_model(host or DEFAULT_HOST_MODEL, "--host")
+    control = _twin_model(control or DEFAULT_CONTROL_MODEL, "--control")
     if page_cache not in PAGE_CACHE_STATES:
         raise typer.BadParameter(
             f"must be one of {', '.join(PAGE_CACHE_STATES)}; got {page_cache!r}", param_hint="--page-cache"
@@ -108,7 +112,7 @@ def fidelity(
     earlier = replayed(*replay) if replay else None
     result = run(
         config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier, host=host,
-        page_cache=page_cache,
+        page_cache=page_cache, control=control,
     )  # fmt: skip
     typer.echo(json.dumps(result, indent=2))
 
@@ -134,16 +138,17 @@ def fidelity_set(
         str | None,
         typer.Option(help="The twin's host model, as bench fidelity --host (default: its default)"),
     ] = None,
+    control: Annotated[
+        str | None,
+        typer.Option(help="The twin's control model, as bench fidelity --control (default: its default)"),
+    ] = None,
 ) -> None:
     """bench fidelity on the whole fidelity set: the median MTTR error per config, beside the host's
     load when it ran (a busy run is flagged, never reported as a figure)."""
-    from failsoft.bench.fidelity import HOST_MODELS
     from failsoft.bench.fidelity_set import run_set
 
-    if host is not None and host not in HOST_MODELS:
-        raise typer.BadParameter(
-            f"must be one of {', '.join(HOST_MODELS)}; got {host!r}", param_hint="--host"
-        )
+    host = None if host is None else _twin_model(host, "--host")
+    control = None if control is None else _twin_model(control, "--control")
     earlier = None
     if replay is not None:
         try:
@@ -152,9 +157,19 @@ def fidelity_set(
             raise typer.BadParameter(f"cannot read {str(replay)!r}: {exc}", param_hint="--replay") from exc
     result = run_set(
         root, only=tuple(only or ()), repeats=repeats, sim_seeds=seeds, settle_s=settle_s, progress=_progress,
-        replay=earlier, host=host,
+        replay=earlier, host=host, control=control,
     )  # fmt: skip
     _emit(result, out)
+
+
+def _twin_model(name: str, option: str) -> str:
+    """A fidelity twin's model name, checked against the ones ``option`` takes."""
+    from failsoft.bench.fidelity import CONTROL_MODELS, HOST_MODELS
+
+    models = HOST_MODELS if option == "--host" else CONTROL_MODELS
+    if name not in models:
+        raise typer.BadParameter(f"must be one of {', '.join(models)}; got {name!r}", param_hint=option)
+    return name
 
 
 @app.command("adaptation")

@@ -18,7 +18,8 @@ object driven by SimPy processes, doing the same things with durations from the 
   it takes longer while others run; of a cold load only the profiled ``load_cpu_ms`` is work, the
   rest waits for the disk and takes no core; and every load holds its slot ``SimConfig.control_ms``
   longer (the controller's call to the agent and back, the route's publication: a wait, measured by
-  ``bench fidelity``'s control probe);
+  ``bench fidelity``'s control probe), or first does ``SimConfig.control_work_ms`` of work at nice 0
+  (the same path as threads that wait for a core: it takes longer while more runs beside it);
 * **heartbeats**: at ``phase + k * interval`` until the agent crashes or the controller no longer
   listens; :class:`~failsoft.sim.heartbeats.HeartbeatFeed` works them out for the detector.
 
@@ -43,6 +44,7 @@ from failsoft.sim.cpu import SharedCPU
 from failsoft.sim.trace import EventLog
 
 _EPS = 1e-6
+CONTROL_NICE = 0  # the controller's, Ray's and the agent's call threads run at the default priority
 
 
 class SimAgent:
@@ -94,6 +96,8 @@ class SimAgent:
         wait_ms += self.config.control_ms  # the control path's round trip: no core taken
         if wait_ms > 0:
             yield self.env.timeout(wait_ms / 1000.0)
+        if self.alive and self.config.control_work_ms > 0:  # ... or taken, at the control path's priority
+            yield from self.work(self.config.control_work_ms / 1000.0, CONTROL_NICE)
         if not self.alive:
             return False
         yield from self.work(work_ms / 1000.0, load_nice(variant, background))

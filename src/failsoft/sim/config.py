@@ -97,6 +97,11 @@ class SimConfig:
     # to the agent and back, the agent's pick-up, the route's publication (measured: bench fidelity's
     # control probe); 0: not modelled
     control_ms: float = 0.0
+    # ... or as CPU work instead (a core's milliseconds at nice 0 on the shared host, before the
+    # load's own): the controller's, Ray's and the agent's threads on the path wait for a core like
+    # any other, so the cost grows with what runs beside it (measured: the control probe's pins,
+    # fitted with it; see bench fidelity --control); 0: not modelled
+    control_work_ms: float = 0.0
     # the controller's reaction: a failure detected, its plan is asked for this much later (the
     # controller's loop waking on a busy host; measured: bench fidelity's control probe); 0: at once
     plan_wait_ms: float = 0.0
@@ -111,7 +116,8 @@ class SimConfig:
         positive += ("horizon_s",)
         for name in positive:
             _require(name, getattr(self, name), lambda v: v > 0, "must be positive")
-        for name in ("notify_ms", "unload_ms", "drain_ms", "request_warmup_s", "control_ms", "plan_wait_ms"):
+        nonnegative = ("notify_ms", "unload_ms", "drain_ms", "request_warmup_s", "control_ms")
+        for name in (*nonnegative, "control_work_ms", "plan_wait_ms"):
             _require(name, getattr(self, name), lambda v: v >= 0, "must be zero or positive")
         _require("missed_to_fail", self.missed_to_fail, lambda v: v >= 1, "must be at least 1")
         _require("load_slots", self.load_slots, lambda v: v >= 1, "must be at least 1")
