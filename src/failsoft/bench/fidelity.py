@@ -94,6 +94,9 @@ NOT_MODELLED = [
     "the interpreter lock inside one agent process: a load and an inference on the same server take "
     "turns at Python's lock whatever their CPU priority",
     "the controller's own processing time between detection and a published route (about a millisecond)",
+    "a short job's wake-up ahead of long ones: the control path's work (--control work) gets a fluid "
+    "share of the cores like a load's, where the kernel runs a waking thread sooner; with two heavy "
+    "loads beside them the twin's small loads take up to twice the runtime's time",
     "Ray call and long-poll latencies (the first answer's overhead is measured, not simulated)",
     "the disk's own contention: a cold load's wait for the disk is its profiled wait, however many "
     "loads read at once (the page-cache state itself is set and told: --page-cache)",
