@@ -24,6 +24,11 @@ from failsoft.cli import main
             "failsoft bench fidelity",
         ),
         (
+            ["bench", "fidelity-set", "--control", "sleep"],
+            "--control: must be one of wait, work; got 'sleep'",
+            "failsoft bench fidelity-set",
+        ),
+        (
             ["serve", "examples/edge.yaml", "--node-ip-address", "10.20.0.1"],
             "--node-ip-address: needs --address",
             "failsoft serve",
