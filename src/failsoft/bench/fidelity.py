@@ -236,12 +236,13 @@ def simulate_run(
 
     scenario = _as_deployed(prepare(config).deployment, observed["warm"])
     deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
-    sim_config = twin_config(config, observed, host)
-    cost = control_cost(config, observed, host, control=control)
     fitted = pinned_share(config, observed) if host == "pin" else None
     if fitted is not None:  # the share a heavy load got under the steady load, and its control cost
         sim_config = twin_config(config, _with_share(observed, fitted[0]), "probe")
         cost = {"control_ms": fitted[1]}
+    else:
+        sim_config = twin_config(config, observed, host)
+        cost = control_cost(config, observed, host, control=control)
     probes = ((observed.get("before_kill") or {}).get("control_probe") or {}).get("events") or []
     sim_config = dataclasses.replace(
         with_control(sim_config, cost), plan_wait_ms=fidelity_switch.hop_ms(probes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -101,14 +102,18 @@ def fidelity(
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
     from failsoft.bench.failover import PAGE_CACHE_STATES
-    from failsoft.bench.fidelity import DEFAULT_CONTROL_MODEL, DEFAULT_HOST_MODEL, replayed, run
+    from failsoft.bench.fidelity import (
+        CONTROL_MODELS,
+        DEFAULT_CONTROL_MODEL,
+        DEFAULT_HOST_MODEL,
+        HOST_MODELS,
+        replayed,
+        run,
+    )
 
-    host = _twin_model(host or DEFAULT_HOST_MODEL, "--host")
-    control = _twin_model(control or DEFAULT_CONTROL_MODEL, "--control")
-    if page_cache not in PAGE_CACHE_STATES:
-        raise typer.BadParameter(
-            f"must be one of {', '.join(PAGE_CACHE_STATES)}; got {page_cache!r}", param_hint="--page-cache"
-        )
+    host = _one_of(host or DEFAULT_HOST_MODEL, HOST_MODELS, "--host")
+    control = _one_of(control or DEFAULT_CONTROL_MODEL, CONTROL_MODELS, "--control")
+    _one_of(page_cache, PAGE_CACHE_STATES, "--page-cache")
     earlier = replayed(*replay) if replay else None
     result = run(
         config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier, host=host,
@@ -145,10 +150,11 @@ def fidelity_set(
 ) -> None:
     """bench fidelity on the whole fidelity set: the median MTTR error per config, beside the host's
     load when it ran (a busy run is flagged, never reported as a figure)."""
+    from failsoft.bench.fidelity import CONTROL_MODELS, HOST_MODELS
     from failsoft.bench.fidelity_set import run_set
 
-    host = None if host is None else _twin_model(host, "--host")
-    control = None if control is None else _twin_model(control, "--control")
+    host = None if host is None else _one_of(host, HOST_MODELS, "--host")
+    control = None if control is None else _one_of(control, CONTROL_MODELS, "--control")
     earlier = None
     if replay is not None:
         try:
@@ -162,14 +168,11 @@ def fidelity_set(
     _emit(result, out)
 
 
-def _twin_model(name: str, option: str) -> str:
-    """A fidelity twin's model name, checked against the ones ``option`` takes."""
-    from failsoft.bench.fidelity import CONTROL_MODELS, HOST_MODELS
-
-    models = HOST_MODELS if option == "--host" else CONTROL_MODELS
-    if name not in models:
-        raise typer.BadParameter(f"must be one of {', '.join(models)}; got {name!r}", param_hint=option)
-    return name
+def _one_of(value: str, choices: Sequence[str], option: str) -> str:
+    """``value``, when ``option`` takes it (one of ``choices``); else a usage error naming them."""
+    if value not in choices:
+        raise typer.BadParameter(f"must be one of {', '.join(choices)}; got {value!r}", param_hint=option)
+    return value
 
 
 @app.command("adaptation")
@@ -484,8 +487,7 @@ def partition(
     """Partition a server under load and heal it, across network namespaces (root; Linux)."""
     from failsoft.bench.partition import FAULTS, PartitionSettings, run
 
-    if fault not in FAULTS:
-        raise typer.BadParameter(f"must be one of {', '.join(FAULTS)}; got {fault!r}", param_hint="--fault")
+    _one_of(fault, FAULTS, "--fault")
     settings = PartitionSettings(
         server=server, partition_s=partition_s, rate_rps=rate, subnet=subnet, fault=fault, logs=logs
     )
