@@ -52,6 +52,9 @@ def test_the_graph_example_twins_a_hams_promotion(zoo: Path, tmp_path: Path) -> 
     assert probe["events"] and all(e["runtime_ms"] is not None for e in probe["events"])
     assert all(e["urgent"] for e in probe["events"])  # at a failover load's priority, as a crash's
     assert all(e["server"] != "s1" for e in probe["events"]) and observed["heavy_load_slots"] >= 1
+    # ... and what the cluster's processes spent over the pins, with the loads' own part of it
+    cpu = probe["cpu"]
+    assert cpu["seconds"] > 0 and 0 < cpu["own_cores"] <= cpu["busy_cores"] and cpu["loads_cpu_ms"] > 0
 
 
 def test_the_slo_example_twins_its_ladder_switches(zoo: Path, tmp_path: Path) -> None:
@@ -67,7 +70,8 @@ def test_the_slo_example_twins_its_ladder_switches(zoo: Path, tmp_path: Path) ->
     # the load came from a client registered with the service (it answers no one else), and went on
     # through the kill
     (observed,) = out["runtime_runs"]
-    assert observed["requests"]["total"] > 0 and observed["requests"]["failed"] == 0
+    requests = observed["requests"]
+    assert requests["total"] > 0 and requests["failed"] == 0, requests["errors"]
     # the switches' control cost came from small pins made on the same calm cluster just before
     # them, at their priority, of other copies than theirs
     calm = observed["before_kill"]["calm_probe"]["events"]

@@ -233,7 +233,7 @@ def run_once(
             set_page_cache(cfg, warm=False)
         before = client.status()
         affected = [a["name"] for a in before["apps"] if a["route"] and a["route"]["server"] in failed]
-        asked = Endpoints.of(cfg, _shapes(session), _periods(cfg, settings)).register(session.url)
+        asked = Endpoints.of(cfg, _shapes(session), _periods(cfg, settings))
         probed: dict[str, Any] = {}
         kill_at, samples, usual, busy = _fail_under_load(
             session.url, client, asked, affected, failed, settings,
@@ -351,35 +351,24 @@ def _fail_under_load(
     steady = LoadProcess(
         LoadSpec(
             url, {e: asked.shapes[e] for e in asked.periods}, 1.0, settings.timeout_s, span,
-            max_in_flight=settings.max_in_flight, periods=asked.periods, stagger=True,
-            parameters=asked.parameters,
+            max_in_flight=settings.max_in_flight, periods=asked.periods, stagger=True, gated=True,
         )
     ).start()  # fmt: skip
     only_affected = {e: asked.shapes[e] for e in asked.asked(affected)}
     usual = LoadProcess(
         LoadSpec(
-            url,
-            only_affected,
-            3600.0,
-            settings.timeout_s,
-            600.0,
-            sequential=settings.usual_requests,
+            url, only_affected, 3600.0, settings.timeout_s, 600.0, sequential=settings.usual_requests,
             gated=True,
-            parameters=asked.parameters,
         )
-    ).start()
+    ).start()  # fmt: skip
     at_kill = LoadProcess(
-        LoadSpec(
-            url,
-            only_affected,
-            3600.0,
-            settings.window_s,
-            0.01,
-            max_in_flight=1,
-            gated=True,
-            parameters=asked.parameters,
-        )
+        LoadSpec(url, only_affected, 3600.0, settings.window_s, 0.01, max_in_flight=1, gated=True)
     ).start()
+    # the slo services' clients, registered once the steady load can keep them alive at once (a
+    # service forgets a client silent for 10 s; a child process can take that long to start)
+    steady.wait_ready()
+    asked = asked.register(url)
+    steady.go(asked.parameters)
     if under_load is not None:  # probes of the loaded cluster, done before the window below
         under_load()
     time.sleep(max(settings.warmup_s - BUSY_WINDOW_S, 0.0))
@@ -390,19 +379,18 @@ def _fail_under_load(
     busy = meter.read(doomed) | ({"load_cpu_share": shares} if shares else {})
     busy |= _not_after_the_kill(busy, shares or {}, failed)
     usual.wait_ready()
-    usual.go()
+    usual.go(asked.parameters)
     usual_samples = usual.join(600.0)
     at_kill.wait_ready()
     loads_before = agents.loads_cpu_ms() if agents is not None else {}
     during = HostCpu()
     _hold(client, failed, settings.hold_ms)
     kill_at = _kill(client, failed, settings.site)
-    at_kill.go()
+    at_kill.go(asked.parameters)
     _wait_recovered(client, affected, asked.endpoint, min(kill_at.values()), settings.window_s)
     busy["recovery"] = during.read()  # the same, from the kill until every affected app answered
     if agents is not None:
-        after = agents.loads_cpu_ms()
-        loads_s = sum(after[s] - loads_before.get(s, 0.0) for s in after if s not in kill_at) / 1000.0
+        loads_s = agents.loads_cpu_ms_since(loads_before, leave_out=list(kill_at)) / 1000.0
         busy["recovery"]["loads_cores"] = round(loads_s / max(busy["recovery"]["seconds"], 1e-3), 3)
     time.sleep(settings.settle_s)
     return kill_at, steady.stop() + at_kill.stop(), usual_samples, busy
@@ -452,6 +440,12 @@ class AgentProbes:
 
     def loads_cpu_ms(self) -> dict[str, float]:
         return self._each(lambda agent: float(agent.holdings_sync()["loads_cpu_ms"]))
+
+    def loads_cpu_ms_since(self, before: dict[str, float], leave_out: Sequence[str] = ()) -> float:
+        """The CPU (ms) the agents' loads took since ``before`` (a :meth:`loads_cpu_ms`), all of
+        them but ``leave_out``'s."""
+        after = self.loads_cpu_ms()
+        return sum(after[s] - before.get(s, 0.0) for s in after if s not in leave_out)
 
 
 def _hold(client: Any, failed: Sequence[str], hold_ms: float) -> None:

@@ -94,22 +94,32 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
     cores, and on a saturated host each hand-over of a small load waits for a core, for longer at a
     lower priority (the wait, not the work, is most of a small load's time). The twin simulates the same
     pins at the same offsets with no control cost and takes the median difference of the small ones as
-    its ``control_ms`` (:func:`control_ms`); the heavy one feeds the ``pin`` host model."""
+    its ``control_ms`` (:func:`control_ms`); the heavy one feeds the ``pin`` host model. ``cpu``
+    records the host's busy cores over the pins (and the drain after them) by scheduling group, as
+    :class:`~failsoft.zoo.machine.HostCpu` splits them, with the CPU the agents' loads took meanwhile
+    (``loads_cpu_ms``): the cluster's CPU less the steady load's (``host_cpu`` of the run) and the
+    loads' is what the control path itself spent, which a model that splits it into work and
+    waiting needs (not used by the twin yet: docs/simulator.md, "Why ahead")."""
     from failsoft.bench.failover import AgentProbes, loaded_copies
     from failsoft.runtime.session import prepare
+    from failsoft.zoo.machine import HostCpu
 
     scenario = prepare(config).deployment
     status = client.status()
     routes = {a["name"]: a["route"] for a in status["apps"]}
-    shares = AgentProbes([s.name for s in config.servers]).load_cpu_shares()
+    agents = AgentProbes([s.name for s in config.servers])
+    shares = agents.load_cpu_shares()
     copies = loaded_copies(status)
     holders = _holders(routes, copies)
     heavy = _heavy_probe(scenario, routes, copies, failed)
     survivors = [s.name for s in config.servers if s.name not in failed]
     small = _small_probes(scenario, survivors, holders, heavy["app"] if heavy is not None else None)
     lead = [heavy | {"urgent": True, "heavy": True}] if heavy is not None else []
+    loads_before, meter = agents.loads_cpu_ms(), HostCpu()
     events = asyncio.run(_probe_pins(session.controller, lead, small, config.agents.drain_ms / 1000.0))
-    return {"events": events, "warm": copies, "host_cpu": {"load_cpu_share": shares}}
+    cpu = meter.read()  # the pins' window (and the drain after them): what the control path took
+    cpu["loads_cpu_ms"] = round(agents.loads_cpu_ms_since(loads_before), 3)
+    return {"events": events, "warm": copies, "host_cpu": {"load_cpu_share": shares}, "cpu": cpu}
 
 
 HEAVY_LEAD_S = 0.03  # the small pins start this long after the heavy one: its load under way

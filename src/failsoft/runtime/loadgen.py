@@ -11,7 +11,10 @@ Two more shapes of load, for measuring:
   time over all apps: its latency alone (the benchmark's "usual latency" of an app);
 * ``gated``: the client (a :class:`LoadProcess`) gets everything ready (inputs, HTTP client, its
   imports) and then waits for :meth:`LoadProcess.go`, so that its first requests leave within a
-  millisecond of a chosen moment (the benchmark's requests at the instant of a crash).
+  millisecond of a chosen moment (the benchmark's requests at the instant of a crash). ``go`` may
+  bring request parameters made meanwhile (an slo service's client, registered only once the load is
+  ready: the service forgets a client silent for 10 s, and a child process can take that long to
+  start on a busy host).
 
 ``stagger`` starts each app at a random offset within its period (seeded), so that apps with long
 periods do not all ask at once.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import subprocess
 import sys
@@ -125,12 +129,14 @@ async def drive(
     samples: list[Sample] | None = None,
     go: threading.Event | None = None,
     ready: Any = None,
+    parameters: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[Sample]:
     """Run the load until its bounds (or ``stop``); every request's outcome, in completion order.
 
     ``samples`` (appended to as requests complete) lets another thread watch the load live. With
     ``go``, everything is made ready first (``ready()`` is then called), and the load starts when
-    ``go`` is set (or never, if ``stop`` comes first).
+    ``go`` is set (or never, if ``stop`` comes first). ``parameters``, when not empty as the load
+    starts, replaces ``spec.parameters``: a gated load's, given with ``go``.
     """
     from failsoft.client import AsyncClient
 
@@ -144,6 +150,8 @@ async def drive(
     ) as client:
         if go is not None and not await _wait_go(client, go, stop, ready):
             return samples
+        if parameters:
+            spec = dataclasses.replace(spec, parameters=dict(parameters))
         deadline = time.monotonic() + spec.duration_s  # from when the client is ready
         if spec.sequential:
             await _sequential(client, inputs, spec, samples, stop)
@@ -319,9 +327,10 @@ class LoadProcess:
         """A gated load: True once the child is ready to send (False after ``timeout_s``)."""
         return self._ready.wait(timeout_s)
 
-    def go(self) -> None:
-        """A gated load: start sending now."""
-        self._command(b"go\n")
+    def go(self, parameters: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        """A gated load: start sending now, with ``parameters`` instead of its spec's if given."""
+        given = {} if parameters is None else {k: dict(v) for k, v in parameters.items()}
+        self._command(b"go " + json.dumps(given).encode() + b"\n" if given else b"go\n")
 
     def join(self, timeout_s: float | None = None) -> list[Sample]:
         """Wait for the load to end by itself (its bounds, or a sequential run done), then stop it."""
@@ -365,16 +374,22 @@ def _child_main() -> int:
     raw = json.loads(sys.stdin.readline())
     spec = LoadSpec(**(raw | {"inputs": {k: tuple(v) for k, v in raw["inputs"].items()}}))
     stop, go = threading.Event(), threading.Event()
+    given: dict[str, dict[str, Any]] = {}  # the parameters that came with go, if any
 
     def commands() -> None:
         for line in sys.stdin:
-            (go if line.strip() == "go" else stop).set()
+            word, _, rest = line.strip().partition(" ")
+            if word == "go":
+                given.update(json.loads(rest) if rest else {})
+                go.set()
+            else:
+                stop.set()
         stop.set()  # the parent closed the pipe
 
     threading.Thread(target=commands, daemon=True).start()
     out = _LineSink()
     ready = (lambda: out.write_line(_READY)) if spec.gated else None
-    asyncio.run(drive(spec, stop, out, go if spec.gated else None, ready))
+    asyncio.run(drive(spec, stop, out, go if spec.gated else None, ready, given if spec.gated else None))
     return 0
 
 
