@@ -39,6 +39,8 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-busy",
         "fidelity-queue",
         "fidelity-mixed",
+        "fidelity-beside",
+        "fidelity-fan",
         "graph-echo-chain",
         "slo",
     } <= names

@@ -17,7 +17,8 @@ from failsoft.sim import simulate_pin
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 RECORDED = ROOT / "docs" / "results" / "fidelity-set-round11-slo.json"  # fresh runs of examples/slo.yaml
-FIELD = {"wait": "control_ms", "work": "control_work_ms"}
+FIELD = {"wait": "control_ms", "work": "control_work_ms", "ahead": "control_work_ms"}
+KEY = {"wait": "control_ms", "work": "control_work_ms", "ahead": "control_ahead_ms"}
 
 
 def _recorded_run() -> dict:
@@ -33,30 +34,32 @@ def slo_config(tiny_zoo, tmp_path):
     return config_from_dict(data, base_dir=EXAMPLES)
 
 
-@pytest.mark.parametrize("control", ["wait", "work"])
+@pytest.mark.parametrize("control", ["wait", "work", "ahead"])
 def test_the_switch_twin_takes_the_calm_probes_control_cost(slo_config, monkeypatch, control):
     run = _recorded_run()
     calm = fidelity.control_cost(slo_config, run, probes=run["before_kill"]["calm_probe"], control=control)
     crash = fidelity.control_cost(slo_config, run, control=control)
-    assert set(calm) == set(crash) == {FIELD[control]}
-    assert calm[FIELD[control]] > 0 and abs(calm[FIELD[control]] - crash[FIELD[control]]) > 1.0
+    assert set(calm) == set(crash) == {KEY[control]}
+    calm_ms, crash_ms = calm[KEY[control]], crash[KEY[control]]
+    assert calm_ms > 0 and abs(calm_ms - crash_ms) > 1.0
 
     used: list[float] = []  # each switch's twin's control cost (the probes' twins are simulate_pins)
 
     def spy(deployment, request, sim_config):
+        assert sim_config.control_ahead is (control == "ahead")
         used.append(getattr(sim_config, FIELD[control]))
         return simulate_pin(deployment, request, sim_config)
 
     monkeypatch.setattr("failsoft.sim.simulate_pin", spy)
     switches = fidelity.simulate_switches(slo_config, run, control=control)
     assert len(switches) == len(used) == len(run["before_kill"]["events"])
-    assert all(ms == pytest.approx(calm[FIELD[control]]) for ms in used)
+    assert all(ms == pytest.approx(calm_ms) for ms in used)
 
     # a run recorded before the calm probe existed falls back to the crash's probe, as it was
     used.clear()
     before = {**run, "before_kill": {k: v for k, v in run["before_kill"].items() if k != "calm_probe"}}
     fidelity.simulate_switches(slo_config, before, control=control)
-    assert used and all(ms == pytest.approx(crash[FIELD[control]]) for ms in used)
+    assert used and all(ms == pytest.approx(crash_ms) for ms in used)
 
 
 def test_a_costlier_calm_probe_makes_every_switch_twin_slower_by_its_cost(slo_config):

@@ -14,16 +14,18 @@ def finish_times(
     busy: float = 0.0,
     groups: tuple[float, ...] = (),
     competitors: float = 0.0,
+    ahead: frozenset[int] = frozenset(),
 ) -> list[float]:
     """Run ``(start_s, work_s, nice)`` jobs on a fresh CPU beside a background (``busy`` cores of
-    demand and other ``groups``, or ``competitors``); when each finished."""
+    demand and other ``groups``, or ``competitors``), those whose index is in ``ahead`` ahead of the
+    others; when each finished."""
     env = simpy.Environment()
     cpu = SharedCPU(env, cores, busy, other_groups=groups, competitors=competitors)
     done: list[float] = [0.0] * len(jobs)
 
     def job(i: int, start: float, work: float, nice: int):
         yield env.timeout(start)
-        assert (yield from cpu.run(work, nice))
+        assert (yield from cpu.run(work, nice, ahead=i in ahead))
         done[i] = env.now
 
     for i, (start, work, nice) in enumerate(jobs):
@@ -63,6 +65,29 @@ def test_the_cap_gives_the_surplus_to_the_others():
     heavy, light1, light2 = finish_times(2, [(0, 1.0, 0), (0, 1.0, 15), (0, 1.0, 15)])
     assert heavy == pytest.approx(1.0)
     assert light1 == pytest.approx(light2) == pytest.approx(1.5)  # 0.5 core for 1 s, then 1 core
+
+
+def test_a_job_ahead_takes_a_core_from_long_ones_whatever_their_priority():
+    # one core, two long loads at nice 5 and 0.02 s of control work at nice 0 arriving at 0.1 s
+    beside = finish_times(1, [(0, 1.0, 5), (0, 1.0, 5), (0.1, 0.02, 0)])
+    ahead = finish_times(1, [(0, 1.0, 5), (0, 1.0, 5), (0.1, 0.02, 0)], ahead=frozenset({2}))
+    share = cfs_weight(0) / (cfs_weight(0) + 2 * cfs_weight(5))
+    assert beside[2] == pytest.approx(0.1 + 0.02 / share)  # at its fluid share: stretched
+    assert ahead[2] == pytest.approx(0.12)  # ahead: the whole core, at once
+    assert ahead[:2] == [pytest.approx(2.02)] * 2  # the loads lost what it took, no more
+    # ... and ahead of the background's competitors too, which keep what it leaves
+    assert finish_times(1, [(0, 0.02, 0)], competitors=3.0, ahead=frozenset({0})) == [pytest.approx(0.02)]
+
+
+def test_jobs_ahead_share_the_cores_among_themselves_one_core_each_at_most():
+    # three controls ahead on two cores beside a long load: they share the two cores, the load waits
+    controls = [(0.0, 0.03, 0)] * 3
+    done = finish_times(2, [(0, 1.0, 5), *controls], ahead=frozenset({1, 2, 3}))
+    assert done[1:] == [pytest.approx(0.045)] * 3
+    assert done[0] == pytest.approx(1.045)  # no core until they were done, then its own
+    # one ahead on two cores leaves the other core to the rest
+    lone = finish_times(2, [(0, 1.0, 5), (0, 1.0, 5), (0, 0.03, 0)], ahead=frozenset({2}))
+    assert lone[2] == pytest.approx(0.03) and lone[0] == pytest.approx(1.015)
 
 
 def test_a_job_arriving_later_slows_the_running_ones_from_then_on():

@@ -312,6 +312,18 @@ def test_the_control_path_as_work_costs_the_wait_alone_and_more_where_loads_over
         SimConfig(control_work_ms=-1.0)
 
 
+def test_the_control_path_ahead_of_the_loads_waits_only_for_other_control_work(tiny, fixed):
+    # one core, half of it busy: control work at its share is stretched by the background, ahead not
+    base = dataclasses.replace(fixed, requests=RequestMode.OFF, host_cores=1.0, host_busy_cores=0.5)
+    wait = _run(tiny, "faillite", dataclasses.replace(base, control_ms=25.0))
+    work = _run(tiny, "faillite", dataclasses.replace(base, control_work_ms=25.0))
+    ahead = _run(tiny, "faillite", dataclasses.replace(base, control_work_ms=25.0, control_ahead=True))
+    for app in ("B", "C"):  # B's and C's controls start together: they share the core, ahead or not
+        assert ahead.apps[app].mttr_ms == pytest.approx(wait.apps[app].mttr_ms + 25.0)
+        assert work.apps[app].mttr_ms > ahead.apps[app].mttr_ms + 10.0
+    assert ahead.apps["A"].mttr_ms == wait.apps["A"].mttr_ms  # a warm switch loads nothing
+
+
 def test_the_controllers_reaction_delays_the_plan_and_every_load_after_it(tiny, fixed):
     base = dataclasses.replace(fixed, requests=RequestMode.OFF)
     plain = _run(tiny, "faillite", base)

@@ -79,12 +79,18 @@ DEFAULT_HOST_MODEL = "steady"
 # How the twin spends the control path's cost (the control probe's pins against their twins): ``wait``
 # holds each load's slot that long, taking no core; ``work`` runs it as CPU work at nice 0 before the
 # load's own, fitted so that the probes' twins take as long as their pins did, so it takes longer
-# when more runs beside it (several loads at once in a recovery, where the probe had one). Chosen on
-# every quiet run recorded since the twin last changed, pooled per config (6-9 runs of each of 11
-# configs, docs/results/fidelity-control-pooled-round12.json): ``work`` within 25% on 10 of them,
-# ``wait`` on 6; then judged on examples/fidelity-mixed.yaml, held out until then (docs/simulator.md).
-CONTROL_MODELS = ("wait", "work")
-DEFAULT_CONTROL_MODEL = "work"
+# when more runs beside it (several loads at once in a recovery, where the probe had one); ``ahead``
+# is that work run before the loads and the background (sim/cpu.py): the path is a chain of short
+# wake-ups (the controller's call, Ray's RPC threads, the agent's pick-up, the route's publication),
+# each of which the kernel runs ahead of long-running loads, so it waits only for other control work.
+# ``work`` was chosen on the pooled runs of round 12 (docs/results/fidelity-control-pooled-round12.json);
+# ``ahead`` on every quiet run of rounds 8-13, pooled per config and replayed with all three (within
+# 25% on 10 of 12 configs as ``work`` is, with a lower median and worst case: site 41.8% against
+# 68.1), then judged on two configs held out until then: examples/fidelity-beside.yaml 35.9%
+# (``work`` 58.5), examples/fidelity-fan.yaml 27.7% (31.5); with round 14 pooled, within 25% on 11
+# of 14 configs, ``work`` on 10 (docs/results/fidelity-control-pooled-round14.json, docs/simulator.md).
+CONTROL_MODELS = ("wait", "work", "ahead")
+DEFAULT_CONTROL_MODEL = "ahead"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
@@ -94,9 +100,12 @@ NOT_MODELLED = [
     "the interpreter lock inside one agent process: a load and an inference on the same server take "
     "turns at Python's lock whatever their CPU priority",
     "the controller's own processing time between detection and a published route (about a millisecond)",
-    "a short job's wake-up ahead of long ones: the control path's work (--control work) gets a fluid "
-    "share of the cores like a load's, where the kernel runs a waking thread sooner; with two heavy "
-    "loads beside them the twin's small loads take up to twice the runtime's time",
+    "the control path's split between CPU and waiting: with --control ahead it is all CPU work, "
+    "fitted on pins one at a time, so many recoveries at once stretch it too much (on an idle "
+    "cluster a small pin took 5-12 ms of wall time and about 12 ms of the cluster's CPU with its "
+    "release, where the fitted work is about 22 ms): the twin's small loads took up to 1.8 times the "
+    "runtime's time with seven or more recoveries at once (examples/fidelity-fan.yaml, "
+    "fidelity-beside.yaml)",
     "Ray call and long-poll latencies (the first answer's overhead is measured, not simulated)",
     "the disk's own contention: a cold load's wait for the disk is its profiled wait, however many "
     "loads read at once (the page-cache state itself is set and told: --page-cache)",
@@ -332,7 +341,8 @@ def control_cost(
     ``probes`` (another probe of the run: the switches' calm one), as the ``SimConfig`` field that
     ``control`` names: its pins, simulated with the crash twin's settings, against the runtime; a
     ``wait`` (``control_ms``) is the median gap of their twins without it, ``work``
-    (``control_work_ms``) the work at nice 0 that closes it. A run recorded without the probe falls
+    (``control_work_ms``) the work at nice 0 that closes it, ``ahead`` (``control_ahead_ms``) the work
+    run ahead of the loads that closes it. A run recorded without the probe falls
     back to its ladder switches (the same path; slo configs), else to none (not modelled)."""
     from failsoft.policies.registry import get_failover_policy
     from failsoft.runtime.session import prepare
@@ -353,16 +363,24 @@ def control_cost(
     events = probes["events"]
     if control == "wait":
         return {"control_ms": fidelity_switch.control_ms(simulated_probes(deployment, events, sim_config))}
+    ahead = control == "ahead"
     work = fidelity_switch.control_work_ms(
-        lambda ms: simulated_probes(deployment, events, dataclasses.replace(sim_config, control_work_ms=ms))
+        lambda ms: simulated_probes(
+            deployment, events, dataclasses.replace(sim_config, control_work_ms=ms, control_ahead=ahead)
+        )
     )
-    return {"control_work_ms": work}
+    return {"control_ahead_ms" if ahead else "control_work_ms": work}
 
 
 def with_control(sim_config: SimConfig, cost: dict[str, float]) -> SimConfig:
-    """``sim_config`` with the control cost :func:`control_cost` gave (a wait or work; none: 0)."""
+    """``sim_config`` with the control cost :func:`control_cost` gave (a wait, work, or work ahead of
+    the loads; none: 0)."""
+    ahead = "control_ahead_ms" in cost
     return dataclasses.replace(
-        sim_config, control_ms=cost.get("control_ms", 0.0), control_work_ms=cost.get("control_work_ms", 0.0)
+        sim_config,
+        control_ms=cost.get("control_ms", 0.0),
+        control_work_ms=cost["control_ahead_ms"] if ahead else cost.get("control_work_ms", 0.0),
+        control_ahead=ahead,
     )
 
 

@@ -47,7 +47,10 @@ QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside 
 # takes every recovery, heavy and small loads on one server's slots), one written before the session
 # of 2026-11-27's change (examples/fidelity-spread.yaml: one server's loads spread over three
 # survivors of one slot each) and one before its last change (examples/fidelity-site.yaml: a whole
-# site of two servers dark), and the mechanism
+# site of two servers dark), examples/fidelity-busy.yaml (busy survivors), two written before the
+# twin's control path (fidelity-queue.yaml; fidelity-mixed.yaml, held out until it was chosen), one
+# written before its short-job model (fidelity-beside.yaml, held out the same way), one before the
+# change after that (fidelity-fan.yaml: eight apps fan out over five survivors), and the mechanism
 # twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
@@ -61,6 +64,8 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-busy.yaml", ("g1",)),
     ("examples/fidelity-queue.yaml", ("q1",)),
     ("examples/fidelity-mixed.yaml", ("h1", "h3")),
+    ("examples/fidelity-beside.yaml", ("w1",)),
+    ("examples/fidelity-fan.yaml", ("n1",)),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )

@@ -95,8 +95,10 @@ def fidelity(
     control: Annotated[
         str | None,
         typer.Option(
-            help="How the twin spends the control path's cost (default: work): work (CPU work at the "
-            "default priority, slower when more runs beside it) or wait (a fixed wait, no core taken)"
+            help="How the twin spends the control path's cost (default: ahead): ahead (CPU work run "
+            "ahead of the loads, as short jobs that woke: slower only beside other control work), "
+            "work (CPU work at its fair share, slower when more runs beside it) or wait (a fixed "
+            "wait, no core taken)"
         ),
     ] = None,
 ) -> None:

@@ -19,7 +19,9 @@ object driven by SimPy processes, doing the same things with durations from the 
   rest waits for the disk and takes no core; and every load holds its slot ``SimConfig.control_ms``
   longer (the controller's call to the agent and back, the route's publication: a wait, measured by
   ``bench fidelity``'s control probe), or first does ``SimConfig.control_work_ms`` of work at nice 0
-  (the same path as threads that wait for a core: it takes longer while more runs beside it);
+  (the same path as threads that wait for a core: it takes longer while more runs beside it; with
+  ``SimConfig.control_ahead`` it runs ahead of the loads, as a short job that woke, and waits only
+  for other control work);
 * **heartbeats**: at ``phase + k * interval`` until the agent crashes or the controller no longer
   listens; :class:`~failsoft.sim.heartbeats.HeartbeatFeed` works them out for the detector.
 
@@ -96,8 +98,9 @@ class SimAgent:
         wait_ms += self.config.control_ms  # the control path's round trip: no core taken
         if wait_ms > 0:
             yield self.env.timeout(wait_ms / 1000.0)
-        if self.alive and self.config.control_work_ms > 0:  # ... or taken, at the control path's priority
-            yield from self.work(self.config.control_work_ms / 1000.0, CONTROL_NICE)
+        control = self.config.control_work_ms / 1000.0
+        if self.alive and control > 0:  # ... or taken, at the control path's priority (or ahead)
+            yield from self.work(control, CONTROL_NICE, self.config.control_ahead)
         if not self.alive:
             return False
         yield from self.work(work_ms / 1000.0, load_nice(variant, background))
@@ -127,12 +130,13 @@ class SimAgent:
     def _warmup_ms(self, variant: Variant) -> float:
         return warmup_ms(variant, self.config.max_batch) if self.config.warm_up else 0.0
 
-    def work(self, seconds: float, nice: int) -> Generator[simpy.Event, Any, bool]:
-        """Process: ``seconds`` of one core's work, on the shared host when there is one."""
+    def work(self, seconds: float, nice: int, ahead: bool = False) -> Generator[simpy.Event, Any, bool]:
+        """Process: ``seconds`` of one core's work, on the shared host when there is one (``ahead``:
+        before the other jobs there, as a short job that woke)."""
         if self.cpu is None:
             yield self.env.timeout(seconds)
             return True
-        return (yield from self.cpu.run(seconds, nice, owner=self.name))
+        return (yield from self.cpu.run(seconds, nice, owner=self.name, ahead=ahead))
 
     def unload(self, app: str, variant: Variant) -> None:
         """Free a model's memory; loads issued after this wait ``SimConfig.unload_ms`` for it."""

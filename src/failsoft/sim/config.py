@@ -102,6 +102,9 @@ class SimConfig:
     # any other, so the cost grows with what runs beside it (measured: the control probe's pins,
     # fitted with it; see bench fidelity --control); 0: not modelled
     control_work_ms: float = 0.0
+    # ... run ahead of the loads and the background (a short job that woke preempts long-running
+    # ones: sim/cpu.py), not at its share beside them (see bench fidelity --control ahead)
+    control_ahead: bool = False
     # the controller's reaction: a failure detected, its plan is asked for this much later (the
     # controller's loop waking on a busy host; measured: bench fidelity's control probe); 0: at once
     plan_wait_ms: float = 0.0

@@ -35,6 +35,14 @@ threads, the number beside which one such thread gets exactly the measured share
 is then those competitors (instead of ``busy_cores`` and ``other_groups``), and every load,
 warm-up and first answer of the recovery shares the cores with them and with each other by weight.
 
+Short jobs that wake ahead. A thread that slept (the controller's call handler, Ray's RPC thread,
+the agent's pick-up) and wakes for a few milliseconds of work is run by the kernel ahead of threads
+that have been running for a long time, whatever their ``nice``: it has no run time to pay back,
+and the fair scheduler lets it preempt. A fluid share would instead stretch such a job as much as a
+long load. ``run(..., ahead=True)`` serves a job before all the others: the jobs ahead share the
+(cluster's) cores among themselves by weight, one core each at most, and the other jobs and the
+background share what they leave. Only the control path's work is run so (``SimConfig.control_ahead``).
+
 Not modelled: the interpreter lock inside one agent process, memory bandwidth, caches.
 """
 
@@ -66,6 +74,7 @@ class _Job:
     done: simpy.Event
     rate: float = 0.0
     cap: float = 1.0  # at most this many cores (one: a single-threaded job)
+    ahead: bool = False  # served before the other jobs (a short job that woke: module docstring)
 
 
 class SharedCPU:
@@ -123,12 +132,15 @@ class SharedCPU:
         """The cores the background gets now (its demand when the jobs leave it room)."""
         return sum(j.rate for j in self._background)
 
-    def run(self, work_s: float, nice: int = 0, owner: str = "") -> Generator[simpy.Event, Any, bool]:
-        """Process: do ``work_s`` seconds of one core's work; True when done, False if cancelled."""
+    def run(
+        self, work_s: float, nice: int = 0, owner: str = "", ahead: bool = False
+    ) -> Generator[simpy.Event, Any, bool]:
+        """Process: do ``work_s`` seconds of one core's work; True when done, False if cancelled.
+        ``ahead``: served before the jobs not ahead (a short job that woke; module docstring)."""
         if work_s <= 0:
             return True
         key = next(self._ids)
-        job = _Job(work_s, cfs_weight(nice), owner, self.env.event())
+        job = _Job(work_s, cfs_weight(nice), owner, self.env.event(), ahead=ahead)
         self._advance()
         self._jobs[key] = job
         self._reschedule()
@@ -167,13 +179,19 @@ class SharedCPU:
             self.env.process(self._tick(min(running), self._generation))
 
     def _share(self) -> None:
-        """The cluster's group's cores (all of them without other groups), shared among its jobs."""
+        """The cluster's group's cores (all of them without other groups), shared among its jobs:
+        first among those ahead, then what they leave among the others."""
         own = [*self._jobs.values(), *self._background]
         cores = self.cores
         if self._groups:
             self._cluster.cap = min(sum(j.cap for j in own), self.cores)
             _water_fill([self._cluster, *self._groups], self.cores)
             cores = self._cluster.rate
+        ahead = [j for j in own if j.ahead]
+        if ahead:
+            _water_fill(ahead, cores)
+            cores = max(cores - sum(j.rate for j in ahead), 0.0)
+            own = [j for j in own if not j.ahead]
         _water_fill(own, cores)
 
     def _tick(self, delay_s: float, generation: int) -> Generator[simpy.Event, Any, None]:
