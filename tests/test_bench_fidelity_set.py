@@ -41,6 +41,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-mixed",
         "fidelity-beside",
         "fidelity-fan",
+        "fidelity-converge",
         "graph-echo-chain",
         "slo",
     } <= names
