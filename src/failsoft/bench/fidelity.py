@@ -57,13 +57,13 @@ from failsoft.bench.failover import (
     victims,
 )
 from failsoft.bench.models import ensure_models
-from failsoft.domain import Scenario, WarmBackup
+from failsoft.domain import WarmBackup
 from failsoft.errors import ConfigError
 from failsoft.runtime.config import RuntimeConfig, load_config
 from failsoft.zoo.machine import usable_cores
 
 if TYPE_CHECKING:
-    from failsoft.sim import SimConfig
+    from failsoft.sim import Deployment, SimConfig
 
 Progress = Callable[[str], None]
 CHECK_INTERVAL_S = 0.005  # the runtime controller's health-check tick
@@ -89,7 +89,13 @@ DEFAULT_HOST_MODEL = "steady"
 # 68.1), then judged on two configs held out until then: examples/fidelity-beside.yaml 35.9%
 # (``work`` 58.5), examples/fidelity-fan.yaml 27.7% (31.5); with round 14 pooled, within 25% on 11
 # of 14 configs, ``work`` on 10 (docs/results/fidelity-control-pooled-round14.json, docs/simulator.md).
-CONTROL_MODELS = ("wait", "work", "ahead")
+# ``split`` (added after round 14, judged on examples/fidelity-converge.yaml, held out) runs as work
+# ahead only the CPU the control probe measured the path spending per pin (:func:`control_cpu_ms`), and
+# waits out the rest of the pins' time, taking no core: on an idle cluster a small pin spent about
+# 12 ms of CPU of its 5-12 ms, under load 35-40 ms, where ``ahead`` fits about 22 ms as work whatever
+# the host, which many recoveries at once stretch too much. Runs recorded before the probe measured
+# its CPU fall back to ``ahead``.
+CONTROL_MODELS = ("wait", "work", "ahead", "split")
 DEFAULT_CONTROL_MODEL = "ahead"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
@@ -239,12 +245,10 @@ def simulate_run(
     """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`), ``control``
     how it spends the control path's cost (:func:`control_cost`)."""
-    from failsoft.policies.registry import get_failover_policy
-    from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment, simulate_failure
+    from failsoft.sim import simulate_failure
 
-    scenario = _as_deployed(prepare(config).deployment, observed["warm"])
-    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+    deployment = as_deployed(config, observed["warm"])
+    scenario = deployment.scenario
     fitted = pinned_share(config, observed) if host == "pin" else None
     if fitted is not None:  # the share a heavy load got under the steady load, and its control cost
         sim_config = twin_config(config, _with_share(observed, fitted[0]), "probe")
@@ -307,15 +311,12 @@ def simulate_switches(
     """The simulated half of one runtime run's ladder switches (:mod:`.fidelity_switch`): each
     switch's request on the deployment as it was then, with the settings of the crash's twin and
     the load share probed just before the switches."""
-    from failsoft.policies.registry import get_failover_policy
-    from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment, simulate_pin
+    from failsoft.sim import simulate_pin
 
     switches = observed.get("before_kill") or {}
     if not switches.get("events"):
         return []
-    scenario = _as_deployed(prepare(config).deployment, switches["warm"])
-    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+    deployment = as_deployed(config, switches["warm"])
     sim_config = twin_config(
         config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **switches["host_cpu"]}}, host
     )
@@ -342,12 +343,10 @@ def control_cost(
     ``control`` names: its pins, simulated with the crash twin's settings, against the runtime; a
     ``wait`` (``control_ms``) is the median gap of their twins without it, ``work``
     (``control_work_ms``) the work at nice 0 that closes it, ``ahead`` (``control_ahead_ms``) the work
-    run ahead of the loads that closes it. A run recorded without the probe falls
+    run ahead of the loads that closes it, ``split`` the CPU the probe measured per pin as work ahead
+    (:func:`control_cpu_ms`) and the rest as a wait (as ``ahead`` for a probe recorded without its
+    CPU, or whose CPU alone makes the pins as slow). A run recorded without the probe falls
     back to its ladder switches (the same path; slo configs), else to none (not modelled)."""
-    from failsoft.policies.registry import get_failover_policy
-    from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment
-
     before = observed.get("before_kill") or {}
     if probes is None:
         probes = before.get("control_probe") or (
@@ -355,15 +354,19 @@ def control_cost(
         )
     if not probes.get("events"):
         return {}
-    scenario = _as_deployed(prepare(config).deployment, probes["warm"])
-    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+    deployment = as_deployed(config, probes["warm"])
     sim_config = twin_config(
         config, {**observed, "host_cpu": {**(observed.get("host_cpu") or {}), **probes["host_cpu"]}}, host
     )
     events = probes["events"]
     if control == "wait":
         return {"control_ms": fidelity_switch.control_ms(simulated_probes(deployment, events, sim_config))}
-    ahead = control == "ahead"
+    if control == "split" and (cpu_ms := control_cpu_ms(probes, observed)) is not None:
+        split = dataclasses.replace(sim_config, control_work_ms=cpu_ms, control_ahead=True)
+        wait = fidelity_switch.control_ms(simulated_probes(deployment, events, split))
+        if wait > 0:  # else the measured work alone makes the pins as slow: fit it as ``ahead`` does
+            return {"control_ahead_ms": cpu_ms, "control_ms": wait}
+    ahead = control in ("ahead", "split")
     work = fidelity_switch.control_work_ms(
         lambda ms: simulated_probes(
             deployment, events, dataclasses.replace(sim_config, control_work_ms=ms, control_ahead=ahead)
@@ -372,9 +375,24 @@ def control_cost(
     return {"control_ahead_ms" if ahead else "control_work_ms": work}
 
 
+def control_cpu_ms(probes: dict[str, Any], observed: dict[str, Any]) -> float | None:
+    """The CPU the control path spent per pin of the probe (``probes["cpu"]``): the cluster's own
+    scheduling group over the pins' window, less what it ran before the kill at the steady load
+    (without the agents' load-share probes, which spin only then) and less the loads' own CPU, over
+    the pins (each pinned, then given up); None for a probe recorded without it."""
+    cpu, steady = probes.get("cpu"), (observed.get("host_cpu") or {})
+    events = probes.get("events") or ()
+    if not cpu or not events or "own_cores" not in steady or cpu.get("loads_cpu_ms") is None:
+        return None
+    baseline = float(steady["own_cores"]) - float(steady.get("probe_cores") or 0.0)
+    cluster_ms = (float(cpu["own_cores"]) - baseline) * float(cpu["seconds"]) * 1000.0
+    spent_ms = cluster_ms - float(cpu["loads_cpu_ms"])
+    return max(spent_ms, 0.0) / len(events)
+
+
 def with_control(sim_config: SimConfig, cost: dict[str, float]) -> SimConfig:
-    """``sim_config`` with the control cost :func:`control_cost` gave (a wait, work, or work ahead of
-    the loads; none: 0)."""
+    """``sim_config`` with the control cost :func:`control_cost` gave (a wait, work, work ahead of
+    the loads, or work ahead and a wait; none: 0)."""
     ahead = "control_ahead_ms" in cost
     return dataclasses.replace(
         sim_config,
@@ -404,17 +422,12 @@ def pinned_share(config: RuntimeConfig, observed: dict[str, Any]) -> tuple[float
     probe (:func:`fidelity_switch.probe`: the config's lightest heavy variant pinned under the
     steady load) takes as long as the runtime's did, and the control cost its small probes give at
     that share; None when the run has no heavy probe (or its twin never ends)."""
-    from failsoft.policies.registry import get_failover_policy
-    from failsoft.runtime.session import prepare
-    from failsoft.sim import Deployment
-
     probes = (observed.get("before_kill") or {}).get("control_probe") or {}
     heavy = [e for e in probes.get("events", ()) if e.get("heavy") and e.get("runtime_ms")]
     if not heavy:
         return None
     target = float(heavy[0]["runtime_ms"])
-    scenario = _as_deployed(prepare(config).deployment, probes["warm"])
-    deployment = Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
+    deployment = as_deployed(config, probes["warm"])
 
     def twin(share: float) -> tuple[float, float | None]:
         base = twin_config(config, _with_share(observed, share), "probe")
@@ -510,12 +523,18 @@ def host_twin(observed: dict[str, Any], cores: float, model: str = DEFAULT_HOST_
     return {"host_busy_cores": own, "host_other_groups": others}
 
 
-def _as_deployed(deployment: Scenario, warm: Sequence[dict[str, Any]]) -> Scenario:
-    """The deployment with the copies the runtime had loaded at the kill: warm backups, and the
-    copies a mechanism pinned (a HAMS node's backup, a Jellyfish rung), which the core promotes at
-    detection in the simulator as in the runtime (route kind ``promoted``)."""
+def as_deployed(config: RuntimeConfig, warm: Sequence[dict[str, Any]]) -> Deployment:
+    """The simulator's deployment of ``config`` with the copies the runtime had loaded (at the kill,
+    or at a probe): warm backups, and the copies a mechanism pinned (a HAMS node's backup, a
+    Jellyfish rung), which the core promotes at detection in the simulator as in the runtime (route
+    kind ``promoted``)."""
+    from failsoft.policies.registry import get_failover_policy
+    from failsoft.runtime.session import prepare
+    from failsoft.sim import Deployment
+
     backups = tuple(WarmBackup(w["app"], w["variant"], w["server"], bool(w.get("pinned"))) for w in warm)
-    return deployment.replace(warm=backups)
+    scenario = prepare(config).deployment.replace(warm=backups)
+    return Deployment(config.policy, get_failover_policy(config.policy), scenario, None)
 
 
 def compare(
