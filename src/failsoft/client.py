@@ -137,10 +137,14 @@ def _top_k(k: Any) -> int:
 def _result(app: str, response: httpx.Response, started: float) -> InferResult:
     body = checked_body(response)
     try:
-        out = body["outputs"][0]
         params = body.get("parameters") or {}
-        classes = parse_classification(out) if out.get("datatype") == "BYTES" else None
-        outputs = None if classes is not None else np.asarray(out["data"], np.float32).reshape(out["shape"])
+        if params.get("dropped") and not body["outputs"]:  # shed to keep others in their SLO: no outputs
+            classes, outputs = None, None
+        else:
+            out = body["outputs"][0]
+            classes = parse_classification(out) if out.get("datatype") == "BYTES" else None
+            data = None if classes is not None else np.asarray(out["data"], np.float32)
+            outputs = None if data is None else data.reshape(out["shape"])
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise ServingError(f"gateway answered with a malformed infer response: {exc!r}") from exc
     return InferResult(

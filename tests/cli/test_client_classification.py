@@ -188,3 +188,40 @@ def test_describe_ranks_logits_when_the_gateway_sends_no_classes():
 
     lines = describe(Answer(), [1], top=2)
     assert lines[-1] == "  row 0: 1 (2)  3 (0.5)   label 1: right"
+
+
+class _Dropping(_Handler):
+    """Answers every request as an slo service answers a frame it shed (the gateway's own
+    ``infer_response`` with no outputs)."""
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        request = parse_infer_request(body, "cam-1", META, 64, None)
+        params = {**SERVED, "dropped": True, "drop_reason": "deadline"}
+        return self._send(200, infer_response("cam-1", None, request, params))
+
+
+def test_a_shed_frame_is_a_dropped_answer_not_a_malformed_one_nor_a_failed_request():
+    from failsoft.runtime.loadgen import LoadSpec, _one
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Dropping)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with Client(url) as client:
+            result = client.infer("cam-1", np.zeros((1, 64), np.float32))
+        assert result.dropped is True and result.outputs is None and result.server == "c1"
+
+        async def sample() -> list:
+            out: list = []
+            async with AsyncClient(url) as client:
+                await _one(client, "cam-1", np.zeros(64, np.float32), 3, LoadSpec(url, {"cam-1": (64,)}), out)
+            return out
+
+        (recorded,) = asyncio.run(sample())
+        assert recorded.dropped and not recorded.ok and recorded.error == "dropped: deadline"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -553,7 +553,7 @@ def measure(
         for a in apps.values():
             moved = a["rerouted_ms"]
             a["rerouted_after_end_ms"] = None if moved is None else moved - (end - first_kill) * 1000.0
-    failed_requests = [s for s in samples if not s.ok]
+    failed_requests = [s for s in samples if not s.ok and not s.dropped]
     return {
         "detection_ms": {s: (detected[s] - kill_at[s]) * 1000.0 for s in detected},
         "detected_by": detected_by,
@@ -567,6 +567,7 @@ def measure(
             "total": len(samples),
             "failed": len(failed_requests),
             "failed_affected": sum(1 for s in failed_requests if s.app in asked.values()),
+            "dropped": sum(1 for s in samples if s.dropped),
             "errors": sorted({(s.error or "")[:120] for s in failed_requests})[:5],
         },
     }
@@ -632,6 +633,9 @@ def _settled(events: list[dict[str, Any]], app: str, key: str) -> Any:
         if e.get("app") == app and e["type"] in ("failover", "upgrade"):
             value = e.get(key)
     return value
+
+
+REQUEST_COUNTS = ("total", "failed", "failed_affected", "dropped")  # summed over runs (older: no drops)
 
 
 def _answer_after_kill_ms(
@@ -724,7 +728,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
             if any(a.get("load_phases") for a in v)
         },
         "spurious_failures": sorted({s for r in runs for s in r["spurious_failures"]}),
-        "requests": {k: sum(r["requests"][k] for r in runs) for k in ("total", "failed", "failed_affected")},
+        "requests": {k: sum(r["requests"].get(k, 0) for r in runs) for k in REQUEST_COUNTS},
         "request_errors": sorted({e for r in runs for e in r["requests"]["errors"]})[:5],
         "runs": len(runs),
     }

@@ -86,6 +86,7 @@ class Sample:
     correct: bool | None = None
     error: str | None = None
     reconstructed: bool = False  # decoded by a coded service (ParM), not computed by the model asked
+    dropped: bool = False  # shed by an slo service to keep its other frames in their SLO: not answered
 
     @property
     def latency_ms(self) -> float:
@@ -232,6 +233,10 @@ async def _one(
         r = await client.infer(app, x, timeout=spec.timeout_s, parameters=dict(spec.parameters.get(app, {})))
     except FailsoftError as exc:
         out.append(Sample(app, sent, time.time(), False, error=f"{type(exc).__name__}: {exc}"))
+        return
+    if r.dropped:  # not ok (no answer), not failed: the service shed it on purpose
+        reason = f"dropped: {r.raw['parameters'].get('drop_reason')}"
+        out.append(Sample(app, sent, time.time(), False, r.server, r.variant, dropped=True, error=reason))
         return
     correct = None if label is None else bool(int(r.predictions[0]) == label)
     out.append(
