@@ -25,7 +25,7 @@ from failsoft.cli import main
         ),
         (
             ["bench", "fidelity-set", "--control", "sleep"],
-            "--control: must be one of wait, work, ahead, split; got 'sleep'",
+            "--control: must be one of wait, work, ahead; got 'sleep'",
             "failsoft bench fidelity-set",
         ),
         (

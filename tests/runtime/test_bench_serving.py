@@ -43,7 +43,7 @@ def test_the_serving_benchmark_measures_every_system_side_by_side(tiny_zoo, tmp_
         )
     )
     systems = ("inprocess", "failsoft", "failsoft-ray", "fastapi")  # Ray Serve: its own test
-    settings = ServingSettings(concurrency=(1, 4), duration_s=1.0, warmup_s=0.3, systems=systems)
+    settings = ServingSettings(concurrency=(1, 4), duration_s=0.5, warmup_s=0.2, systems=systems)
     out = run(config, settings, progress=lambda _: None)
     json.dumps(out)  # what the command prints
     assert out["app"] == "ocr" and out["model"] == "digits_mlp/mlp_s"

@@ -89,13 +89,7 @@ DEFAULT_HOST_MODEL = "steady"
 # 68.1), then judged on two configs held out until then: examples/fidelity-beside.yaml 35.9%
 # (``work`` 58.5), examples/fidelity-fan.yaml 27.7% (31.5); with round 14 pooled, within 25% on 11
 # of 14 configs, ``work`` on 10 (docs/results/fidelity-control-pooled-round14.json, docs/simulator.md).
-# ``split`` (added after round 14, judged on examples/fidelity-converge.yaml, held out) runs as work
-# ahead only the CPU the control probe measured the path spending per pin (:func:`control_cpu_ms`), and
-# waits out the rest of the pins' time, taking no core: on an idle cluster a small pin spent about
-# 12 ms of CPU of its 5-12 ms, under load 35-40 ms, where ``ahead`` fits about 22 ms as work whatever
-# the host, which many recoveries at once stretch too much. Runs recorded before the probe measured
-# its CPU fall back to ``ahead``.
-CONTROL_MODELS = ("wait", "work", "ahead", "split")
+CONTROL_MODELS = ("wait", "work", "ahead")
 DEFAULT_CONTROL_MODEL = "ahead"
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
@@ -343,9 +337,7 @@ def control_cost(
     ``control`` names: its pins, simulated with the crash twin's settings, against the runtime; a
     ``wait`` (``control_ms``) is the median gap of their twins without it, ``work``
     (``control_work_ms``) the work at nice 0 that closes it, ``ahead`` (``control_ahead_ms``) the work
-    run ahead of the loads that closes it, ``split`` the CPU the probe measured per pin as work ahead
-    (:func:`control_cpu_ms`) and the rest as a wait (as ``ahead`` for a probe recorded without its
-    CPU, or whose CPU alone makes the pins as slow). A run recorded without the probe falls
+    run ahead of the loads that closes it. A run recorded without the probe falls
     back to its ladder switches (the same path; slo configs), else to none (not modelled)."""
     before = observed.get("before_kill") or {}
     if probes is None:
@@ -361,12 +353,7 @@ def control_cost(
     events = probes["events"]
     if control == "wait":
         return {"control_ms": fidelity_switch.control_ms(simulated_probes(deployment, events, sim_config))}
-    if control == "split" and (cpu_ms := control_cpu_ms(probes, observed)) is not None:
-        split = dataclasses.replace(sim_config, control_work_ms=cpu_ms, control_ahead=True)
-        wait = fidelity_switch.control_ms(simulated_probes(deployment, events, split))
-        if wait > 0:  # else the measured work alone makes the pins as slow: fit it as ``ahead`` does
-            return {"control_ahead_ms": cpu_ms, "control_ms": wait}
-    ahead = control in ("ahead", "split")
+    ahead = control == "ahead"
     work = fidelity_switch.control_work_ms(
         lambda ms: simulated_probes(
             deployment, events, dataclasses.replace(sim_config, control_work_ms=ms, control_ahead=ahead)
@@ -375,24 +362,9 @@ def control_cost(
     return {"control_ahead_ms" if ahead else "control_work_ms": work}
 
 
-def control_cpu_ms(probes: dict[str, Any], observed: dict[str, Any]) -> float | None:
-    """The CPU the control path spent per pin of the probe (``probes["cpu"]``): the cluster's own
-    scheduling group over the pins' window, less what it ran before the kill at the steady load
-    (without the agents' load-share probes, which spin only then) and less the loads' own CPU, over
-    the pins (each pinned, then given up); None for a probe recorded without it."""
-    cpu, steady = probes.get("cpu"), (observed.get("host_cpu") or {})
-    events = probes.get("events") or ()
-    if not cpu or not events or "own_cores" not in steady or cpu.get("loads_cpu_ms") is None:
-        return None
-    baseline = float(steady["own_cores"]) - float(steady.get("probe_cores") or 0.0)
-    cluster_ms = (float(cpu["own_cores"]) - baseline) * float(cpu["seconds"]) * 1000.0
-    spent_ms = cluster_ms - float(cpu["loads_cpu_ms"])
-    return max(spent_ms, 0.0) / len(events)
-
-
 def with_control(sim_config: SimConfig, cost: dict[str, float]) -> SimConfig:
-    """``sim_config`` with the control cost :func:`control_cost` gave (a wait, work, work ahead of
-    the loads, or work ahead and a wait; none: 0)."""
+    """``sim_config`` with the control cost :func:`control_cost` gave (a wait, work, or work ahead of
+    the loads; none: 0)."""
     ahead = "control_ahead_ms" in cost
     return dataclasses.replace(
         sim_config,

@@ -97,9 +97,8 @@ def fidelity(
         typer.Option(
             help="How the twin spends the control path's cost (default: ahead): ahead (CPU work run "
             "ahead of the loads, as short jobs that woke: slower only beside other control work), "
-            "work (CPU work at its fair share, slower when more runs beside it), wait (a fixed "
-            "wait, no core taken) or split (the CPU the control probe measured, ahead, and the "
-            "rest as a wait)"
+            "work (CPU work at its fair share, slower when more runs beside it) or wait (a fixed "
+            "wait, no core taken)"
         ),
     ] = None,
 ) -> None:
