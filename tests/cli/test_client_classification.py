@@ -212,6 +212,8 @@ def test_a_shed_frame_is_a_dropped_answer_not_a_malformed_one_nor_a_failed_reque
         with Client(url) as client:
             result = client.infer("cam-1", np.zeros((1, 64), np.float32))
         assert result.dropped is True and result.outputs is None and result.server == "c1"
+        said = describe(result, [3])
+        assert "dropped yes" in said[2] and len(said) == 3  # no rows: nothing was computed
 
         async def sample() -> list:
             out: list = []

@@ -96,6 +96,8 @@ def describe(result: Any, labels: list[int], top: int = 3) -> list[str]:
         f"  reconstructed {_yes(result.reconstructed)} (decoded from parity), "
         f"dropped {_yes(result.dropped)} (shed, not computed)",
     ]
+    if result.classes is None and result.outputs is None:  # dropped: nothing was computed
+        return how
     rows = result.classes or tuple(_ranked(row, top) for row in result.outputs)
     for i, row in enumerate(rows):
         best = "  ".join(f"{index} ({score:.3g})" for index, score in row)
