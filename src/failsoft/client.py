@@ -58,6 +58,10 @@ from failsoft.errors import (
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 SLACK_S = 5.0
+# Idle connections are given up after this long, before a server closes them (uvicorn's default
+# keep-alive is 5 s, httpx's expiry 5 s too): with both at 5 s, a request sent on a connection the
+# server is closing that instant fails with a reset, which a POST cannot safely retry.
+KEEPALIVE_EXPIRY_S = 2.0
 BINARY_ABOVE = 4096  # tensors with this many values or more travel as raw bytes (Triton's extension)
 OUTPUT = "output"  # the output the classification parameter is attached to
 
@@ -267,7 +271,10 @@ class Client:
         self.url = url.rstrip("/")
         self.admin_url = None if admin_url is None else admin_url.rstrip("/")
         self.timeout = timeout
-        self._http = httpx.Client(base_url=self.url, timeout=timeout + SLACK_S, verify=_ssl(verify))
+        limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout + SLACK_S, limits=limits, verify=_ssl(verify)
+        )
         self._admin = None
         if self.admin_url is not None:
             self._admin = httpx.Client(
@@ -425,7 +432,11 @@ class AsyncClient:
         self.url = url.rstrip("/")
         self.admin_url = None if admin_url is None else admin_url.rstrip("/")
         self.timeout = timeout
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        limits = httpx.Limits(
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
+        )
         self._http = httpx.AsyncClient(
             base_url=self.url, timeout=timeout + SLACK_S, limits=limits, verify=_ssl(verify)
         )

@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 600.0
 TOKEN_ENV = "FAILSOFT_ADMIN_TOKEN"
+# How long the gateway keeps an idle client connection: longer than clients keep theirs (httpx and
+# the openai package: 5 s), so that the client, not the gateway, closes an idle one, and a request
+# never meets a connection the gateway closes as it is sent (a reset no POST can retry safely)
+GATEWAY_KEEP_ALIVE_S = 30
 
 
 @dataclass(frozen=True)
@@ -213,6 +217,7 @@ class Session:
             log_level="warning",
             lifespan="on",
             ws_ping_interval=20.0,
+            timeout_keep_alive=GATEWAY_KEEP_ALIVE_S,
             timeout_graceful_shutdown=5,
             ssl_certfile=g.tls.certfile if g.tls else None,
             ssl_keyfile=g.tls.keyfile if g.tls else None,
