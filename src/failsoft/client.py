@@ -147,8 +147,9 @@ def _result(app: str, response: httpx.Response, started: float) -> InferResult:
         else:
             out = body["outputs"][0]
             classes = parse_classification(out) if out.get("datatype") == "BYTES" else None
-            data = None if classes is not None else np.asarray(out["data"], np.float32)
-            outputs = None if data is None else data.reshape(out["shape"])
+            outputs = None
+            if classes is None:
+                outputs = np.asarray(out["data"], np.float32).reshape(out["shape"])
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise ServingError(f"gateway answered with a malformed infer response: {exc!r}") from exc
     return InferResult(

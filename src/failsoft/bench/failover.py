@@ -635,9 +635,6 @@ def _settled(events: list[dict[str, Any]], app: str, key: str) -> Any:
     return value
 
 
-REQUEST_COUNTS = ("total", "failed", "failed_affected", "dropped")  # summed over runs (older: no drops)
-
-
 def _answer_after_kill_ms(
     samples: list[Sample], name: str, kill_at: dict[str, float], first_kill: float
 ) -> float | None:
@@ -671,6 +668,9 @@ def add_ideal(apps: dict[str, dict[str, Any]], cfg: RuntimeConfig) -> None:
         ends = shortest_first_finish_ms([ms for _, ms in queued], cfg.agents.max_parallel_loads)
         for (name, _), end in zip(queued, ends, strict=True):
             apps[name]["ideal_ms"] = round(end, 2)
+
+
+REQUEST_COUNTS = ("total", "failed", "failed_affected", "dropped")  # summed over runs (older: no drops)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

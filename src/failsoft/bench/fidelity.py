@@ -105,8 +105,10 @@ NOT_MODELLED = [
     "cluster a small pin took 5-12 ms of wall time and about 12 ms of the cluster's CPU with its "
     "release, where the fitted work is about 22 ms): the twin's small loads took up to 1.8 times the "
     "runtime's time with seven or more recoveries at once (examples/fidelity-fan.yaml, "
-    "fidelity-beside.yaml), and up to 2.8 times too fast where every recovery lands on one agent "
-    "(examples/fidelity-converge.yaml): the path runs in parallel across agents and queues inside one",
+    "fidelity-beside.yaml)",
+    "where the control path queues: it runs in parallel across agents' processes and queues inside "
+    "one, where the twin shares it over the host; with every recovery on one agent the twin's small "
+    "loads took down to a third of the runtime's time (examples/fidelity-converge.yaml)",
     "Ray call and long-poll latencies (the first answer's overhead is measured, not simulated)",
     "the disk's own contention: a cold load's wait for the disk is its profiled wait, however many "
     "loads read at once (the page-cache state itself is set and told: --page-cache)",

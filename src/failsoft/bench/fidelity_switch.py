@@ -97,9 +97,9 @@ def probe(config: RuntimeConfig, failed: Sequence[str], session: Any, client: An
     its ``control_ms`` (:func:`control_ms`); the heavy one feeds the ``pin`` host model. ``cpu``
     records the host's busy cores over the pins (and the drain after them) by scheduling group, as
     :class:`~failsoft.zoo.machine.HostCpu` splits them, with the CPU the agents' loads took meanwhile
-    (``loads_cpu_ms``): the cluster's CPU less the steady load's (``host_cpu`` of the run) and the
-    loads' is what the control path itself spent, which a model that splits it into work and
-    waiting needs (not used by the twin yet: docs/simulator.md, "Why ahead")."""
+    (``loads_cpu_ms``). Recorded, not used by the twin: a model that took the cluster's CPU there,
+    less the steady load's and the loads', as the control path's work was withdrawn, since that came
+    to more than the small pins took (docs/simulator.md, "Why ahead")."""
     from failsoft.bench.failover import AgentProbes, loaded_copies
     from failsoft.runtime.session import prepare
     from failsoft.zoo.machine import HostCpu
