@@ -8,6 +8,12 @@ teardown: a module-scoped cluster fixture counts for the test that first asks fo
 ``runtime`` marker. Ray is imported for that at the start of the session (about a second).
 Clusters started in a *subprocess* (``failsoft serve`` run as a command) are out of its sight:
 those tests carry the marker by hand (``tests/runtime/test_cli.py``).
+
+One embedded Ray instance serves every cluster of an xdist worker that asks for the same settings
+(:func:`failsoft.runtime.cluster.keep_embedded`): Ray's start is 3-5 s and about 5 s of a core,
+paid once per worker instead of once per cluster. ``RayCluster.start`` is guarded too, since a
+cluster on the kept instance calls no ``ray.init``. A test that needs a Ray of its own (one whose
+start it watches) turns keeping off for itself (``tests/runtime/test_raystart.py``).
 """
 
 from __future__ import annotations
@@ -49,8 +55,19 @@ def _guard(init: Callable[..., Any]) -> Callable[..., Any]:
 def pytest_configure(config: pytest.Config) -> None:
     import ray
 
+    from failsoft.runtime import cluster
+
     if not getattr(ray.init, "__failsoft_guard__", False):
         ray.init = _guard(ray.init)
+    if not getattr(cluster.RayCluster.start, "__failsoft_guard__", False):
+        cluster.RayCluster.start = _guard(cluster.RayCluster.start)  # type: ignore[method-assign]
+    cluster.keep_embedded(True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from failsoft.runtime import cluster
+
+    cluster.keep_embedded(False)  # stops the kept instance
 
 
 @pytest.hookimpl(wrapper=True)

@@ -19,6 +19,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -28,7 +29,7 @@ import ray._private.node as ray_node
 from failsoft.domain import Server
 from failsoft.errors import ServingError
 from failsoft.runtime import raystart
-from failsoft.runtime.cluster import RayCluster
+from failsoft.runtime.cluster import RayCluster, keep_embedded
 
 SERVERS = [Server("s1", "a", 100.0)]
 SPEEDUP = 15.0  # how much faster node.py's clock runs while the raylet is stopped
@@ -121,8 +122,19 @@ def test_only_rays_own_start_timeouts_are_retried(exc, retried):
     assert raystart.is_start_timeout(exc) is retried
 
 
+@pytest.fixture
+def own_ray() -> Iterator[None]:
+    """The test watches a Ray start of its own: none kept from an earlier cluster of the worker."""
+    keep_embedded(False)
+    try:
+        yield
+    finally:
+        keep_embedded(True)
+
+
 @pytest.mark.runtime
 @pytest.mark.slow
+@pytest.mark.usefixtures("own_ray")
 def test_a_start_whose_raylet_never_registers_is_retried_and_leaves_nothing_behind(caplog, monkeypatch):
     stopper = RayletStopper()
     monkeypatch.setattr(ray_node, "time", RayClock(stopper))
@@ -154,6 +166,7 @@ def test_a_start_whose_raylet_never_registers_is_retried_and_leaves_nothing_behi
 
 @pytest.mark.runtime
 @pytest.mark.slow
+@pytest.mark.usefixtures("own_ray")
 def test_a_bad_argument_fails_at_once_without_leaving_ray_processes(caplog):
     before = {p.pid for p in _ray_children()}
     cluster = RayCluster(SERVERS, num_cpus=-1)  # Ray refuses it once its GCS is already up

@@ -8,8 +8,6 @@ from typing import Annotated
 
 import typer
 
-from failsoft.runtime.config import load_config
-
 
 def serve(
     config: Annotated[
@@ -56,6 +54,7 @@ def serve(
 ) -> None:
     """Serve the config's apps with FailLite failover until Ctrl-C, then shut everything down."""
     from failsoft.runtime import logs
+    from failsoft.runtime.config import load_config
     from failsoft.runtime.session import Session
 
     cfg = load_config(config)

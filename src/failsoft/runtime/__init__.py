@@ -28,6 +28,21 @@ stops it all.
 Importing this package imports neither Ray nor torch.
 """
 
-from failsoft.runtime.config import RuntimeConfig, config_from_dict, load_config
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from failsoft.runtime.config import RuntimeConfig, config_from_dict, load_config
 
 __all__ = ["RuntimeConfig", "config_from_dict", "load_config"]
+
+
+def __getattr__(name: str) -> Any:
+    # the config's names on first use: an agent's or a worker's process, which imports a module of
+    # this package, never reads a config (its import is about half a second of a core)
+    if name in __all__:
+        from failsoft.runtime import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

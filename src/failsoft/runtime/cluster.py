@@ -426,8 +426,40 @@ def _loopback_bootstrap(address: str | None) -> Iterator[None]:
         ray_constants.ENABLE_RAY_CLUSTER = before
 
 
+# An embedded instance kept running between the clusters of one process (keep_embedded): the
+# ``ray.init`` arguments it was started with and the environment its processes inherited (a variable
+# set later reaches no worker of it), or None when there is none.
+_kept_init: dict[str, Any] | None = None
+# variables a test runner changes for every test, which no process of a cluster reads
+VOLATILE_ENV_PREFIXES = ("PYTEST_",)
+_keep = False
+NAME_RELEASE_TIMEOUT_S = 10.0  # how long a kept instance's shutdown waits for its actors' names
+
+
+def keep_embedded(keep: bool = True) -> None:
+    """Keep the embedded Ray instance running when a cluster stops, for the next cluster this
+    process starts with the same settings and environment (its workers inherit the environment of
+    the start: a changed variable needs a new instance). Ray's start is 3-5 s and about 5 s of a
+    core (its GCS, raylet and five Python helpers): a test session or a notebook that starts
+    cluster after cluster pays it once. ``keep=False`` stops a kept instance now."""
+    global _keep
+    _keep = keep
+    if not keep:
+        release_embedded()
+
+
+def release_embedded() -> None:
+    """Stop the kept embedded instance, if there is one (before a ``ray.init`` of other settings)."""
+    global _kept_init
+    if _kept_init is not None:
+        _kept_init = None
+        if ray.is_initialized():
+            ray.shutdown()
+
+
 class RayCluster:
-    """Starts an embedded Ray (or joins ``address``), spawns actors, and stops what it started."""
+    """Starts an embedded Ray (or joins ``address``), spawns actors, and stops what it started
+    (an embedded instance stays up for the next cluster with :func:`keep_embedded`)."""
 
     def __init__(
         self,
@@ -447,6 +479,8 @@ class RayCluster:
         self.num_gpus = num_gpus
         self._spawned: list[_ActorRef] = []
         self._started = False
+        self._kept = False  # on a kept embedded instance: stop actors only, leave Ray up
+        self._names: list[str] = []  # of the actors spawned, freed again at shutdown
 
     @property
     def embedded(self) -> bool:
@@ -474,9 +508,9 @@ class RayCluster:
         )
         if self.embedded:
             kwargs.update(
+                # no server resources: one node runs every agent (they place agents in cluster mode)
                 _node_ip_address="127.0.0.1",
                 num_cpus=self.num_cpus or max(2, os.cpu_count() or 2),
-                resources={server_resource(s.name): 1.0 for s in self.servers},
                 object_store_memory=OBJECT_STORE_BYTES,
             )
             gpus = self.num_gpus if self.num_gpus is not None else _env_gpus()
@@ -486,11 +520,19 @@ class RayCluster:
             kwargs["_node_ip_address"] = self.node_ip
 
         def init() -> None:
+            # new for each try: Ray writes its session's paths into the one it is given
+            system = _embedded_system_config() if self.embedded else {}
             with _loopback_bootstrap(self.address):
                 # embedded: "local" always starts our own instance; with None, Ray would join a
                 # cluster another process on this machine started with `ray start`
-                ray.init(address=self.address or "local", **kwargs)
+                ray.init(address=self.address or "local", **kwargs, **system)
 
+        global _kept_init
+        settings = {"init": kwargs, "env": _inherited_env()}
+        if self.embedded and _keep and _kept_init == settings and ray.is_initialized():
+            self._kept = True  # the instance the last cluster left running, started with these
+            return
+        release_embedded()
         try:
             if self.embedded:
                 # again, once, if Ray's own start times out on a busy host
@@ -500,6 +542,10 @@ class RayCluster:
         except Exception as exc:
             where = f"Ray cluster at {self.address!r}" if self.address else "an embedded Ray instance"
             raise ServingError(f"cannot start {where}: {exc}") from exc
+        if self.embedded and _keep:
+            # the environment as Ray's start left it (it sets variables of its own in it)
+            _kept_init, self._kept = {**settings, "env": _inherited_env()}, True
+            return
         self._started = True
         if not self.embedded:
             self._check_resources()
@@ -550,6 +596,7 @@ class RayCluster:
         )
         ref = ControllerRef(handle)
         self._spawned.append(ref)
+        self._names.append(CONTROLLER_NAME)
         return ref
 
     def spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
@@ -570,7 +617,8 @@ class RayCluster:
                 namespace=NAMESPACE,
                 num_cpus=0,
                 num_gpus=options.placement.gpus,
-                resources={server_resource(server): 1.0},
+                # cluster mode: on the node that offers the server (embedded: the one node)
+                resources={} if self.embedded else {server_resource(server): 1.0},
                 max_restarts=-1 if options.restart else 0,
                 max_task_retries=0,
                 max_concurrency=32,
@@ -580,6 +628,7 @@ class RayCluster:
         )
         ref = AgentRef(handle, server)
         self._spawned.append(ref)
+        self._names.append(agent_name(server))
         return ref
 
     def shutdown(self) -> None:
@@ -587,9 +636,36 @@ class RayCluster:
         for ref in reversed(self._spawned):
             ref.kill()
         self._spawned.clear()
+        names, self._names = self._names, []
+        if self._kept:  # Ray stays up: the next cluster needs the names these actors held
+            self._kept = False
+            _await_released(names)
         if self._started:
             ray.shutdown()
             self._started = False
+
+
+def _inherited_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(VOLATILE_ENV_PREFIXES)}
+
+
+def _embedded_system_config() -> dict[str, Any]:
+    # no idle workers started ahead (one per CPU): every agent asks for its own environment, so none
+    # would take one, and each is a Python start (about a second of a core) while the cluster comes up
+    return {"_system_config": {"enable_worker_prestart": False, "prestart_worker_first_driver": False}}
+
+
+def _await_released(names: Sequence[str]) -> None:
+    """Wait until killed actors no longer hold their names (Ray frees a name once the GCS has the
+    actor dead, a moment after ``ray.kill``)."""
+    deadline = time.monotonic() + NAME_RELEASE_TIMEOUT_S
+    for name in names:
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                break
+            time.sleep(0.02)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from tests.runtime.conftest import wait_for
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 GOOD = {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64}]}
-FUZZ_EXAMPLES = 1500
+FUZZ_EXAMPLES = 1000
 
 
 @dataclass

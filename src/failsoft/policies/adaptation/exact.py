@@ -20,13 +20,16 @@ stops at the limit, the result says so and carries HiGHS's gap (``mip_gap``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import sparse
 
 from failsoft.policies.adaptation.interface import AdaptationPolicy
 from failsoft.policies.adaptation.model import ClientSnapshot, Plan, Snapshot, evaluate
 from failsoft.policies.failover.milp import INF, MilpResult, maximize
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 MIP_REL_GAP = 1e-6
 
@@ -90,6 +93,8 @@ def _build(snapshot: Snapshot) -> _Model:
             entries += [(zcol[k + 1, j, b], -float(j * n_b + b)) for j in range(m) for b in range(1, n_b + 1)]
             row(entries, 0.0, INF)
     n_cols = nx + len(z_index)
+    from scipy import sparse  # here: agents import this module, never solve
+
     matrix = sparse.csr_matrix((vals, (rows, cols)), shape=(len(lower), n_cols))
     fps = np.array([clients[i].fps for i, _, _ in x_index])
     acc = ladder.accuracy
@@ -114,6 +119,8 @@ def solve(
         model.served, model.matrix, model.lower, model.upper, ones,
         time_limit_s=time_limit_s / 2, mip_rel_gap=MIP_REL_GAP, seed=seed, start=x0,
     )  # fmt: skip
+    from scipy import sparse  # here: agents import this module, never solve
+
     matrix = sparse.vstack([model.matrix, sparse.csr_matrix(model.served)])
     lower = np.append(model.lower, first.objective - 1e-6)
     upper = np.append(model.upper, INF)

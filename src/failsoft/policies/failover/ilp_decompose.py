@@ -21,7 +21,6 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
-from scipy import sparse
 
 from failsoft.domain import App, Demand, Variant, WarmBackup
 from failsoft.policies.failover.ilp_model import Instance, build_columns, seconds_left, solve_lexicographic
@@ -160,6 +159,8 @@ def solve_aggregated(inst: Instance, exact_coverage: bool, deadline: float) -> t
     sizes = np.unique(memory)
     holds = np.floor((inst.free_memory[None, :] + 1e-6) / sizes[:, None]).sum(axis=1)
     size_rows, size_cols = np.nonzero(memory[None, :] >= sizes[:, None])
+    from scipy import sparse  # here: agents import this module, never solve
+
     matrix = sparse.csc_matrix(
         (
             np.concatenate([np.ones(n), memory, compute, np.ones(len(size_cols))]),

@@ -12,15 +12,17 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import sparse
 
 from failsoft.domain import App, Demand, PolicyParams, Scenario, Variant, WarmBackup
 from failsoft.policies.failover.common import candidate_variants, warm_exclusions
 from failsoft.policies.failover.ledger import Ledger
 from failsoft.policies.failover.milp import INF, MilpResult, maximize
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 _EPS = 1e-9
 
@@ -226,6 +228,8 @@ def full_matrix(
         block(pair_row, ones, np.zeros(len(uniq)), np.ones(len(uniq)))
     if min_coverage is not None:
         block(zeros, ones, [min_coverage], [INF])
+    from scipy import sparse  # here: agents import this module, never solve
+
     matrix = sparse.csc_matrix(
         (np.concatenate(values), (np.concatenate(rows), np.concatenate(columns))), shape=(len(lower), n)
     )

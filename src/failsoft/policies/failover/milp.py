@@ -13,12 +13,15 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import highspy
 import numpy as np
-from scipy import sparse
 
 from failsoft.errors import PlanningError
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 INF = highspy.kHighsInf
 _FEASIBLE = 2  # HiGHS primal_solution_status: a feasible point is known
@@ -91,6 +94,8 @@ def maximize(
 ) -> MilpResult:
     """Maximise ``cost @ x`` s.t. ``row_lower <= A x <= row_upper``, ``0 <= x <= col_upper``, x integer."""
     n = len(cost)
+    from scipy import sparse  # here: agents import this module, never solve
+
     a = sparse.csc_matrix(matrix)
     a.eliminate_zeros()
     lp = highspy.HighsLp()

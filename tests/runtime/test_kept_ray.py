@@ -1,0 +1,69 @@
+"""One embedded Ray instance for cluster after cluster (``cluster.keep_embedded``, on in the test
+session): a cluster stopped and started again on the same instance serves with the same names
+(controller, agents), and a cluster of other settings gets an instance of its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+
+from failsoft.domain import Server
+from failsoft.runtime.cluster import RayCluster
+from failsoft.runtime.config import config_from_dict
+from tests.runtime.conftest import serving
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
+
+def _config(tiny_zoo, tmp_path_factory):
+    return config_from_dict(
+        {
+            "name": "kept-ray-test",
+            "repository": str(tiny_zoo.root),
+            "servers": [{"name": "s1", "site": "a", "memory_mb": 50, "compute": 4.0}],
+            "apps": [
+                {"name": "app", "family": "digits_mlp", "primary": {"server": "s1", "variant": "mlp_s"}}
+            ],
+            "gateway": {"port": 0},
+            "state_dir": str(tmp_path_factory.mktemp("state")),
+        },
+        source="test",
+    )
+
+
+def _answer(client, tiny_zoo) -> np.ndarray:
+    x = np.random.default_rng(3).random(
+        (1, *tiny_zoo.load("digits_mlp", "mlp_s").input_shape), dtype=np.float32
+    )
+    return client.infer("app", x).outputs
+
+
+def test_a_cluster_started_again_on_the_kept_instance_serves_under_the_same_names(tiny_zoo, tmp_path_factory):
+    config = _config(tiny_zoo, tmp_path_factory)
+    with serving(config) as (_, client):
+        gcs = ray.get_runtime_context().gcs_address
+        first = _answer(client, tiny_zoo)
+    assert ray.is_initialized()  # kept: the cluster stopped its actors, not Ray
+    with serving(config) as (_, client):  # the controller's and agent's names are free again
+        assert ray.get_runtime_context().gcs_address == gcs
+        np.testing.assert_array_equal(_answer(client, tiny_zoo), first)
+        assert client.status()["servers"][0]["state"] == "up"
+
+
+def test_other_settings_or_another_environment_get_an_instance_of_their_own(monkeypatch):
+    servers = [Server("s1", "a", 100.0)]
+
+    def gcs_of(cluster: RayCluster) -> str:
+        cluster.start()
+        try:
+            return ray.get_runtime_context().gcs_address
+        finally:
+            cluster.shutdown()
+
+    kept = gcs_of(RayCluster(servers, num_cpus=2))
+    assert gcs_of(RayCluster(servers, num_cpus=2)) == kept
+    other = gcs_of(RayCluster(servers, num_cpus=3))  # not what the kept instance was started with
+    assert other != kept and ray.is_initialized()
+    monkeypatch.setenv("FAILSOFT_KEPT_RAY_TEST", "1")  # would reach no worker of the kept instance
+    assert gcs_of(RayCluster(servers, num_cpus=3)) != other
