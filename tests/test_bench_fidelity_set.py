@@ -42,6 +42,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-beside",
         "fidelity-fan",
         "fidelity-converge",
+        "fidelity-halves",
         "graph-echo-chain",
         "slo",
     } <= names

@@ -108,7 +108,10 @@ NOT_MODELLED = [
     "fidelity-beside.yaml)",
     "where the control path queues: it runs in parallel across agents' processes and queues inside "
     "one, where the twin shares it over the host; with every recovery on one agent the twin's small "
-    "loads took down to a third of the runtime's time (examples/fidelity-converge.yaml)",
+    "loads took down to a third of the runtime's time (examples/fidelity-converge.yaml); queuing "
+    "the fitted work per server instead (tried: docs/results.md, round 16) moved converge's heavy "
+    "loads toward the runtime but left the twin too fast where one survivor takes four loads "
+    "(examples/fidelity-halves.yaml: 37.4% against ahead's 39.2)",
     "Ray call and long-poll latencies (the first answer's overhead is measured, not simulated)",
     "the disk's own contention: a cold load's wait for the disk is its profiled wait, however many "
     "loads read at once (the page-cache state itself is set and told: --page-cache)",
