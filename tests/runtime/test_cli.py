@@ -184,8 +184,8 @@ def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
         )
         assert killed["killed"][0]["server"] == "s1"
 
-        def moved() -> bool:
-            out = json.loads(cli("status", "--json", "--state-dir", str(state), state=state).stdout)
+        def moved() -> bool:  # asked in this process: a command per poll is a second of a core
+            out = _admin_status(state)
             return {a["name"]: a["route"] and a["route"]["server"] for a in out["apps"]}["cam"] == "s2"
 
         wait_for(moved, 30.0, "cam served by its warm backup on s2", 0.2)
