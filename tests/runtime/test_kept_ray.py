@@ -1,6 +1,7 @@
 """One embedded Ray instance for cluster after cluster (``cluster.keep_embedded``, on in the test
 session): a cluster stopped and started again on the same instance serves with the same names
-(controller, agents), and a cluster of other settings gets an instance of its own."""
+(controller, agents), and a cluster of other settings, or started in another environment, gets an
+instance of its own."""
 
 from __future__ import annotations
 

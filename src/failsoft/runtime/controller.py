@@ -34,8 +34,6 @@ import os
 import time
 from typing import Any
 
-import scipy.sparse  # noqa: F401  the solvers' matrices: loaded now, not in the first plan a failure times
-
 from failsoft.clock import AsyncClock, MonotonicClock
 from failsoft.domain import Scenario
 from failsoft.errors import FailsoftError, StoreError

@@ -30,6 +30,8 @@ import threading
 from collections.abc import Collection
 from typing import IO, Any
 
+import scipy.sparse  # noqa: F401  the solvers' matrices: loaded now, not inside a plan that is timed
+
 from failsoft.domain import FailoverPlan, ProactivePlan, Scenario
 from failsoft.errors import PlanningError
 from failsoft.policies.registry import get_failover_policy
