@@ -202,9 +202,10 @@ def test_sdk_clients_replaying_traces_measure_their_uplink_and_send_the_frame_si
         assert len(late) <= 3, late
         # the loopback's own time counts as upload: the estimate is a little low, never high
         assert 0.4 * mbps * 1000 <= stream.bandwidth_kbps <= 1.1 * mbps * 1000, stream.bandwidth_kbps
-    # at 4 Mbit/s a 456 px frame alone takes 169 ms (> the SLO): the slow client is asked for 224 or
-    # 260 px; the fast one for more
-    assert {r.frame_px for r in slow_results[5:]} <= {224, 260} and slow.frame_px <= 260
+    # at 4 Mbit/s a 456 px frame alone takes 169 ms (> the SLO): the slow client is asked for 260 px
+    # or less (224 on a quiet host; smaller when inference runs slow beside other work); the fast
+    # one for more
+    assert max(r.frame_px for r in slow_results[5:]) <= 260 and slow.frame_px <= 260
     assert fast.frame_px > slow.frame_px
     # the shaped transfer is what the trace says (plus half the RTT): e.g. 224 px in ~53 ms at 4 Mbit/s
     for r in slow_results:
