@@ -52,6 +52,10 @@ def _guard(init: Callable[..., Any]) -> Callable[..., Any]:
     return guarded
 
 
+# what pytest sets per test (PYTEST_CURRENT_TEST): no process of a cluster reads it
+RUNNER_ENV = ("PYTEST_",)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import ray
 
@@ -61,7 +65,7 @@ def pytest_configure(config: pytest.Config) -> None:
         ray.init = _guard(ray.init)
     if not getattr(cluster.RayCluster.start, "__failsoft_guard__", False):
         cluster.RayCluster.start = _guard(cluster.RayCluster.start)  # type: ignore[method-assign]
-    cluster.keep_embedded(True)
+    cluster.keep_embedded(True, ignore_env=RUNNER_ENV)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

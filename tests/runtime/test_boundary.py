@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "failsoft"
@@ -91,3 +94,17 @@ def test_no_dispatcher_loads_or_unloads_a_model_itself(tmp_path: Path):
     bad = tmp_path / "probe.py"
     bad.write_text("async def f(agent):\n    await agent.load('a', 'fam', 'v', background=True)\n")
     assert model_calls(bad, tmp_path) == ["probe.py:2: .load(...)"]
+
+
+def test_an_agent_s_process_imports_no_solver_and_no_config_models():
+    """Every agent, controller and LLM worker is a process of its own that imports its module at
+    start (a second of a core each, a test session starts over a hundred): scipy is imported where a
+    solver builds its matrix and the config's pydantic models where a config is read, neither of
+    which an agent does. A top-level import creeping back would cost each start without failing."""
+    probe = (
+        "import json, sys, failsoft.runtime.agent, failsoft.runtime.llm_worker\n"
+        "print(json.dumps(sorted(m for m in sys.modules"
+        " if m.split('.')[0] == 'scipy' or m.startswith('failsoft.runtime.config'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [], out.stdout

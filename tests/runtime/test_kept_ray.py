@@ -5,9 +5,14 @@ instance of its own."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 import numpy as np
+import psutil
 import pytest
 import ray
+from ray._private import ray_constants
 
 from failsoft.domain import Server
 from failsoft.runtime.cluster import RayCluster
@@ -68,3 +73,24 @@ def test_other_settings_or_another_environment_get_an_instance_of_their_own(monk
     assert other != kept and ray.is_initialized()
     monkeypatch.setenv("FAILSOFT_KEPT_RAY_TEST", "1")  # would reach no worker of the kept instance
     assert gcs_of(RayCluster(servers, num_cpus=3)) != other
+
+
+def _idle_workers() -> list[str]:
+    """The Python workers this process's embedded Ray instance has started that no actor took."""
+    node = ray._private.worker._global_node
+    raylet = psutil.Process(node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+    idle = []
+    for proc in raylet.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if proc.cmdline()[:1] == ["ray::IDLE"]:
+                idle.append(f"{proc.pid}: ray::IDLE")
+    return idle
+
+
+def test_the_embedded_instance_starts_no_idle_workers(tiny_zoo, tmp_path_factory):
+    """Ray starts a Python worker per CPU ahead of any task (about a second of a core each, at
+    every instance's start); every agent asks for an environment of its own, so none would take one."""
+    with serving(_config(tiny_zoo, tmp_path_factory)) as (_, client):
+        assert client.status()["servers"][0]["state"] == "up"
+        time.sleep(1.0)  # a prestart would have begun by now: the raylet starts them at once
+        assert _idle_workers() == []

@@ -30,6 +30,7 @@ from failsoft.domain import Server
 from failsoft.errors import ServingError
 from failsoft.runtime import raystart
 from failsoft.runtime.cluster import RayCluster, keep_embedded
+from tests.conftest import RUNNER_ENV
 
 SERVERS = [Server("s1", "a", 100.0)]
 SPEEDUP = 15.0  # how much faster node.py's clock runs while the raylet is stopped
@@ -129,7 +130,7 @@ def own_ray() -> Iterator[None]:
     try:
         yield
     finally:
-        keep_embedded(True)
+        keep_embedded(True, ignore_env=RUNNER_ENV)
 
 
 @pytest.mark.runtime

@@ -102,9 +102,10 @@ def _map_error(exc: BaseException, what: str, timeout_s: float | None) -> Failso
 class _ActorRef:
     """A handle with failsoft's call conventions; subclasses name the methods."""
 
-    def __init__(self, handle: Any, what: str) -> None:
+    def __init__(self, handle: Any, what: str, name: str) -> None:
         self._handle = handle
         self.what = what
+        self.name = name  # the actor's name in Ray (freed a moment after a kill)
 
     async def _call(
         self, method: str, *args: Any, timeout_s: float | None = 10.0, group: str | None = None
@@ -140,7 +141,7 @@ class AgentRef(_ActorRef):
     """The calls the controller, the gateway and chaos make to one server's agent."""
 
     def __init__(self, handle: Any, server: str) -> None:
-        super().__init__(handle, f"server {server!r}")
+        super().__init__(handle, f"server {server!r}", agent_name(server))
         self.server = server
         # inference travels over the agent's data plane (failsoft.runtime.dataplane), not Ray
         self.data_plane = DataPlaneLink(server, self.what, self._data_plane_info)
@@ -252,7 +253,7 @@ class ControllerRef(_ActorRef):
     """The calls agents, the gateway, the CLI and tests make to the controller."""
 
     def __init__(self, handle: Any) -> None:
-        super().__init__(handle, "controller")
+        super().__init__(handle, "controller", CONTROLLER_NAME)
 
     async def wait_routes(self, epoch: str, version: int, timeout_s: float) -> dict[str, Any]:
         return await self._call("wait_routes", epoch, version, timeout_s, timeout_s=timeout_s + 5.0)
@@ -430,20 +431,21 @@ def _loopback_bootstrap(address: str | None) -> Iterator[None]:
 # ``ray.init`` arguments it was started with and the environment its processes inherited (a variable
 # set later reaches no worker of it), or None when there is none.
 _kept_init: dict[str, Any] | None = None
-# variables a test runner changes for every test, which no process of a cluster reads
-VOLATILE_ENV_PREFIXES = ("PYTEST_",)
 _keep = False
+_ignored_env: tuple[str, ...] = ()  # prefixes of variables that do not tell instances apart
 NAME_RELEASE_TIMEOUT_S = 10.0  # how long a kept instance's shutdown waits for its actors' names
 
 
-def keep_embedded(keep: bool = True) -> None:
+def keep_embedded(keep: bool = True, ignore_env: Sequence[str] = ()) -> None:
     """Keep the embedded Ray instance running when a cluster stops, for the next cluster this
     process starts with the same settings and environment (its workers inherit the environment of
     the start: a changed variable needs a new instance). Ray's start is 3-5 s and about 5 s of a
     core (its GCS, raylet and five Python helpers): a test session or a notebook that starts
-    cluster after cluster pays it once. ``keep=False`` stops a kept instance now."""
-    global _keep
-    _keep = keep
+    cluster after cluster pays it once. ``ignore_env``: prefixes of variables that change between
+    clusters but that no process of a cluster reads (a test runner's ``PYTEST_``). ``keep=False``
+    stops a kept instance now."""
+    global _keep, _ignored_env
+    _keep, _ignored_env = keep, tuple(ignore_env)
     if not keep:
         release_embedded()
 
@@ -480,7 +482,6 @@ class RayCluster:
         self._spawned: list[_ActorRef] = []
         self._started = False
         self._kept = False  # on a kept embedded instance: stop actors only, leave Ray up
-        self._names: list[str] = []  # of the actors spawned, freed again at shutdown
 
     @property
     def embedded(self) -> bool:
@@ -596,7 +597,6 @@ class RayCluster:
         )
         ref = ControllerRef(handle)
         self._spawned.append(ref)
-        self._names.append(CONTROLLER_NAME)
         return ref
 
     def spawn_agent(self, cls: type, server: str, *args: Any, options: ActorOptions) -> AgentRef:
@@ -628,15 +628,14 @@ class RayCluster:
         )
         ref = AgentRef(handle, server)
         self._spawned.append(ref)
-        self._names.append(agent_name(server))
         return ref
 
     def shutdown(self) -> None:
         """Kill the actors this cluster spawned (by handle), then disconnect (and stop, if embedded)."""
+        names = [ref.name for ref in self._spawned]
         for ref in reversed(self._spawned):
             ref.kill()
         self._spawned.clear()
-        names, self._names = self._names, []
         if self._kept:  # Ray stays up: the next cluster needs the names these actors held
             self._kept = False
             _await_released(names)
@@ -646,7 +645,7 @@ class RayCluster:
 
 
 def _inherited_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(VOLATILE_ENV_PREFIXES)}
+    return {k: v for k, v in os.environ.items() if not k.startswith(_ignored_env)}
 
 
 def _embedded_system_config() -> dict[str, Any]:
@@ -680,8 +679,8 @@ def llm_worker_name(service: str, worker: str) -> str:
 class LlmWorkerRef(_ActorRef):
     """An LLM worker (:class:`failsoft.runtime.llm_worker.LlmWorker`) with failsoft's call conventions."""
 
-    def __init__(self, handle: Any, worker: str) -> None:
-        super().__init__(handle, f"llm worker {worker!r}")
+    def __init__(self, handle: Any, worker: str, actor: str) -> None:
+        super().__init__(handle, f"llm worker {worker!r}", actor)
         self.worker = worker
 
     async def info(self, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -788,10 +787,11 @@ def spawn_llm_worker(
     caller (the controller): it goes when its owner goes."""
     env = placement.actor_env() if placement.gpus > 0 else {}
     strategy = _node_of(server) if server is not None else None
+    actor = f"{llm_worker_name(service, name)}-{os.getpid()}-{next(_LLM_IDS)}"
     handle: Any = (
         ray.remote(cls)
         .options(
-            name=f"{llm_worker_name(service, name)}-{os.getpid()}-{next(_LLM_IDS)}",
+            name=actor,
             namespace=NAMESPACE,
             num_cpus=0,
             num_gpus=placement.gpus,
@@ -803,7 +803,7 @@ def spawn_llm_worker(
         )
         .remote(*args)
     )
-    return LlmWorkerRef(handle, name)
+    return LlmWorkerRef(handle, name, actor)
 
 
 _LLM_IDS = itertools.count()

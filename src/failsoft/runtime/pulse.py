@@ -298,6 +298,14 @@ class Watchers:
         conn.close()
 
     def tell_dead(self) -> None:
+        """Write the notice to every watcher, those still in the listener's backlog included.
+
+        A gateway that connected just before the death may not have been accepted yet (the loop
+        accepts between ticks); left in the backlog it would learn nothing until the agent's own
+        connection ended, the teardown this notice exists to outrun.
+        """
+        if self.listener is not None:
+            self._accept()
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.send(DEAD)

@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ import pytest
 from failsoft.runtime.dataplane import DataPlaneClient
 from failsoft.runtime.dataplane.client import HEARTBEAT_TIMEOUT_MS
 from failsoft.runtime.heartbeat import HeartbeatEndpoint
-from failsoft.runtime.pulse import process_state
+from failsoft.runtime.pulse import DEAD, Watchers, process_state
 
 pytestmark = pytest.mark.slow  # real processes, timed on the wall clock
 
@@ -125,3 +126,26 @@ def test_a_watch_that_ends_without_a_death_notice_ends_nothing(agent) -> None:
         return lost
 
     assert asyncio.run(body()) is None
+
+
+def test_a_watcher_the_sidecar_has_not_accepted_yet_still_hears_of_the_death() -> None:
+    """A gateway that connected just before the death sits in the listener's backlog until the
+    sidecar's loop accepts it; the notice must reach it too, not only the accepted watchers (else it
+    waits for the agent's own connection to end, the teardown the notice exists to outrun)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted = socket.create_connection(listener.getsockname())
+    watchers = Watchers(os.dup(listener.fileno()))
+    watchers.wait(0.5)  # accepts it
+    assert len(watchers.conns) == 1
+    late = socket.create_connection(listener.getsockname())  # in the backlog: no wait since
+    try:
+        watchers.tell_dead()
+        for conn in (accepted, late):
+            conn.settimeout(2.0)
+            assert conn.recv(64) == DEAD
+        assert watchers.conns == []
+    finally:
+        for conn in (accepted, late):
+            conn.close()
+        listener.close()
+        watchers.listener.close()  # type: ignore[union-attr]
