@@ -525,4 +525,6 @@ def test_the_load_share_probe_meets_what_a_load_meets(agent):
     finally:
         stop.set()
         worker.join()
-    assert shared < 0.8 * alone
+    # at most about half the lock: below 0.8 of what it got alone on a quiet host; on a busy one
+    # (alone already low, other processes taking the cores) still no more than the lock leaves
+    assert shared < max(0.8 * alone, 0.6), (shared, alone)
