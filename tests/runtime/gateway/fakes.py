@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
+from safetensors.numpy import save
 
 from failsoft.clock import ManualClock
 from failsoft.errors import CapacityError, FailsoftError, ModelNotLoadedError, ServerUnavailableError
@@ -226,6 +227,11 @@ class FakeAgent:
 
     def cancel_nowait(self, request_id: str) -> None:
         self.cancelled.append(request_id)
+
+    async def state(self, app: str, variant: str) -> bytes:
+        """A stateful model's state as an agent ships it: safetensors whose metadata counts the
+        rows folded in (none: the fake computes nothing)."""
+        return save({"h": np.zeros(1, dtype=np.float32)}, metadata={"seq": "0"})
 
     async def load(self, app: str, family: str, variant: str, background: bool = False) -> dict[str, Any]:
         """The model loaded back (the controller's reload in place): a lost model is held again."""

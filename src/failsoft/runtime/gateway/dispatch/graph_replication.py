@@ -97,6 +97,7 @@ from failsoft.policies.replication.interface import (
 from failsoft.runtime.gateway.dispatch.calls import CallResult, CallStatus, Target, Watch, call_on_route
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext
 from failsoft.runtime.gateway.routes import Route
+from failsoft.runtime.loop import spawn
 from failsoft.services import GraphParams
 
 log = logging.getLogger(__name__)
@@ -467,10 +468,7 @@ class Replication:
         return node.latest.pop(seq, outputs)
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return spawn(coro, f"graph-{self.service}-{coro.__qualname__}", self._tasks)
 
     async def _ship(self, c: SendState) -> None:
         """Take the primary's newest state (while it computes on) and buffer it for the backup.

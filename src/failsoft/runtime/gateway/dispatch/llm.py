@@ -57,6 +57,7 @@ from failsoft.policies.llm_recovery import (
     WorkerLoad,
 )
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
+from failsoft.runtime.loop import spawn
 from failsoft.services import LlmParams, Service, ServiceMode
 
 if TYPE_CHECKING:
@@ -169,10 +170,7 @@ class LlmDispatcher(Dispatcher):
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return spawn(coro, name, self._tasks)
 
     def processes_on(self, server: str) -> list[int]:
         pids = [w.get("pid") for w in self._table.values() if w.get("server") == server]

@@ -85,6 +85,7 @@ from failsoft.runtime.gateway.dispatch.calls import CallStatus, Target, Watch, c
 from failsoft.runtime.gateway.dispatch.interface import Answer, DispatchContext, Dispatcher, Request
 from failsoft.runtime.gateway.routes import Route
 from failsoft.runtime.gateway.slo_clients import router as client_router
+from failsoft.runtime.loop import spawn
 from failsoft.services import Service, ServiceMode, SloParams
 
 if TYPE_CHECKING:
@@ -434,9 +435,7 @@ class SloDispatcher(Dispatcher):
             log.warning("service %s: could not unpin %s on %s: %s", self.service.name, member, server, exc)
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(coro, f"slo-{self.service.name}-{coro.__qualname__}", self._tasks)
 
     def _worker_plan(self, client: SloClient) -> WorkerPlan | None:
         """The client's worker: the one the plan maps it to, or, when the plan pools the workers (the
