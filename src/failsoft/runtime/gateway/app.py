@@ -81,6 +81,7 @@ from failsoft.runtime.gateway.protocol import (
     parse_infer_request,
 )
 from failsoft.runtime.gateway.routes import RouteMirror
+from failsoft.runtime.loop import spawn
 from failsoft.services import Service, with_singles
 from failsoft.versions import version_of
 
@@ -256,9 +257,7 @@ class Gateway:
             lead = apps.get(served.lead.name)
             if lead is not None and lead != served.lead:
                 self.served[name] = dataclasses.replace(served, lead=lead)
-        task = asyncio.ensure_future(self._retire(retired, set(self.apps) - set(apps), retire_s))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        spawn(self._retire(retired, set(self.apps) - set(apps), retire_s), "gateway-retire", self._closing)
         return {"added": [s.name for s in new], "removed": [s.service.name for s in retired]}
 
     async def _retire(self, retired: list[Served], apps: set[str], after_s: float) -> None:
@@ -300,9 +299,7 @@ class Gateway:
             return
         reason = f"{self.health.errors_to_fail} inference calls in a row failed, the last: {error}"
         log.warning("server %s heartbeats but does not serve (%s): asking for a failover", server, reason)
-        task = asyncio.ensure_future(self._report_unhealthy(server, reason))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
+        spawn(self._report_unhealthy(server, reason), f"report-unhealthy-{server}", self._reports)
 
     async def _report_unhealthy(self, server: str, reason: str) -> None:
         try:
@@ -363,9 +360,7 @@ class Gateway:
             self.mirror.connection_lost(change.server)
             log.warning("server %s: data plane connection lost (%s)", change.server, change.reason)
             self._publish({"type": "connection_lost", "server": change.server, "reason": change.reason})
-        task = asyncio.ensure_future(self._report_link(change))
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
+        spawn(self._report_link(change), f"report-link-{change.server}", self._reports)
 
     async def _report_link(self, change: LinkChange) -> None:
         try:
