@@ -43,6 +43,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-fan",
         "fidelity-converge",
         "fidelity-halves",
+        "fidelity-tiers",
         "graph-echo-chain",
         "slo",
     } <= names

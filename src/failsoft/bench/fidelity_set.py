@@ -53,7 +53,9 @@ QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside 
 # change after that (fidelity-fan.yaml: eight apps fan out over five survivors), one before the
 # control path's split into work and waiting (fidelity-converge.yaml: two servers' apps converge on
 # one survivor, held out the same way), one before the per-server control lane was judged
-# (fidelity-halves.yaml: one server's seven apps split over two survivors), and the mechanism
+# (fidelity-halves.yaml: one server's seven apps split over two survivors), one before the recovery
+# storm model (fidelity-tiers.yaml: two servers of two sites die at once, survivors of three tiers,
+# three load slots, 25 ms x 3 heartbeats), and the mechanism
 # twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
@@ -71,6 +73,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-fan.yaml", ("n1",)),
     ("examples/fidelity-converge.yaml", ("k1", "k2")),
     ("examples/fidelity-halves.yaml", ("h1",)),
+    ("examples/fidelity-tiers.yaml", ("t1", "t4")),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
