@@ -44,6 +44,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-converge",
         "fidelity-halves",
         "fidelity-tiers",
+        "fidelity-serial",
         "graph-echo-chain",
         "slo",
     } <= names

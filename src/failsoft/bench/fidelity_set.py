@@ -17,7 +17,7 @@ MTTR error reported as ``figure`` (otherwise ``figure`` is null and ``flagged`` 
 is kept, for its per-app detail, but never reported as a fidelity figure).
 
 Printed: ``{"configs": {NAME: {"config", "failed", "median_mttr_error_pct", "median_first_answer_error_pct",
-"median_mttr_error_pct_by_kind", "figure", "quiet", "flagged", "loadavg", "other_busy_cores",
+"median_mttr_error_pct_by_kind", "runtime_spread_pct", "figure", "quiet", "flagged", "loadavg", "other_busy_cores",
 "contended_profiles", "detail"}}, "median_mttr_error_pct": {"quiet", "all"}, "host": {...}}``.
 
 ``replay`` (``--replay SET.json``) simulates again the runtime runs an earlier output recorded, with
@@ -55,7 +55,8 @@ QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside 
 # one survivor, held out the same way), one before the per-server control lane was judged
 # (fidelity-halves.yaml: one server's seven apps split over two survivors), one before the recovery
 # storm model (fidelity-tiers.yaml: two servers of two sites die at once, survivors of three tiers,
-# three load slots, 25 ms x 3 heartbeats), and the mechanism
+# three load slots, 25 ms x 3 heartbeats), one before the control path's host constant
+# (fidelity-serial.yaml: one server's six apps on survivors of one load slot each), and the mechanism
 # twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
@@ -74,6 +75,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-converge.yaml", ("k1", "k2")),
     ("examples/fidelity-halves.yaml", ("h1",)),
     ("examples/fidelity-tiers.yaml", ("t1", "t4")),
+    ("examples/fidelity-serial.yaml", ("r1",)),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
@@ -209,6 +211,7 @@ def summarize(config: str, out: dict[str, Any], load_before: float, load_after: 
         "median_mttr_error_pct": mttr,
         "median_first_answer_error_pct": out["median_abs_error_pct"]["first_answer"],
         "median_mttr_error_pct_by_kind": out.get("median_mttr_error_pct_by_kind", {}),
+        "runtime_spread_pct": out.get("runtime_spread_pct"),  # the runs' own noise (older outputs: None)
         "figure": None if flagged else mttr,
         "quiet": not flagged,
         "flagged": flagged,
