@@ -45,6 +45,21 @@ def test_errors_are_relative_per_app_and_the_median_is_over_apps():
     assert out["serving_overhead_ms"] == pytest.approx(2.0)
 
 
+def test_the_runtimes_own_spread_is_reported_beside_the_errors():
+    apps = [{"x": ("progressive", m, 150.0, 12.0), "z": ("warm", 0.0, 20.0, 12.0)} for m in (80, 100, 120)]
+    runs = [_run(a) for a in apps]
+    sims = [{"mttr_ms": {"x": 100.0, "z": 0.0}, "first_answer_ms": {"x": 140.0, "z": 5.0},
+             "primary_latency_ms": {"x": 10.0, "z": 10.0}}] * 3  # fmt: skip
+    out = compare("c.yaml", ["a1"], "faillite", runs, sims)
+    # runs 80, 100, 120 ms: the median run is 20 ms (20%) from the mean; the mean's standard error
+    # is 20 / sqrt(3) ms (11.5%); a warm switch (~0 ms) has no percentage
+    assert out["per_app"]["x"]["runtime_spread_pct"] == {"single_run": 20.0, "mean_of_runs": 11.5}
+    assert out["per_app"]["z"]["runtime_spread_pct"] is None
+    assert out["runtime_spread_pct"] == {"single_run": 20.0, "mean_of_runs": 11.5}
+    one = compare("c.yaml", ["a1"], "faillite", runs[:1], sims[:1])
+    assert one["runtime_spread_pct"] == {"single_run": None, "mean_of_runs": None}  # one run: unknown
+
+
 def test_apps_the_simulator_did_not_recover_are_left_out_of_the_error():
     runs = [_run({"x": ("progressive", 100.0, 150.0, 12.0)})]
     sims = [{"mttr_ms": {}, "first_answer_ms": {}, "primary_latency_ms": {"x": 10.0}}]

@@ -118,3 +118,27 @@ def test_a_switch_error_is_relative_to_the_runtime_and_the_median_is_over_switch
     c = fidelity_switch.compared({"app": "w", "variant": "x", "server": "e1", "runtime_ms": None}, 65.0)
     assert (a["error_pct"], b["error_pct"], c["error_pct"]) == (20.0, 30.0, None)
     assert fidelity_switch.summarize([[a], [b, c]])["median_abs_error_pct"] == 25.0
+
+
+def test_control_from_names_a_file_it_cannot_read_and_outputs_without_the_calibration_configs(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from failsoft.cli import app
+
+    replay = ROOT / "docs" / "results" / "fidelity-set-round11-slo.json"
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("not json")
+    res = CliRunner().invoke(
+        app, ["bench", "fidelity-set", "--replay", str(replay), "--control-from", str(garbage)]
+    )
+    assert res.exit_code != 0 and "--control-from" in res.output and "notes.txt" in res.output
+    other = tmp_path / "slo-only.json"  # a set without bench.yaml or fidelity.yaml runs
+    other.write_text(replay.read_text())
+    res = CliRunner().invoke(
+        app, ["bench", "fidelity-set", "--replay", str(replay), "--control-from", str(other)]
+    )
+    # the command's ConfigError, which failsoft's entry point prints as "error: ..."
+    assert isinstance(res.exception, ConfigError) and "bench.yaml, fidelity.yaml" in str(res.exception)
+    assert json.loads(other.read_text())["configs"]  # nothing it was given is touched

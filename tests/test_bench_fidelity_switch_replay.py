@@ -11,6 +11,7 @@ import pytest
 
 from failsoft.bench import fidelity
 from failsoft.bench.cluster import read_bench_config
+from failsoft.errors import ConfigError
 from failsoft.runtime.config import config_from_dict
 from failsoft.sim import simulate_pin
 
@@ -80,3 +81,47 @@ def test_on_the_host_its_probe_met_the_control_work_costs_about_what_the_wait_do
     as_work = fidelity.simulate_switches(slo_config, run, control="work")
     for a, b in zip(as_wait, as_work, strict=True):
         assert b["sim_ms"] == pytest.approx(a["sim_ms"], rel=0.25)
+
+
+def test_the_hosts_control_cost_is_the_median_of_the_calibration_runs_probe_fits(slo_config):
+    # the recorded slo runs stand in for bench.yaml's and fidelity.yaml's (the tiny zoo has only
+    # their digits model); each run's crash probe fits its own cost, the host's is their median
+    out = json.loads(RECORDED.read_text())
+    runs = out["configs"]["slo"]["detail"]["runtime_runs"]
+    own = [fidelity.control_cost(slo_config, r)["control_ahead_ms"] for r in runs]
+    loaded: list[str] = []
+
+    def config_of(path: str):
+        loaded.append(path)
+        return slo_config
+
+    calibration = fidelity.calibrate_control([out], config_of, configs=("slo",))
+    assert calibration["per_run_ms"] == pytest.approx(own, abs=0.01)
+    assert calibration["ms"] == pytest.approx(sorted(own)[len(own) // 2], abs=0.01)
+    assert calibration["runs"] == len(runs) and calibration["configs"] == ["examples/slo.yaml"]
+    assert loaded == ["examples/slo.yaml"]  # once per config, not per run
+    with pytest.raises(ConfigError, match=r"bench\.yaml, fidelity\.yaml"):  # only the fit configs count
+        fidelity.calibrate_control([out], config_of)
+    busy = {**out, "configs": {"slo": {**out["configs"]["slo"], "quiet": False}}}
+    with pytest.raises(ConfigError, match="no run with a control probe"):  # a busy host's probes: left out
+        fidelity.calibrate_control([busy], config_of, configs=("slo",))
+    with pytest.raises(ConfigError, match="not an output"):
+        fidelity.calibrate_control([{"median_mttr_error_pct": 3.0}], config_of)
+
+
+def test_the_hosts_control_cost_replaces_each_runs_own_in_the_twin(slo_config, monkeypatch):
+    run = _recorded_run()
+    given: list[float] = []  # the control work each simulated crash was given
+    from failsoft import sim
+
+    original = sim.simulate_failure
+
+    def spy(deployment, failed, config, seed=0):
+        given.append(config.control_work_ms)
+        return original(deployment, failed, config, seed=seed)
+
+    monkeypatch.setattr(sim, "simulate_failure", spy)
+    fidelity.simulate_run(slo_config, run, ["e1"], 1, host_control_ms=17.5)
+    own = fidelity.control_cost(slo_config, run)["control_ahead_ms"]
+    fidelity.simulate_run(slo_config, run, ["e1"], 1)
+    assert given == [pytest.approx(17.5), pytest.approx(own)]

@@ -30,16 +30,19 @@ is promoted at detection on both sides (kind ``promoted``), and on a config with
 runtime run first times Jellyfish's ladder switches, simulated by :mod:`.fidelity_switch`.
 
 Printed: ``{"per_app": {APP: {"runtime_mttr_ms", "sim_mttr_ms", "mttr_error_pct", "mttr_error_ms",
-"runtime_first_answer_ms", "sim_first_answer_ms", "kind", "first_variant"}}, "median_abs_error_pct":
-{"mttr", "first_answer"}, "median_mttr_error_pct_by_kind": {KIND: ...}, "median_mttr_error_ms_by_kind":
-{...}, "abs_error_ms": {...}, "switches": {"events", "median_abs_error_pct"} (slo), ...}``. What the
-simulator leaves out is listed under ``not_modelled``.
+"runtime_first_answer_ms", "sim_first_answer_ms", "kind", "first_variant", "runtime_spread_pct"}},
+"median_abs_error_pct": {"mttr", "first_answer"}, "median_mttr_error_pct_by_kind": {KIND: ...},
+"median_mttr_error_ms_by_kind": {...}, "abs_error_ms": {...}, "runtime_spread_pct": {"single_run",
+"mean_of_runs"}, "switches": {"events", "median_abs_error_pct"} (slo), ...}``. ``runtime_spread_pct``
+is the runtime's own run-to-run noise (:func:`run_spread_pct`), the floor the errors are read
+against. What the simulator leaves out is listed under ``not_modelled``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -91,6 +94,13 @@ DEFAULT_HOST_MODEL = "steady"
 # of 14 configs, ``work`` on 10 (docs/results/fidelity-control-pooled-round14.json, docs/simulator.md).
 CONTROL_MODELS = ("wait", "work", "ahead")
 DEFAULT_CONTROL_MODEL = "ahead"
+CONTROL_FIELDS = {"wait": "control_ms", "work": "control_work_ms", "ahead": "control_ahead_ms"}
+# The control path's cost as a constant of the host (--control-from): each run's probe is four pins,
+# and the same config's runs fitted 19-63 ms of it (examples/fidelity.yaml, three sets of one
+# afternoon), which moved the twin's small loads as much; the median over many runs' probes is the
+# cost the path has on this host. Taken from the runs of the two configs the twin is fitted on only,
+# so that every other config stays held out.
+CALIBRATION_CONFIGS = ("bench", "fidelity")
 NOT_MODELLED = [
     "how the CPU taken by everything but loads and first answers (the gateway, the controller, Ray, "
     "the clients, the steady load, other sessions) changes during the recovery: it is modelled as "
@@ -129,11 +139,13 @@ def run(
     host: str = DEFAULT_HOST_MODEL,
     page_cache: str = "warm",
     control: str = DEFAULT_CONTROL_MODEL,
+    host_control_ms: float | None = None,
 ) -> dict[str, Any]:
     """Run the crash ``repeats`` times (or take ``runs`` of an earlier output) and simulate it,
     telling the twin of the host's other work as ``host`` says (:func:`host_twin`) and spending the
-    control path's cost as ``control`` says (:func:`control_cost`). ``page_cache`` sets the weights'
-    state at the kill (``warm`` or ``cold``); the twin is told each run's."""
+    control path's cost as ``control`` says (:func:`control_cost`): each run's own probe's, or
+    ``host_control_ms`` for every run (the host's constant: :func:`calibrate_control`). ``page_cache``
+    sets the weights' state at the kill (``warm`` or ``cold``); the twin is told each run's."""
     if control not in CONTROL_MODELS:
         raise ConfigError(f"control model must be one of {', '.join(CONTROL_MODELS)}; got {control!r}")
     say = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -150,7 +162,9 @@ def run(
     if runs is not None:
         failed = sorted({s for r in runs for s in r["detection_ms"]}) or list(kill)
         say(f"[fidelity] replaying {len(runs)} runtime runs (killed {', '.join(failed)})")
-        return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host, control)
+        return _simulated(
+            str(config_path), base, failed, runs, sim_seeds, say, host, control, host_control_ms
+        )
     from failsoft.runtime.controller import orchestration_settings
 
     settings = BenchSettings(
@@ -172,7 +186,7 @@ def run(
             runs.append(run)
         finally:
             shutil.rmtree(cfg.state_dir, ignore_errors=True)
-    return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host, control)
+    return _simulated(str(config_path), base, failed, runs, sim_seeds, say, host, control, host_control_ms)
 
 
 def _before_kill(cfg: RuntimeConfig, failed: Sequence[str], session: Any, client: Any) -> dict[str, Any]:
@@ -195,13 +209,16 @@ def _simulated(
     say: Progress,
     host: str = DEFAULT_HOST_MODEL,
     control: str = DEFAULT_CONTROL_MODEL,
+    host_control_ms: float | None = None,
 ) -> dict[str, Any]:
     say(f"[fidelity] simulating the same crash ({sim_seeds} seeds per runtime run) ...")
-    sims = [simulate_run(base, r, failed, sim_seeds, host, control) for r in runs]
+    sims = [simulate_run(base, r, failed, sim_seeds, host, control, host_control_ms) for r in runs]
     crowded = contended_profiles(base)
     extra: dict[str, Any] = {
         "host_model": host,
         "control_model": control,
+        # each run's own probe, or one constant for the host (calibrate_control)
+        "control_cost_ms": "each run's probe" if host_control_ms is None else round(host_control_ms, 2),
         "contended_profiles": crowded,
         "runtime_runs": runs,
     }
@@ -241,10 +258,12 @@ def simulate_run(
     seeds: int,
     host: str = DEFAULT_HOST_MODEL,
     control: str = DEFAULT_CONTROL_MODEL,
+    host_control_ms: float | None = None,
 ) -> dict:
     """The simulated counterpart of one runtime run: per app, mean simulated MTTR over ``seeds``;
     ``host`` names what the twin is told of the host's other work (:func:`host_twin`), ``control``
-    how it spends the control path's cost (:func:`control_cost`)."""
+    how it spends the control path's cost (:func:`control_cost`; ``host_control_ms``: that cost,
+    the host's constant, instead of the run's own probe's)."""
     from failsoft.sim import simulate_failure
 
     deployment = as_deployed(config, observed["warm"])
@@ -256,6 +275,8 @@ def simulate_run(
     else:
         sim_config = twin_config(config, observed, host)
         cost = control_cost(config, observed, host, control=control)
+        if host_control_ms is not None and cost:  # runs recorded without a probe keep none
+            cost = {CONTROL_FIELDS[control]: host_control_ms}
     probes = ((observed.get("before_kill") or {}).get("control_probe") or {}).get("events") or []
     sim_config = dataclasses.replace(
         with_control(sim_config, cost), plan_wait_ms=fidelity_switch.hop_ms(probes)
@@ -366,6 +387,62 @@ def control_cost(
         )
     )
     return {"control_ahead_ms" if ahead else "control_work_ms": work}
+
+
+def calibrate_control(
+    outputs: Sequence[dict[str, Any]],
+    config_of: Callable[[str], RuntimeConfig] = load_config,
+    host: str = DEFAULT_HOST_MODEL,
+    control: str = DEFAULT_CONTROL_MODEL,
+    configs: Sequence[str] = CALIBRATION_CONFIGS,
+) -> dict[str, Any]:
+    """The control path's cost as a constant of the host: the median over every probe-carrying run
+    of ``configs`` (file stems; :data:`CALIBRATION_CONFIGS`) in ``outputs`` (of ``bench fidelity``
+    or ``bench fidelity-set``, less a set's configs flagged busy; ``config_of`` loads a recorded
+    config path) of the cost its probe fits (:func:`control_cost`). Returns ``{"ms", "runs",
+    "per_run_ms", "configs"}``; a ConfigError when no such run is there."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for out in outputs:
+        for result in _fidelity_results(out):
+            if Path(str(result.get("config", ""))).stem in configs:
+                found += [(str(result["config"]), r) for r in result.get("runtime_runs") or []]
+    fitted: list[float] = []
+    used: set[str] = set()
+    loaded: dict[str, RuntimeConfig] = {}
+    for path, observed in found:
+        config = loaded.get(path) or loaded.setdefault(path, config_of(path))
+        cost = control_cost(config, observed, host, control=control)
+        if cost:
+            fitted.append(cost[CONTROL_FIELDS[control]])
+            used.add(path)
+    if not fitted:
+        raise ConfigError(
+            "no run with a control probe of the calibration configs "
+            f"({', '.join(c + '.yaml' for c in configs)}) in the outputs given: run "
+            "'failsoft bench fidelity-set --only bench.yaml --only fidelity.yaml --out FILE' first"
+        )
+    return {
+        "ms": round(statistics.median(fitted), 2),
+        "runs": len(fitted),
+        "per_run_ms": [round(v, 2) for v in fitted],
+        "configs": sorted(used),
+    }
+
+
+def _fidelity_results(out: Any) -> list[dict[str, Any]]:
+    """The ``bench fidelity`` results inside an output of it or of ``bench fidelity-set``, less the
+    configs a set flagged as run on a busy host (their probes met other work, not the path's cost)."""
+    if not isinstance(out, dict):
+        raise ConfigError("not an output of 'failsoft bench fidelity' or 'bench fidelity-set'")
+    if isinstance(out.get("configs"), dict):
+        return [
+            c["detail"]
+            for c in out["configs"].values()
+            if isinstance(c, dict) and c.get("detail") and c.get("quiet", True)
+        ]
+    if "runtime_runs" in out:
+        return [out]
+    raise ConfigError("not an output of 'failsoft bench fidelity' or 'bench fidelity-set' (no runtime runs)")
 
 
 def with_control(sim_config: SimConfig, cost: dict[str, float]) -> SimConfig:
@@ -539,6 +616,7 @@ def compare(
         }
         per_app[app]["mttr_error_pct"] = _error_pct(per_app[app], "mttr")
         per_app[app]["mttr_error_ms"] = _error_ms(per_app[app], "mttr")  # a switch's runtime is ~0
+        per_app[app]["runtime_spread_pct"] = run_spread_pct([a["mttr_ms"] for a in rt])
     kinds = sorted({a["kind"] for a in per_app.values() if a["kind"] is not None})
     return {
         "config": config,
@@ -551,11 +629,38 @@ def compare(
         # per recovery kind: warm switch, progressive or cold load, ``promoted`` (a pinned copy: HAMS)
         "median_mttr_error_pct_by_kind": {k: _median_error(_of_kind(per_app, k), "mttr") for k in kinds},
         "median_mttr_error_ms_by_kind": {k: _median_ms(_of_kind(per_app, k)) for k in kinds},
+        # the runtime's own noise, beside which the errors above are read (see run_spread_pct)
+        "runtime_spread_pct": {
+            k: _median_of([(a["runtime_spread_pct"] or {}).get(k) for a in per_app.values()])
+            for k in ("single_run", "mean_of_runs")
+        },
         "serving_overhead_ms": round(overhead, 2),
         "detection_ms": [round(v, 1) for r in runs for v in r["detection_ms"].values()],
         "failed_requests": sum(r["requests"]["failed"] for r in runs),
         "not_modelled": NOT_MODELLED,
     }
+
+
+def run_spread_pct(mttr_ms: Sequence[float]) -> dict[str, float] | None:
+    """How far one app's runtime runs are from their own mean, in percent of it: ``single_run``,
+    the median run's distance from the mean; ``mean_of_runs``, the mean's standard error (the
+    error a twin that knew the true mean would show on these runs, about). Without two runs, or for
+    a switch (a mean near 0), None. The host's noise floor for a fidelity figure: a median error
+    near ``mean_of_runs`` is as good as the runs can tell."""
+    if len(mttr_ms) < 2:
+        return None
+    mean = statistics.fmean(mttr_ms)
+    if mean < 1.0:  # a warm switch: the runtime's MTTR is ~0 ms, a percentage means nothing
+        return None
+    return {
+        "single_run": round(statistics.median(abs(v - mean) for v in mttr_ms) / mean * 100.0, 1),
+        "mean_of_runs": round(statistics.stdev(mttr_ms) / math.sqrt(len(mttr_ms)) / mean * 100.0, 1),
+    }
+
+
+def _median_of(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.median(present), 1) if present else None
 
 
 def mean_phases(timelines: Sequence[dict[str, Any] | None]) -> dict[str, Any] | None:

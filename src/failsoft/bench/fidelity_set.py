@@ -17,8 +17,9 @@ MTTR error reported as ``figure`` (otherwise ``figure`` is null and ``flagged`` 
 is kept, for its per-app detail, but never reported as a fidelity figure).
 
 Printed: ``{"configs": {NAME: {"config", "failed", "median_mttr_error_pct", "median_first_answer_error_pct",
-"median_mttr_error_pct_by_kind", "runtime_spread_pct", "figure", "quiet", "flagged", "loadavg", "other_busy_cores",
-"contended_profiles", "detail"}}, "median_mttr_error_pct": {"quiet", "all"}, "host": {...}}``.
+"median_mttr_error_pct_by_kind", "runtime_spread_pct", "figure", "quiet", "flagged", "loadavg",
+"other_busy_cores", "contended_profiles", "detail"}}, "median_mttr_error_pct": {"quiet", "all"},
+"host": {...}}``.
 
 ``replay`` (``--replay SET.json``) simulates again the runtime runs an earlier output recorded, with
 the contention they ran under, and starts no cluster: a change to the simulator's host model is
@@ -110,12 +111,14 @@ def run_set(
     replay: dict[str, Any] | None = None,
     host: str | None = None,
     control: str | None = None,
+    host_control_ms: float | None = None,
 ) -> dict[str, Any]:
     """``bench fidelity`` on each config of :data:`FIDELITY_SET` (``only``: those whose file name
     contains one of these words), paths taken under ``root`` (the repository's checkout); with
     ``replay`` (an earlier output of this function), its recorded runtime runs simulated again;
     ``host`` and ``control``: the twin's host and control models (``bench fidelity --host`` and
-    ``--control``; None: their defaults)."""
+    ``--control``; None: their defaults); ``host_control_ms``: the control path's cost for every
+    run (``bench fidelity --control-from``; None: each run's own probe's)."""
     from failsoft.bench.fidelity import run as fidelity_run
     from failsoft.zoo.machine import usable_cores
 
@@ -124,6 +127,8 @@ def run_set(
         fidelity = partial(fidelity, host=host)
     if control is not None:
         fidelity = partial(fidelity, control=control)
+    if host_control_ms is not None:
+        fidelity = partial(fidelity, host_control_ms=host_control_ms)
     if replay is not None:
         return _replayed(root, only, sim_seeds, replay, progress, fidelity)
     chosen = _chosen(only)

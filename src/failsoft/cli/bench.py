@@ -101,6 +101,15 @@ def fidelity(
             "wait, no core taken)"
         ),
     ] = None,
+    control_from: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--control-from",
+            help="Take the control path's cost as the host's constant: the median of what the probes "
+            "of the bench.yaml and fidelity.yaml runs in these outputs (of bench fidelity or "
+            "fidelity-set) fit (repeatable; default: each run's own probe)",
+        ),
+    ] = None,
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
     from failsoft.bench.failover import PAGE_CACHE_STATES
@@ -117,10 +126,13 @@ def fidelity(
     control = _one_of(control or DEFAULT_CONTROL_MODEL, CONTROL_MODELS, "--control")
     _one_of(page_cache, PAGE_CACHE_STATES, "--page-cache")
     earlier = replayed(*replay) if replay else None
+    calibration = _control_calibration(control_from, Path("."), host, control)
     result = run(
         config, kill=tuple(kill or ()), repeats=repeats, sim_seeds=seeds, runs=earlier, host=host,
-        page_cache=page_cache, control=control,
+        page_cache=page_cache, control=control, host_control_ms=_ms(calibration),
     )  # fmt: skip
+    if calibration:
+        result["control_calibration"] = calibration
     typer.echo(json.dumps(result, indent=2))
 
 
@@ -149,14 +161,26 @@ def fidelity_set(
         str | None,
         typer.Option(help="The twin's control model, as bench fidelity --control (default: its default)"),
     ] = None,
+    control_from: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--control-from",
+            help="Take the control path's cost as the host's constant: the median of what the probes "
+            "of the bench.yaml and fidelity.yaml runs in these outputs (of bench fidelity or "
+            "fidelity-set) fit (repeatable; default: each run's own probe)",
+        ),
+    ] = None,
 ) -> None:
     """bench fidelity on the whole fidelity set: the median MTTR error per config, beside the host's
     load when it ran (a busy run is flagged, never reported as a figure)."""
-    from failsoft.bench.fidelity import CONTROL_MODELS, HOST_MODELS
+    from failsoft.bench.fidelity import CONTROL_MODELS, DEFAULT_CONTROL_MODEL, DEFAULT_HOST_MODEL, HOST_MODELS
     from failsoft.bench.fidelity_set import run_set
 
     host = None if host is None else _one_of(host, HOST_MODELS, "--host")
     control = None if control is None else _one_of(control, CONTROL_MODELS, "--control")
+    calibration = _control_calibration(
+        control_from, root, host or DEFAULT_HOST_MODEL, control or DEFAULT_CONTROL_MODEL
+    )
     earlier = None
     if replay is not None:
         try:
@@ -165,9 +189,34 @@ def fidelity_set(
             raise typer.BadParameter(f"cannot read {str(replay)!r}: {exc}", param_hint="--replay") from exc
     result = run_set(
         root, only=tuple(only or ()), repeats=repeats, sim_seeds=seeds, settle_s=settle_s, progress=_progress,
-        replay=earlier, host=host, control=control,
+        replay=earlier, host=host, control=control, host_control_ms=_ms(calibration),
     )  # fmt: skip
+    if calibration:
+        result["control_calibration"] = calibration
     _emit(result, out)
+
+
+def _ms(calibration: dict[str, Any] | None) -> float | None:
+    return None if calibration is None else float(calibration["ms"])
+
+
+def _control_calibration(
+    paths: list[Path] | None, root: Path, host: str, control: str
+) -> dict[str, Any] | None:
+    """``--control-from``: the control path's cost calibrated on the runs of those outputs."""
+    if not paths:
+        return None
+    from failsoft.bench.fidelity import calibrate_control
+    from failsoft.runtime.config import load_config
+
+    outputs = []
+    for path in paths:
+        try:
+            outputs.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            problem = f"cannot read {str(path)!r}: {exc}"
+            raise typer.BadParameter(problem, param_hint="--control-from") from exc
+    return calibrate_control(outputs, lambda config: load_config(root / config), host, control)
 
 
 def _one_of(value: str, choices: Sequence[str], option: str) -> str:
