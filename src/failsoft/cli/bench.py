@@ -59,6 +59,18 @@ def failover(
     typer.echo(json.dumps(run(config, settings), indent=2))
 
 
+# bench fidelity's and fidelity-set's --control-from (the host's control cost: calibrate_control)
+ControlFrom = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--control-from",
+        help="Take the control path's cost as the host's constant: the median of what the probes "
+        "of the bench.yaml and fidelity.yaml runs in these outputs (of bench fidelity or "
+        "fidelity-set) fit (repeatable; default: each run's own probe)",
+    ),
+]
+
+
 @app.command("fidelity")
 def fidelity(
     config: Annotated[
@@ -101,15 +113,7 @@ def fidelity(
             "wait, no core taken)"
         ),
     ] = None,
-    control_from: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--control-from",
-            help="Take the control path's cost as the host's constant: the median of what the probes "
-            "of the bench.yaml and fidelity.yaml runs in these outputs (of bench fidelity or "
-            "fidelity-set) fit (repeatable; default: each run's own probe)",
-        ),
-    ] = None,
+    control_from: ControlFrom = None,
 ) -> None:
     """The same crash in the runtime and in the simulator: per-app MTTR and first answer, and the error."""
     from failsoft.bench.failover import PAGE_CACHE_STATES
@@ -161,15 +165,7 @@ def fidelity_set(
         str | None,
         typer.Option(help="The twin's control model, as bench fidelity --control (default: its default)"),
     ] = None,
-    control_from: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--control-from",
-            help="Take the control path's cost as the host's constant: the median of what the probes "
-            "of the bench.yaml and fidelity.yaml runs in these outputs (of bench fidelity or "
-            "fidelity-set) fit (repeatable; default: each run's own probe)",
-        ),
-    ] = None,
+    control_from: ControlFrom = None,
 ) -> None:
     """bench fidelity on the whole fidelity set: the median MTTR error per config, beside the host's
     load when it ran (a busy run is flagged, never reported as a figure)."""
