@@ -8,7 +8,8 @@ ImageNet-style apps during the warm-up (their baseline); then the chosen server(
 5.1's metrics):
 
 * ``detection_ms``: kill to the controller's detection (the gateway's data-plane connection ending,
-  or two missed 20 ms heartbeats: ``detected_by`` says which, per killed server);
+  or two missed 20 ms heartbeats: ``detected_by`` says which, per killed server); with
+  ``kill_offset_ms``, each server's kill after the first (one call each, unless a whole site dies);
 * ``rerouted_ms``: per affected app, the kill to the first answer on the app's new route as the
   gateway saw it: how long requests in flight at the kill took to be on their next route, plus
   that answer's inference (for a warm switch, nothing is loaded); ``connection_end_ms``, per
@@ -557,6 +558,7 @@ def measure(
     return {
         "detection_ms": {s: (detected[s] - kill_at[s]) * 1000.0 for s in detected},
         "detected_by": detected_by,
+        "kill_offset_ms": {s: (at - first_kill) * 1000.0 for s, at in kill_at.items()},  # one kill each
         "connection_end_ms": {s: (ended[s] - kill_at[s]) * 1000.0 for s in ended},
         "connection_end_by": ended_by,
         "apps": apps,
