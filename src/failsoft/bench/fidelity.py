@@ -122,6 +122,11 @@ NOT_MODELLED = [
     "the fitted work per server instead (tried: docs/results.md, round 16) moved converge's heavy "
     "loads toward the runtime but left the twin too fast where one survivor takes four loads "
     "(examples/fidelity-halves.yaml: 37.4% against ahead's 39.2)",
+    "the runtime's detection of a killed agent by its sidecar's death notice, a few milliseconds "
+    "after each kill: two servers killed one call apart are noticed and planned apart there, where "
+    "the twin detects both from their heartbeats at one check and plans them together, so their "
+    "loads take the survivors' slots in another order (examples/fidelity-converge.yaml: the first "
+    "server's heavy load took a slot at once, the second's small loads queued behind it)",
     "Ray call and long-poll latencies (the first answer's overhead is measured, not simulated)",
     "the disk's own contention: a cold load's wait for the disk is its profiled wait, however many "
     "loads read at once (the page-cache state itself is set and told: --page-cache)",
