@@ -19,6 +19,7 @@ start it watches) turns keeping off for itself (``tests/runtime/test_raystart.py
 from __future__ import annotations
 
 import functools
+import logging
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +29,20 @@ import pytest
 from failsoft.zoo import ModelRepository
 
 _running: list[pytest.Item] = []  # the test whose setup, call or teardown runs now
+
+
+@pytest.fixture(autouse=True)
+def _failsoft_logger_restored() -> Iterator[None]:
+    """Each test leaves the ``failsoft`` logger as it found it. ``failsoft serve`` run in-process (as
+    the CLI tests do) configures it as the command configures its process, with a stderr handler
+    that would outlive the test: a record that a later test's leftover thread logs would then land
+    in whatever stderr that test captures (a one-line error test once read a replica's log line)."""
+    target = logging.getLogger("failsoft")
+    handlers, level = list(target.handlers), target.level
+    yield
+    for handler in [h for h in target.handlers if h not in handlers]:
+        target.removeHandler(handler)
+    target.setLevel(level)
 
 
 def ray_refusal(item: pytest.Item | None) -> str | None:
