@@ -279,9 +279,10 @@ def simulate_run(
         cost = {"control_ms": fitted[1]}
     else:
         sim_config = twin_config(config, observed, host)
-        cost = control_cost(config, observed, host, control=control)
-        if host_control_ms is not None and cost:  # runs recorded without a probe keep none
-            cost = {CONTROL_FIELDS[control]: host_control_ms}
+        if host_control_ms is not None and run_probes(observed).get("events"):
+            cost = {CONTROL_FIELDS[control]: host_control_ms}  # the host's: this run's probe not fitted
+        else:  # ... runs recorded without any probe keep none
+            cost = control_cost(config, observed, host, control=control)
     probes = ((observed.get("before_kill") or {}).get("control_probe") or {}).get("events") or []
     sim_config = dataclasses.replace(
         with_control(sim_config, cost), plan_wait_ms=fidelity_switch.hop_ms(probes)
@@ -371,11 +372,8 @@ def control_cost(
     (``control_work_ms``) the work at nice 0 that closes it, ``ahead`` (``control_ahead_ms``) the work
     run ahead of the loads that closes it. A run recorded without the probe falls
     back to its ladder switches (the same path; slo configs), else to none (not modelled)."""
-    before = observed.get("before_kill") or {}
     if probes is None:
-        probes = before.get("control_probe") or (
-            {"events": before["events"], **before} if before.get("events") else {}
-        )
+        probes = run_probes(observed)
     if not probes.get("events"):
         return {}
     deployment = as_deployed(config, probes["warm"])
@@ -392,6 +390,15 @@ def control_cost(
         )
     )
     return {"control_ahead_ms" if ahead else "control_work_ms": work}
+
+
+def run_probes(observed: dict[str, Any]) -> dict[str, Any]:
+    """The pins a run's control cost is fitted on: its control probe, else its ladder switches (the
+    same path; runs recorded before the probe), else none (``{}``)."""
+    before = observed.get("before_kill") or {}
+    if before.get("control_probe"):
+        return before["control_probe"]
+    return {"events": before["events"], **before} if before.get("events") else {}
 
 
 def calibrate_control(
@@ -636,7 +643,7 @@ def compare(
         "median_mttr_error_ms_by_kind": {k: _median_ms(_of_kind(per_app, k)) for k in kinds},
         # the runtime's own noise, beside which the errors above are read (see run_spread_pct)
         "runtime_spread_pct": {
-            k: _median_of([(a["runtime_spread_pct"] or {}).get(k) for a in per_app.values()])
+            k: median_of_present([(a["runtime_spread_pct"] or {}).get(k) for a in per_app.values()])
             for k in ("single_run", "mean_of_runs")
         },
         "serving_overhead_ms": round(overhead, 2),
@@ -663,7 +670,8 @@ def run_spread_pct(mttr_ms: Sequence[float]) -> dict[str, float] | None:
     }
 
 
-def _median_of(values: Sequence[float | None]) -> float | None:
+def median_of_present(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are there, to 0.1; None when none is."""
     present = [v for v in values if v is not None]
     return round(statistics.median(present), 1) if present else None
 

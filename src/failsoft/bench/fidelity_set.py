@@ -36,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from failsoft.bench.fidelity import median_of_present
 from failsoft.errors import ConfigError
 
 QUIET_LOAD_PER_CORE = 0.3  # 1-minute load average per usable core before a config's runs
@@ -184,8 +185,8 @@ def _result(configs: dict[str, Any], cores: float) -> dict[str, Any]:
     return {
         "configs": configs,
         "median_mttr_error_pct": {
-            "quiet": _median([c["figure"] for c in configs.values()]),
-            "all": _median([c["median_mttr_error_pct"] for c in configs.values()]),
+            "quiet": median_of_present([c["figure"] for c in configs.values()]),
+            "all": median_of_present([c["median_mttr_error_pct"] for c in configs.values()]),
         },
         "host": {
             "usable_cores": cores,
@@ -225,8 +226,3 @@ def summarize(config: str, out: dict[str, Any], load_before: float, load_after: 
         "contended_profiles": contended,
         "detail": out,
     }
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return round(statistics.median(present), 1) if present else None
