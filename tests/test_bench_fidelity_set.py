@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from failsoft.bench import fidelity as fidelity_bench
 from failsoft.bench import fidelity_set, fidelity_switch
 from failsoft.bench.fidelity_set import FIDELITY_SET, QUIET_LOAD_PER_CORE, run_set, summarize
 from failsoft.errors import ConfigError
@@ -104,6 +105,52 @@ def test_a_replay_simulates_the_recorded_runs_again_beside_the_load_they_ran_und
         run_set(ROOT, replay={"per_app": {}})
     with pytest.raises(ConfigError, match="no runtime runs of the chosen configs"):
         run_set(ROOT, only=["slo"], replay=recorded)
+
+
+def test_the_set_is_simulated_again_with_the_constant_of_its_own_quiet_fit_runs(monkeypatch):
+    # the calibration itself runs on recorded probes in test_bench_fidelity_switch_replay.py; it is
+    # stood in for here because examples/bench.yaml's zoo (ImageNet families) is not built in tests
+    loads = iter([0.1, 0.1, 2.0, 2.0])  # bench.yaml ran quiet, fidelity-small on a busy host
+    monkeypatch.setattr(fidelity_set, "load_per_core", lambda cores: next(loads))
+    calls = []
+
+    def fidelity(path, **kw):
+        calls.append((Path(path).stem, kw.get("host_control_ms"), "runs" in kw))
+        return _out(mttr=40.0 if kw.get("host_control_ms") is None else 20.0)
+
+    given = []
+
+    def calibrate(outputs, config_of, host, control):
+        given.append(({name: c["quiet"] for name, c in outputs[0]["configs"].items()}, host, control))
+        return {"ms": 33.5, "runs": 2, "per_run_ms": [30.0, 37.0], "configs": ["examples/bench.yaml"]}
+
+    monkeypatch.setattr(fidelity_bench, "calibrate_control", calibrate)
+    out = run_set(ROOT, only=["bench", "small"], settle_s=0, fidelity=fidelity, host="pin")
+    # live runs first, then each config's recorded runs again with the host's constant, no cluster
+    assert calls == [
+        ("bench", None, False),
+        ("fidelity-small", None, False),
+        ("bench", 33.5, True),
+        ("fidelity-small", 33.5, True),
+    ]
+    assert given == [({"bench": True, "fidelity-small": False}, "pin", fidelity_bench.DEFAULT_CONTROL_MODEL)]
+    constant = out["host_control"]
+    assert constant["calibration"]["ms"] == 33.5
+    assert constant["configs"]["bench"]["figure"] == 20.0 and out["configs"]["bench"]["figure"] == 40.0
+    assert constant["configs"]["fidelity-small"]["figure"] is None  # still the busy host's runs
+    assert constant["median_mttr_error_pct"] == {"quiet": 20.0, "all": 20.0}
+    calls.clear()
+    monkeypatch.setattr(fidelity_set, "load_per_core", lambda cores: 0.1)
+    given_ms = run_set(ROOT, only=["bench"], settle_s=0, fidelity=fidelity, host_control_ms=12.0)
+    assert "host_control" not in given_ms and calls == [
+        ("bench", 12.0, False)
+    ]  # the constant given: one model
+
+
+def test_a_set_without_quiet_fit_runs_says_why_it_has_no_host_constant():
+    out = run_set(ROOT, only=["small"], settle_s=0, fidelity=lambda path, **kw: _out(mttr=10.0))
+    assert out["host_control"]["calibration"] is None
+    assert "bench.yaml, fidelity.yaml" in out["host_control"]["reason"]
 
 
 def test_an_unknown_name_or_a_missing_checkout_is_refused(tmp_path):

@@ -19,7 +19,14 @@ is kept, for its per-app detail, but never reported as a fidelity figure).
 Printed: ``{"configs": {NAME: {"config", "failed", "median_mttr_error_pct", "median_first_answer_error_pct",
 "median_mttr_error_pct_by_kind", "runtime_spread_pct", "figure", "quiet", "flagged", "loadavg",
 "other_busy_cores", "contended_profiles", "detail"}}, "median_mttr_error_pct": {"quiet", "all"},
-"host": {...}}``.
+"host": {...}, "host_control": {...}}``.
+
+``host_control``: the figures again with the control path's cost taken as one constant of the host
+(``bench fidelity --control-from``), calibrated on the set's own quiet ``bench.yaml`` and
+``fidelity.yaml`` runs: ``{"calibration": {"ms", "runs", "per_run_ms", "configs"},
+"median_mttr_error_pct": {"quiet", "all"}, "configs": {NAME: {"median_mttr_error_pct",
+"median_mttr_error_pct_by_kind", "figure"}}}``, or ``{"calibration": null, "reason"}`` when the set
+ran neither quiet. With ``--control-from`` the constant given is the only model (no such block).
 
 ``replay`` (``--replay SET.json``) simulates again the runtime runs an earlier output recorded, with
 the contention they ran under, and starts no cluster: a change to the simulator's host model is
@@ -119,9 +126,9 @@ def run_set(
     ``replay`` (an earlier output of this function), its recorded runtime runs simulated again;
     ``host`` and ``control``: the twin's host and control models (``bench fidelity --host`` and
     ``--control``; None: their defaults); ``host_control_ms``: the control path's cost for every
-    run (``bench fidelity --control-from``; None: each run's own probe's)."""
+    run (``bench fidelity --control-from``; None: each run's own probe's, and the set is also
+    simulated again with the constant calibrated on its own runs, under ``host_control``)."""
     from failsoft.bench.fidelity import run as fidelity_run
-    from failsoft.zoo.machine import usable_cores
 
     fidelity = fidelity or fidelity_run
     if host is not None:
@@ -131,7 +138,28 @@ def run_set(
     if host_control_ms is not None:
         fidelity = partial(fidelity, host_control_ms=host_control_ms)
     if replay is not None:
-        return _replayed(root, only, sim_seeds, replay, progress, fidelity)
+        result = _replayed(root, only, sim_seeds, replay, progress, fidelity)
+    else:
+        result = _live(root, only, repeats, sim_seeds, settle_s, progress, fidelity)
+    if host_control_ms is None:
+        result["host_control"] = _with_host_constant(
+            root, only, sim_seeds, result, progress, fidelity, host, control
+        )
+    return result
+
+
+def _live(
+    root: str | Path,
+    only: Sequence[str],
+    repeats: int,
+    sim_seeds: int,
+    settle_s: float,
+    progress: Progress | None,
+    fidelity: FidelityRun,
+) -> dict[str, Any]:
+    """Each chosen config run on a live cluster, after the host's load settled."""
+    from failsoft.zoo.machine import usable_cores
+
     chosen = _chosen(only)
     missing = [c for c, _ in chosen if not (Path(root) / c).is_file()]
     if missing:
@@ -144,6 +172,49 @@ def run_set(
         out = fidelity(path, kill=kill, repeats=repeats, sim_seeds=sim_seeds, progress=progress)
         configs[Path(config).stem] = summarize(config, out, before, load_per_core(cores))
     return _result(configs, cores)
+
+
+def _with_host_constant(
+    root: str | Path,
+    only: Sequence[str],
+    sim_seeds: int,
+    result: dict[str, Any],
+    progress: Progress | None,
+    fidelity: FidelityRun,
+    host: str | None,
+    control: str | None,
+) -> dict[str, Any]:
+    """Every config of ``result`` simulated again with the control path's cost as a constant of this
+    host, calibrated on the set's own quiet ``bench.yaml`` and ``fidelity.yaml`` runs (what
+    ``--control-from`` does with earlier outputs): the set judges the host-constant model on the
+    machine it ran on, never with another machine's constant. ``{"calibration": None, "reason"}``
+    where the set holds no such run (``--only`` left them out, or they ran on a busy host)."""
+    from failsoft.bench import fidelity as fidelity_bench
+    from failsoft.runtime.config import load_config
+
+    try:
+        calibration = fidelity_bench.calibrate_control(
+            [result],
+            lambda config: load_config(Path(root) / config),
+            host or fidelity_bench.DEFAULT_HOST_MODEL,
+            control or fidelity_bench.DEFAULT_CONTROL_MODEL,
+        )
+    except ConfigError as exc:
+        return {"calibration": None, "reason": str(exc)}
+    again = _replayed(
+        root, only, sim_seeds, result, progress, partial(fidelity, host_control_ms=calibration["ms"])
+    )
+    return {
+        "calibration": calibration,
+        "median_mttr_error_pct": again["median_mttr_error_pct"],
+        "configs": {
+            name: {
+                key: config[key]
+                for key in ("median_mttr_error_pct", "median_mttr_error_pct_by_kind", "figure")
+            }
+            for name, config in again["configs"].items()
+        },
+    }
 
 
 def _chosen(only: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
