@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from failsoft.domain import Server
-from failsoft.errors import ServingError
+from failsoft.errors import ConfigError, ServingError, UnknownNameError
 from failsoft.runtime.chaos import AgentProcess, Chaos
 
 # waits for a line on stdin, then becomes another program under the same PID (execv)
@@ -81,6 +81,31 @@ def test_killing_an_agent_that_is_already_gone_is_no_error(stand_in):
     stand_in.kill()
     stand_in.wait()
     assert asyncio.run(chaos.kill("s1"))["killed"][0]["server"] == "s1"
+
+
+def test_servers_of_two_sites_are_killed_at_one_instant_and_a_bad_list_kills_none():
+    procs = [
+        subprocess.Popen([sys.executable, "-c", STAND_IN], stdin=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    try:
+        servers = [Server("s1", "a", 100.0), Server("s2", "b", 100.0), Server("s3", "b", 100.0)]
+        chaos = Chaos(servers, {s.name: SilentAgent() for s in servers})
+        for server, proc in zip(servers, procs, strict=True):
+            chaos.remember(server.name, {"pid": proc.pid, "hostname": socket.gethostname()})
+        for bad, error in ((["s1", "s9"], UnknownNameError), (["s1", "s1"], ConfigError)):
+            with pytest.raises(error, match="s9" if error is UnknownNameError else "twice: s1"):
+                asyncio.run(chaos.kill(servers=bad))
+        assert all(p.poll() is None for p in procs)  # refused as a whole: nothing was signalled
+        killed = asyncio.run(chaos.kill(servers=["s3", "s1"]))["killed"]
+        assert [k["server"] for k in killed] == ["s3", "s1"]
+        assert procs[2].wait(timeout=5) == -9 and procs[0].wait(timeout=5) == -9
+        assert abs(killed[1]["at"] - killed[0]["at"]) < 0.005  # one instant, not one call each
+        assert procs[1].poll() is None
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
 
 
 class HoldingAgent:

@@ -192,7 +192,7 @@ def test_serve_status_chaos_and_ctrl_c(config_file, tmp_path):
         slow = cli("chaos", "slow", "s2", "--ms", "5", "--json", "--state-dir", str(state), state=state)
         assert json.loads(slow.stdout)["ms"] == 5
         bad = cli("chaos", "kill", "--state-dir", str(state), state=state)
-        assert bad.returncode == 2 and "name a SERVER or a --site SITE" in bad.stderr
+        assert bad.returncode == 2 and "name a SERVER (or several) or a --site SITE" in bad.stderr
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         try:

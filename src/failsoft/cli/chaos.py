@@ -68,8 +68,11 @@ def describe(answer: dict[str, Any]) -> list[str]:
 
 @app.command("kill")
 def kill(
-    server: Annotated[
-        str | None, typer.Argument(help="Server to crash (SIGKILL)", show_default=False)
+    servers: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Server(s) to crash (SIGKILL); several are killed at one instant", show_default=False
+        ),
     ] = None,
     site: Annotated[str | None, typer.Option(help="Crash every server of this site at once")] = None,
     admin_url: AdminUrlOpt = None,
@@ -78,10 +81,13 @@ def kill(
     state_dir: StateOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Crash a server (or a whole site): its agent process is killed."""
-    if (server is None) == (site is None):
-        raise ConfigError("name a SERVER or a --site SITE (not both)")
-    body = {"server": server} if server else {"site": site}
+    """Crash a server, several at one instant, or a whole site: their agent processes are killed."""
+    if (not servers) == (site is None):
+        raise ConfigError("name a SERVER (or several) or a --site SITE (not both)")
+    names = servers or []
+    body: dict[str, Any] = (
+        {"site": site} if site else {"server": names[0]} if len(names) == 1 else {"servers": names}
+    )
     _admin("kill", admin_url, token, config, state_dir, as_json, **body)
 
 

@@ -6,7 +6,8 @@ agent's process, so:
 
 * **kill** sends SIGKILL to it (a crash: power loss, OOM kill). With ``agents.restart`` (the default)
   Ray starts the agent again, empty, like a rebooted server: the controller then restores it;
-* **kill a site** kills every server of the site at the same instant (FailLite 5.6);
+* **kill a site** kills every server of the site at the same instant (FailLite 5.6), and **kill
+  servers** every server of a list (servers of several sites failing together);
 * **hang** sends SIGSTOP: the process is alive but silent, and is detected like a crash, by its
   missing heartbeats; **resume** (SIGCONT) brings it back with its models still loaded;
 * **slow** adds latency to every inference of a server, and optionally to every model load (a slow
@@ -102,7 +103,22 @@ class Chaos:
         # processes on a server beside its agent (llm workers, given by the gateway): killed with it
         self.companions: Callable[[str], list[int]] = lambda server: []
 
-    def servers_of(self, server: str | None = None, site: str | None = None) -> list[str]:
+    def servers_of(
+        self, server: str | None = None, site: str | None = None, servers: Sequence[str] | None = None
+    ) -> list[str]:
+        """The servers one injection names: one ``server``, a ``site``'s, or a list of ``servers``
+        (every name known, none twice: the whole list is refused for one bad name)."""
+        if servers is not None:
+            unknown = [n for n in servers if n not in self.servers]
+            if unknown:
+                known = ", ".join(self.servers)
+                raise UnknownNameError(
+                    f"unknown server(s) {', '.join(map(repr, unknown))} (servers: {known})"
+                )
+            twice = sorted({n for n in servers if list(servers).count(n) > 1})
+            if twice or not servers:
+                raise ConfigError(f"name each server once, at least one (twice: {', '.join(twice) or '-'})")
+            return list(servers)
         if site is not None:
             names = [s.name for s in self.servers.values() if s.site == site]
             if not names:
@@ -132,8 +148,12 @@ class Chaos:
                 raise
         return self._procs[server]
 
-    async def kill(self, server: str | None = None, site: str | None = None) -> dict[str, Any]:
-        names = self.servers_of(server, site)
+    async def kill(
+        self, server: str | None = None, site: str | None = None, servers: Sequence[str] | None = None
+    ) -> dict[str, Any]:
+        """SIGKILL the agents of ``server``, of a ``site`` or of ``servers``, one right after another
+        (microseconds apart: failures that are correlated reach the controller as one burst)."""
+        names = self.servers_of(server, site, servers)
         procs = await asyncio.gather(*(self._process(n) for n in names))
         for name, proc in zip(names, procs, strict=True):
             self._check(name, proc)  # all or nothing: no site half killed for one stale PID

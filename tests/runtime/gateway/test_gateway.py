@@ -225,6 +225,17 @@ def test_admin_actions_are_logged_with_who_and_what_and_bodies_are_bounded(admin
     assert huge.status_code == 413 and "exceeds the limit" in huge.json()["error"]
 
 
+def test_a_kill_names_one_server_a_list_or_a_site_and_a_list_with_a_stranger_is_refused(admin):
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    both = admin.post("/admin/chaos/kill", json={"server": "s1", "servers": ["s2"]}, headers=auth)
+    assert both.status_code == 400 and "exactly one of 'server', 'servers' or 'site'" in both.json()["error"]
+    empty = admin.post("/admin/chaos/kill", json={"servers": []}, headers=auth)
+    assert empty.status_code == 400 and "servers" in empty.json()["error"]
+    stranger = admin.post("/admin/chaos/kill", json={"servers": ["s1", "s9"]}, headers=auth)
+    assert stranger.status_code == 404 and "unknown server(s) 's9'" in stranger.json()["error"]
+    # (that nothing of a refused list is killed: tests/runtime/test_chaos.py, on real processes)
+
+
 def test_event_subscribers_are_capped_and_one_that_leaves_is_forgotten(rig):
     gateway, client, _ = rig
     gateway.hub.max_subscribers = 1

@@ -87,6 +87,7 @@ class KillBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     server: str | None = None
     site: str | None = None
+    servers: list[str] | None = Field(default=None, min_length=1, max_length=1024)  # killed at one instant
 
 
 class ServerBody(BaseModel):
@@ -205,9 +206,9 @@ def install(api: FastAPI, gateway: AdminHost) -> None:
     @guarded("/admin/chaos/kill")
     async def kill(body: bytes) -> dict[str, Any]:
         req = parse(KillBody, body)
-        if (req.server is None) == (req.site is None):
-            raise InvalidRequestError("name exactly one of 'server' or 'site'")
-        return await gateway.chaos.kill(req.server, req.site)
+        if [req.server, req.site, req.servers].count(None) != 2:
+            raise InvalidRequestError("name exactly one of 'server', 'servers' or 'site'")
+        return await gateway.chaos.kill(req.server, req.site, req.servers)
 
     @guarded("/admin/chaos/hang")
     async def hang(body: bytes) -> dict[str, Any]:
