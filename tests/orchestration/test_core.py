@@ -181,6 +181,44 @@ def test_a_server_with_one_load_slot_starts_critical_loads_first():
     assert second.app in {"B", "C"} and second.priority is Priority.FAILOVER
 
 
+def test_a_death_notice_that_arrives_before_the_plan_runs_joins_it_and_the_loads_go_shortest_first():
+    # s0 (B: a long load) and s3 (D: a short one) die 3 ms apart; the survivor s2 has one load slot
+    servers = (Server("s0", "a", 1000, 10), Server("s2", "b", 2000, 10), Server("s3", "c", 1000, 10))
+    apps = (
+        App("B", "fam", Placement("s0", "big"), False, 1.0, 100.0),
+        App("D", "fam", Placement("s3", "small"), False, 1.0, 100.0),
+    )
+    h = Harness(
+        Scenario(servers, (Family("fam", (SMALL, BIG)),), apps, PolicyParams(), ()), policy="full-cold"
+    )
+    h.beat_until(0.06)
+    (asked,) = h.of(PlanFailover, h.take(h.core.died("s0", None, 0.070, "process")))
+    assert asked.failed == ("s0",)
+    assert not h.of(PlanFailover, h.take(h.core.died("s3", None, 0.073, "process")))  # one plan at a time
+    # the driver starts the policy (the controller's loop was busy meanwhile): s3 joins the plan
+    joined = h.core.failover_plan_starting(asked.plan_id)
+    assert joined is not None and joined.plan_id == asked.plan_id and joined.failed == ("s0", "s3")
+    assert h.core.failover_plan_starting(asked.plan_id) is None  # nothing new since
+    plan = h.policy.plan_failover(joined.scenario, joined.failed)
+    out = h.take(h.core.failover_planned(joined.plan_id, plan, 0.090))
+    (first,) = h.of(Load, out)
+    assert (first.app, first.variant) == ("D", "small")  # the shorter load first, of either server's apps
+    assert not h.of(PlanFailover, out)  # both planned: no second plan
+    failed_at = {e["app"]: e["detected_at"] for e in h.events("failure")}
+    out = h.finish("D", "small", 0.300)
+    assert h.events("failover")[-1]["route_ms"] == pytest.approx((0.300 - failed_at["D"]) * 1000)
+    (second,) = h.of(Load, out)
+    assert (second.app, second.variant) == ("B", "big")
+
+
+def test_a_plan_asked_with_nothing_new_since_runs_as_asked():
+    h = Harness(cluster())
+    h.fail_s0()
+    (asked,) = h.of(PlanFailover)
+    assert h.core.failover_plan_starting(asked.plan_id) is None
+    assert h.core.failover_plan_starting(asked.plan_id + 7) is None  # not the plan under way
+
+
 def test_a_failure_of_the_target_cancels_the_operation_and_its_late_load_is_ignored():
     h = Harness(cluster())
     h.fail_s0()

@@ -37,6 +37,7 @@ from failsoft.domain import (
     FailoverPlan,
     Placement,
     ProactivePlan,
+    Scenario,
     ServerState,
 )
 from failsoft.errors import UnknownNameError
@@ -601,20 +602,47 @@ class Orchestrator:
         if self.planning is not None:
             self._plan_again = True
             return
+        inputs = self._failover_inputs()
+        if inputs is None:
+            return
+        scenario, down, pending = inputs
+        self._planned_changes = self.fx.changes
+        if not pending:
+            return
+        self.planning, self._plan_pending = self.fx.next_plan_id(), pending
+        self.fx.send(PlanFailover(self.planning, scenario, down))
+
+    def _failover_inputs(self) -> tuple[Scenario, tuple[str, ...], dict[str, str]] | None:
+        """The cluster as a failover plan sees it now, the down servers and the apps to plan (those
+        on a down server that no operation recovers); None while no server is down."""
         down = self.state.down()
         if not down:
-            return
+            return None
         scenario = self.state.snapshot()
         pending = {
             a.name: a.primary.server
             for a in scenario.apps
             if a.primary is not None and a.primary.server in down and a.name not in self.operations
         }
-        self._planned_changes = self.fx.changes
-        if not pending:
-            return
-        self.planning, self._plan_pending = self.fx.next_plan_id(), pending
-        self.fx.send(PlanFailover(self.planning, scenario, tuple(sorted(down))))
+        return scenario, tuple(sorted(down)), pending
+
+    def failover_plan_starting(self, plan_id: int) -> PlanFailover | None:
+        """The driver is about to run the policy for ``plan_id``: where failures arrived since it was
+        asked (a correlated failure: two servers' death notices a few milliseconds apart, while the
+        controller's loop was busy with the first), the plan as the cluster is now, which they join
+        (None: the plan asked is still the cluster's). One plan then orders every affected app's
+        loads shortest first together, where two would let the first plan's loads take the slots
+        before the second's shorter ones exist; it costs nothing, the policy not having run yet."""
+        if plan_id != self.planning or not self._plan_again:
+            return None
+        inputs = self._failover_inputs()
+        if (
+            inputs is None or not inputs[2]
+        ):  # nothing left to plan: the plan asked runs (its actions are checked)
+            return None
+        scenario, down, pending = inputs
+        self._planned_changes, self._plan_pending, self._plan_again = self.fx.changes, pending, False
+        return PlanFailover(plan_id, scenario, down)
 
     def failover_planned(
         self, plan_id: int, plan: FailoverPlan | None, now: float, error: str | None = None

@@ -157,13 +157,14 @@ class Chaos:
         procs = await asyncio.gather(*(self._process(n) for n in names))
         for name, proc in zip(names, procs, strict=True):
             self._check(name, proc)  # all or nothing: no site half killed for one stale PID
-        killed: list[dict[str, Any]] = []
         ats: list[float] = []
-        for name, proc in zip(names, procs, strict=True):
-            at = time.time()
-            ats.append(at)
-            self._signal(name, proc, signal.SIGKILL)
-            killed.append({"server": name, "pid": proc.pid, "at": at, "with": self._kill_companions(name)})
+        for name, proc in zip(names, procs, strict=True):  # checked above: nothing between the kills
+            ats.append(time.time())
+            self._send(name, proc, signal.SIGKILL)
+        killed = [
+            {"server": name, "pid": proc.pid, "at": at, "with": self._kill_companions(name)}
+            for name, proc, at in zip(names, procs, ats, strict=True)
+        ]
         _record("kill", names, ats[0])  # the instant the first one was killed, as returned
         return {"action": "kill", "killed": killed}
 
@@ -232,12 +233,16 @@ class Chaos:
             )
 
     def _signal(self, server: str, proc: AgentProcess, sig: signal.Signals) -> None:
+        self._check(server, proc)
+        self._send(server, proc, sig)
+
+    def _send(self, server: str, proc: AgentProcess, sig: signal.Signals) -> None:
+        """The signal itself, to a process :meth:`_check` found to be the server's agent."""
         if not proc.local:
             if sig is not signal.SIGKILL:
                 raise ServingError(f"server {server!r} runs on another host: only 'kill' reaches it")
             self.agents[server].crash_nowait()
             return
-        self._check(server, proc)
         try:
             os.kill(proc.pid, sig)
         except ProcessLookupError:

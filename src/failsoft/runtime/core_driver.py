@@ -13,7 +13,8 @@ event loop, and feeds each outcome back:
 * ``Unload``: ``AgentRef.unload``, fire and forget, bounded by a short timeout (a hung server must
   never hold anything up: the core does not wait for unloads);
 * ``PlanFailover`` / ``PlanProactive``: the :class:`~failsoft.runtime.planner.Planner` (Algorithm 1
-  inline for small clusters, the ILP in a child process);
+  inline for small clusters, the ILP in a child process); a failover plan as the cluster is when
+  the planner starts (``failover_plan_starting``: a failure that arrived meanwhile joins it);
 * ``Inspect``: ``AgentRef.holdings``;
 * ``Publish`` / ``Emit``: the controller's long-poll values (routes, events). Event times leave the
   core in core time (monotonic seconds) and are turned into wall-clock time here;
@@ -138,6 +139,7 @@ class CoreDriver:
 
     async def _plan_failover(self, cmd: PlanFailover) -> None:
         asked = self._wall()
+        cmd = self.core.failover_plan_starting(cmd.plan_id) or cmd  # failures since it was asked join it
         try:
             plan = await self.planner.failover(cmd.scenario, cmd.failed)
             self._plan_stamps = {"plan_asked_at": asked, "plan_done_at": self._wall()}

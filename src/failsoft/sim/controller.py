@@ -12,7 +12,8 @@ carries its commands out on simulated servers and feeds the outcomes back:
   (after any unload the core issued to that server, which takes ``unload_ms``); which loads run at
   once, in what order, is the core's per-server load queue (``load_slots`` at a time, by priority);
 * a ``PlanFailover`` runs the policy at once (its measured wall time is charged to simulated time
-  with ``charge_plan_time``);
+  with ``charge_plan_time``), or after ``plan_wait_ms`` as the cluster is then (a failure that
+  arrived meanwhile joins it, as in the runtime's driver: ``failover_plan_starting``);
 * a ``Publish`` switches each changed app's serving instance (the request core), and, where the
   app moved to another server, tells its client after ``notify_ms`` (FailLite 5.8: ~10 ms);
 * the core's timers (suspect waits, drains, back-offs) become SimPy timeouts;
@@ -294,13 +295,27 @@ class SimController:
         self._run(self.core.load_done(cmd.load_id, ok, self.env.now, info=info, error=error))
 
     def _plan(self, cmd: PlanFailover) -> list[Command]:
+        if self.config.plan_wait_ms > 0:  # the policy runs after the wait, as the runtime's planner
+            self.inflight += 1
+            self.env.process(self._waited(cmd))
+            return []
         plan = self.policy.plan_failover(cmd.scenario, cmd.failed)
-        wait_ms = self.config.plan_wait_ms + (plan.plan_ms if self.config.charge_plan_time else 0.0)
+        wait_ms = plan.plan_ms if self.config.charge_plan_time else 0.0
         if wait_ms <= 0:
             return self.core.failover_planned(cmd.plan_id, plan, self.env.now)
         self.inflight += 1
         self.env.process(self._charged(cmd.plan_id, plan, wait_ms))
         return []
+
+    def _waited(self, cmd: PlanFailover) -> Process:
+        """The plan after ``plan_wait_ms``, as the cluster is then (failures meanwhile join it)."""
+        yield self.env.timeout(self.config.plan_wait_ms / 1000.0)
+        cmd = self.core.failover_plan_starting(cmd.plan_id) or cmd
+        plan = self.policy.plan_failover(cmd.scenario, cmd.failed)
+        if self.config.charge_plan_time and plan.plan_ms > 0:
+            yield self.env.timeout(plan.plan_ms / 1000.0)
+        self.inflight -= 1
+        self._run(self.core.failover_planned(cmd.plan_id, plan, self.env.now))
 
     def _charged(self, plan_id: int, plan: Any, wait_ms: float) -> Process:
         yield self.env.timeout(wait_ms / 1000.0)
