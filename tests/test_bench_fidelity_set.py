@@ -47,6 +47,7 @@ def test_the_set_holds_the_fitted_the_untuned_and_the_mechanism_configs():
         "fidelity-halves",
         "fidelity-tiers",
         "fidelity-serial",
+        "fidelity-wide",
         "graph-echo-chain",
         "slo",
     } <= names

@@ -65,8 +65,10 @@ QUIET_OTHER_CORES = 0.2  # cores the host's other scheduling groups took beside 
 # (fidelity-halves.yaml: one server's seven apps split over two survivors), one before the recovery
 # storm model (fidelity-tiers.yaml: two servers of two sites die at once, survivors of three tiers,
 # three load slots, 25 ms x 3 heartbeats), one before the control path's host constant
-# (fidelity-serial.yaml: one server's six apps on survivors of one load slot each), and the mechanism
-# twins: a HAMS backup promotion (the graph's stateful node c2 on s1) and the slo service's workers.
+# (fidelity-serial.yaml: one server's six apps on survivors of one load slot each), one after the
+# runtime's joined plans and before any run of it (fidelity-wide.yaml: one server's eight apps over
+# three survivors of two slots each), and the mechanism twins: a HAMS backup promotion (the graph's
+# stateful node c2 on s1) and the slo service's workers.
 FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/bench.yaml", ("a1",)),
     ("examples/fidelity.yaml", ("b1",)),
@@ -85,6 +87,7 @@ FIDELITY_SET: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("examples/fidelity-halves.yaml", ("h1",)),
     ("examples/fidelity-tiers.yaml", ("t1", "t4")),
     ("examples/fidelity-serial.yaml", ("r1",)),
+    ("examples/fidelity-wide.yaml", ("w1",)),
     ("examples/graph-echo-chain.yaml", ("s1",)),
     ("examples/slo.yaml", ("e1",)),
 )
