@@ -636,9 +636,7 @@ class Orchestrator:
         if plan_id != self.planning or not self._plan_again:
             return None
         inputs = self._failover_inputs()
-        if (
-            inputs is None or not inputs[2]
-        ):  # nothing left to plan: the plan asked runs (its actions are checked)
+        if inputs is None or not inputs[2]:  # nothing left to plan: the plan asked runs, checked
             return None
         scenario, down, pending = inputs
         self._planned_changes, self._plan_pending, self._plan_again = self.fx.changes, pending, False
