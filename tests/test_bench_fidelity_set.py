@@ -143,9 +143,8 @@ def test_the_set_is_simulated_again_with_the_constant_of_its_own_quiet_fit_runs(
     calls.clear()
     monkeypatch.setattr(fidelity_set, "load_per_core", lambda cores: 0.1)
     given_ms = run_set(ROOT, only=["bench"], settle_s=0, fidelity=fidelity, host_control_ms=12.0)
-    assert "host_control" not in given_ms and calls == [
-        ("bench", 12.0, False)
-    ]  # the constant given: one model
+    # the constant given: the one model, no second simulation
+    assert "host_control" not in given_ms and calls == [("bench", 12.0, False)]
 
 
 def test_a_set_without_quiet_fit_runs_says_why_it_has_no_host_constant():
