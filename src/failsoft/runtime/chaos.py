@@ -38,6 +38,7 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -115,7 +116,7 @@ class Chaos:
                 raise UnknownNameError(
                     f"unknown server(s) {', '.join(map(repr, unknown))} (servers: {known})"
                 )
-            twice = sorted({n for n in servers if list(servers).count(n) > 1})
+            twice = sorted(n for n, times in Counter(servers).items() if times > 1)
             if twice or not servers:
                 raise ConfigError(f"name each server once, at least one (twice: {', '.join(twice) or '-'})")
             return list(servers)

@@ -312,13 +312,11 @@ class SimController:
         yield self.env.timeout(self.config.plan_wait_ms / 1000.0)
         cmd = self.core.failover_plan_starting(cmd.plan_id) or cmd
         plan = self.policy.plan_failover(cmd.scenario, cmd.failed)
-        if self.config.charge_plan_time and plan.plan_ms > 0:
-            yield self.env.timeout(plan.plan_ms / 1000.0)
-        self.inflight -= 1
-        self._run(self.core.failover_planned(cmd.plan_id, plan, self.env.now))
+        yield from self._charged(cmd.plan_id, plan, plan.plan_ms if self.config.charge_plan_time else 0.0)
 
     def _charged(self, plan_id: int, plan: Any, wait_ms: float) -> Process:
-        yield self.env.timeout(wait_ms / 1000.0)
+        if wait_ms > 0:
+            yield self.env.timeout(wait_ms / 1000.0)
         self.inflight -= 1
         self._run(self.core.failover_planned(plan_id, plan, self.env.now))
 
